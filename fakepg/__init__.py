@@ -1,0 +1,31 @@
+"""fakepg: a deterministic in-process fake cluster on which torch's real DDP runs.
+
+Example::
+
+    import torch, torch.distributed as dist, fakepg
+
+    def train(rank):
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+        model(torch.randn(8, 4)).sum().backward()
+        return [p.grad for p in model.parameters()]
+
+    result = fakepg.spawn(train, nprocs=4, seed=0)
+    print(result.summary())
+"""
+
+from .errors import (CollectiveHangError, CollectiveMismatchError, CollectiveTimeoutError,
+                     FakePGError, RankFailedError, WorldAbortedError)
+from .hooks import WorldHooks
+from .process_group import BACKEND_NAME, FakeProcessGroup, FakeWork, register_backend
+from .spawn import SpawnResult, spawn
+from .trace import CollectiveRecord, dump_flight_recorder, flight_recorder_dump, from_json, to_json
+
+register_backend()
+
+__all__ = [
+    "spawn", "SpawnResult", "CollectiveRecord", "BACKEND_NAME",
+    "FakePGError", "CollectiveMismatchError", "CollectiveHangError", "RankFailedError",
+    "WorldAbortedError", "CollectiveTimeoutError",
+    "FakeProcessGroup", "FakeWork", "WorldHooks",
+    "to_json", "from_json", "flight_recorder_dump", "dump_flight_recorder",
+]

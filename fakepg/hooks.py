@@ -1,0 +1,36 @@
+"""Extension points for layers built on the fake cluster (simddp's virtual time).
+
+A :class:`WorldHooks` instance passed to :func:`fakepg.spawn` is told about each rank's
+start and end, every collective issued and matched, and every completed wait. All
+calls happen on the rank thread that holds the baton, so hooks need no locking.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .collectives import Call, Collective
+
+
+class WorldHooks:
+    """No-op base class; override what you need."""
+
+    def rank_started(self, rank: int) -> None:
+        """On the rank's thread, before the user's function runs."""
+
+    def rank_finished(self, rank: int) -> None:
+        """On the rank's thread, after the user's function returned or raised."""
+
+    def collective_issued(self, call: "Call") -> None:
+        """A rank issued its part of a collective (``call.record`` is in the trace)."""
+
+    def collective_matched(self, coll: "Collective") -> None:
+        """Every member issued; results are written. Runs on the last issuer's thread."""
+
+    def wait_finished(self, rank: int, coll: "Collective") -> None:
+        """``rank`` finished waiting on ``coll`` (Work.wait, Future.wait, a sync call)."""
+
+    def describe_rank(self, rank: int) -> str:
+        """Extra words for the hang report (e.g. the rank's virtual clock)."""
+        return ""

@@ -1,0 +1,343 @@
+"""``FakeProcessGroup``: a torch.distributed ProcessGroup whose ranks are threads of one process.
+
+It is registered as the backend ``"fakepg"``. torch's real DDP Reducer, comm hooks and
+the Python collective API all call into it; each call becomes a :class:`~fakepg.collectives.Call`
+that the shared :class:`~fakepg.cluster.Cluster` matches across ranks.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from .cluster import Cluster, _fresh, current_cluster
+from .collectives import Call
+from .errors import FakePGError
+from .reductions import op_name
+from .sites import user_site
+from .trace import CollectiveRecord
+
+BACKEND_NAME = "fakepg"
+
+
+class FakeFuture(torch.futures.Future):
+    """A future whose ``wait`` is visible to the scheduler (a C++ wait would stall the baton)."""
+
+    def __init__(self, work: "FakeWork | None" = None):
+        super().__init__()
+        self._work = work
+
+    def wait(self) -> Any:
+        if self._work is not None and not super().done():
+            self._work.wait()
+        return super().wait()
+
+    def done(self) -> bool:
+        if self._work is not None and not super().done():
+            self._work._poll()
+        return super().done()
+
+    def then(self, callback):  # type: ignore[override]
+        child = FakeFuture(self._work)
+
+        def run(fut: torch.futures.Future) -> None:
+            try:
+                child.set_result(callback(fut))
+            except BaseException as e:  # noqa: BLE001 - forwarded to whoever waits on child
+                child.set_exception(e)
+
+        self.add_done_callback(run)
+        return child
+
+
+class FakeWork(dist.Work):
+    """What every fakepg collective returns; completes on its owner's thread."""
+
+    def __init__(self, cluster: Cluster, call: Call | None):
+        super().__init__()
+        self._cluster = cluster
+        self._call = call
+        self._future = FakeFuture(self)
+        self._done = call is None
+        self._error: BaseException | None = None
+        if call is None:
+            self._future.set_result([])
+        else:
+            call.work = self
+
+    def _complete(self, error: BaseException | None) -> None:
+        self._done = True
+        self._error = error
+        if error is not None:
+            self._future.set_exception(_fresh(error))  # type: ignore[arg-type]
+        else:
+            self._future.set_result(self._call.result)  # type: ignore[union-attr]
+
+    def _poll(self) -> None:
+        binding = current_cluster()
+        if self._call is not None and binding is not None and binding[1] == self._call.rank:
+            self._cluster.complete_ready(self._call.rank)
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:  # noqa: ARG002
+        if self._call is not None:
+            self._cluster.wait(self._call)
+        return True
+
+    def is_completed(self) -> bool:
+        self._poll()
+        return self._done
+
+    def is_success(self) -> bool:
+        self._poll()
+        return self._done and self._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def result(self) -> list[torch.Tensor]:
+        self.wait()
+        res = self._call.result if self._call is not None else []
+        return [t for x in res for t in (x if isinstance(x, list) else [x])]
+
+    def source_rank(self) -> int:
+        if self._call is None or self._call.source is None:
+            raise FakePGError("source_rank() is only available on a completed recv from any source")
+        return self._call.source
+
+    def synchronize(self) -> None:
+        pass
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+    def _get_future(self) -> torch.futures.Future:
+        return self._future
+
+
+class _CoalescedWork(FakeWork):
+    def __init__(self, cluster: Cluster, works: list[FakeWork]):
+        super().__init__(cluster, None)
+        self._works = works
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        for w in self._works:
+            w.wait()
+        return True
+
+
+def _red(opts: Any) -> Any:
+    if opts is None:
+        return dist.ReduceOp.SUM
+    if isinstance(opts, (dist.ReduceOp, dist.ReduceOp.RedOpType)):
+        return opts
+    return opts.reduceOp
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+class FakeProcessGroup(dist.ProcessGroup):
+    """One rank's handle on one group of the fake world."""
+
+    def __init__(self, cluster: Cluster, global_rank: int, rank: int, size: int,
+                 timeout: datetime.timedelta | None = None):
+        super().__init__(rank, size)
+        self._cluster = cluster
+        self._global_rank = global_rank
+        self._timeout = timeout or datetime.timedelta(minutes=30)
+        self._gstate = None
+        self._destroyed = False
+        self._coalesced: list[FakeWork] | None = None
+
+    # -- identity -----------------------------------------------------------------
+    def getBackendName(self) -> str:  # noqa: N802 - C++ trampoline name
+        return BACKEND_NAME
+
+    def name(self) -> str:
+        return BACKEND_NAME
+
+    @property
+    def timeout(self) -> datetime.timedelta:
+        return self._timeout
+
+    def shutdown(self) -> None:
+        self._destroyed = True
+
+    def abort(self) -> None:
+        self._destroyed = True
+
+    def _group_state(self):
+        if self._gstate is None:
+            mapping = c10d._world.pg_group_ranks.get(self)
+            if mapping:
+                ranks = tuple(g for g, _ in sorted(mapping.items(), key=lambda kv: kv[1]))
+            else:
+                ranks = tuple(range(self.size()))
+            try:
+                name = self.group_name
+            except Exception:  # noqa: BLE001 - unnamed groups get a positional name
+                name = ""
+            if not name:
+                name = "default" if len(ranks) == self._cluster.nprocs else f"group{list(ranks)}"
+            self._gstate = self._cluster.group(name, ranks)
+        return self._gstate
+
+    # -- the one path every collective takes ------------------------------------------
+    def _issue(self, op: str, inputs: list[Any], outputs: list[Any] | None = None, *,
+               root: int | None = None, reduce_op: Any = None, in_splits=None, out_splits=None,
+               peer: int | None = None, tag: int = 0, async_op: bool = True,
+               shape_of: Sequence[Any] | None = None) -> FakeWork:
+        site = user_site(2)
+        g = self._group_state()
+        if self._destroyed:
+            raise FakePGError(f"rank {self._global_rank}: {op} on group {g.label} at {site}, "
+                              f"but that group was destroyed (destroy_process_group)")
+        outputs = outputs if outputs is not None else []
+        flat_in = [t for t in _flat(inputs) if isinstance(t, torch.Tensor)]
+        flat_out = [t for t in _flat(outputs) if isinstance(t, torch.Tensor)]
+        shown = flat_in if shape_of is None else list(shape_of)
+        rec = CollectiveRecord(
+            rank=self._global_rank, group=g.name, group_ranks=g.ranks, seq=-1, op=op,
+            shapes=tuple(tuple(t.shape) for t in shown),
+            dtypes=tuple(_dtype(t) for t in shown),
+            bytes=0, site=site,
+            reduce_op=None if reduce_op is None else op_name(reduce_op),
+            root=None if root is None else g.ranks[root],
+            peer=None if peer is None else g.ranks[peer],
+            tag=tag if op in ("send", "recv") else None,
+            async_op=async_op, p2p=op in ("send", "recv"),
+            output_shapes=tuple(tuple(t.shape) for t in flat_out),
+        )
+        call = Call(rank=self._global_rank, grank=self.rank(), op=op, inputs=list(inputs),
+                    outputs=list(outputs), site=site, record=rec, root=root,
+                    reduce_op=reduce_op, in_splits=in_splits, out_splits=out_splits,
+                    peer=peer, tag=tag)
+        from .cluster import _collective_bytes
+
+        rec.bytes = _collective_bytes(call, g.size)
+        work = FakeWork(self._cluster, call)
+        # Inside backward the caller is the Reducer (or a comm hook it runs); it will wait
+        # on the result from C++, where the scheduler cannot see it: settle it now.
+        in_backward = torch._C._current_graph_task_id() != -1
+        self._cluster.issue(g, call, block=in_backward)
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
+
+    # -- collectives (names as torch 2.11-2.13 call them) --------------------------------
+    def allreduce(self, tensors, opts=None):
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        return self._issue("all_reduce", tensors, reduce_op=_red(opts))
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self._issue("all_reduce_coalesced", tensors, reduce_op=_red(opts))
+
+    def broadcast(self, tensors, opts=None):
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        root = opts.rootRank if opts is not None and not isinstance(opts, int) else (opts or 0)
+        return self._issue("broadcast", tensors, root=root)
+
+    def reduce(self, tensors, opts=None):
+        return self._issue("reduce", tensors, root=opts.rootRank, reduce_op=opts.reduceOp)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        return self._issue("all_gather", input_tensors, output_tensors)
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        return self._issue("all_gather", input_list, output_lists)
+
+    def all_gather_single(self, output, input, opts=None):
+        return self._issue("all_gather_into_tensor", [input], [output])
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        return self._issue("all_gather_into_tensor_coalesced", inputs, outputs)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        return self._issue("gather", input_tensors, output_tensors, root=opts.rootRank)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        return self._issue("scatter", input_tensors, output_tensors, root=opts.rootRank,
+                           shape_of=output_tensors)
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        return self._issue("reduce_scatter", input_tensors, output_tensors, reduce_op=_red(opts),
+                           shape_of=output_tensors)
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        return self._issue("reduce_scatter_tensor", [input], [output], reduce_op=_red(opts))
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        return self._issue("reduce_scatter_tensor_coalesced", inputs, outputs, reduce_op=_red(opts))
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        return self._issue("all_to_all", input_tensors, output_tensors)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        n = self.size()
+        ins = list(input_split_sizes) or [input.shape[0] // n] * n
+        outs = list(output_split_sizes) or [output.shape[0] // n] * n
+        if not input_split_sizes and input.shape[0] % n:
+            raise ValueError(f"all_to_all_single: input has {input.shape[0]} rows, not divisible "
+                             f"by the group size {n}; pass input_split_sizes")
+        return self._issue("all_to_all_single", [input], [output], in_splits=ins, out_splits=outs)
+
+    alltoall_base = all_to_all_single
+
+    def barrier(self, opts=None):
+        return self._issue("barrier", [])
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        return self._issue("monitored_barrier", []).wait()
+
+    def send(self, tensors, dst, tag=0):
+        return self._issue("send", tensors, peer=dst, tag=tag)
+
+    def recv(self, tensors, src, tag=0):
+        return self._issue("recv", tensors, peer=src, tag=tag)
+
+    def recv_anysource(self, tensors, tag=0):
+        return self._issue("recv", tensors, peer=None, tag=tag)
+
+    def _start_coalescing(self, device=None):
+        self._coalesced = []
+
+    def _end_coalescing(self, device=None):
+        works, self._coalesced = self._coalesced or [], None
+        return _CoalescedWork(self._cluster, works)
+
+
+def _flat(xs: Any) -> list[Any]:
+    out: list[Any] = []
+    for x in xs:
+        out.extend(_flat(x)) if isinstance(x, (list, tuple)) else out.append(x)
+    return out
+
+
+def _create_fakepg(store, rank, world_size, timeout):
+    binding = current_cluster()
+    if binding is None:
+        raise FakePGError(
+            "the 'fakepg' backend exists only inside a fake world: run your function with "
+            "fakepg.spawn(fn, nprocs=N) or your script with `fakerun --nproc-per-node N script.py`")
+    cluster, global_rank = binding
+    return FakeProcessGroup(cluster, global_rank, rank, world_size, timeout)
+
+
+def register_backend() -> None:
+    if not hasattr(dist.Backend, BACKEND_NAME.upper()):
+        dist.Backend.register_backend(BACKEND_NAME, _create_fakepg, devices=["cpu", "cuda"])

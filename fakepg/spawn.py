@@ -1,0 +1,281 @@
+"""``fakepg.spawn``: run ``fn(rank, *args)`` on N ranks of a fake cluster inside this process."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import functools
+import os
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from . import trace as _trace
+from .cluster import Cluster, bind_thread, current_cluster
+from .errors import CollectiveHangError, CollectiveMismatchError, FakePGError, RankFailedError, WorldAbortedError
+from .hooks import WorldHooks
+from .isolation import ENV_KEYS, ProcessState
+from .process_group import BACKEND_NAME, register_backend
+from .scheduler import Scheduler
+from .sites import user_site
+from .trace import CollectiveRecord
+
+try:  # numpy's global RNG is isolated per rank too; import it up front so all ranks see it
+    import numpy  # noqa: F401
+except ImportError:  # pragma: no cover
+    pass
+
+_SPAWN_LOCK = threading.Lock()
+_ORIGINAL_INIT = c10d.init_process_group
+_ORIGINAL_MONITORED_BARRIER = c10d.monitored_barrier
+
+
+@dataclass
+class SpawnResult:
+    """What a fake world leaves behind."""
+
+    returns: list[Any]
+    trace: list[list[CollectiveRecord]]
+    nprocs: int
+    seed: int
+    wall_time: float = 0.0
+
+    def to_json(self, path: str | os.PathLike | None = None) -> str:
+        """The collective trace as JSON (bitwise identical for identical runs)."""
+        return _trace.to_json(self.trace, path)
+
+    def dump_flight_recorder(self, directory: str | os.PathLike, prefix: str = "rank") -> list[str]:
+        """Write torch Flight Recorder dumps, one per rank, readable by ``fr_trace``."""
+        return _trace.dump_flight_recorder(self.trace, directory, prefix)
+
+    def summary(self) -> str:
+        """A per-rank table of collectives issued: op -> count, bytes."""
+        lines = []
+        for rank, recs in enumerate(self.trace):
+            counts: dict[str, list[int]] = {}
+            for r in recs:
+                c = counts.setdefault(r.op, [0, 0])
+                c[0] += 1
+                c[1] += r.bytes
+            parts = ", ".join(f"{op}×{n} ({b / 1e6:.2f} MB)" for op, (n, b) in sorted(counts.items()))
+            lines.append(f"rank {rank}: {len(recs)} collectives: {parts}")
+        return "\n".join(lines)
+
+
+def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, seed: int = 0,
+          hooks: WorldHooks | None = None, hang_timeout: float = 1.0,
+          master_port: int = 29500) -> SpawnResult:
+    """Run ``fn(rank, *args)`` on ``nprocs`` ranks of a deterministic in-process cluster.
+
+    Inside ``fn``, torch.distributed is already initialised with the ``"fakepg"`` backend
+    (``dist.init_process_group`` by unmodified code is accepted and returns the same
+    world). Ranks run one at a time, switching only where one must wait for another, so
+    the same program and ``seed`` give bitwise-identical results and traces.
+
+    ``seed`` fixes each rank's initial torch/Python/numpy RNG state (a function of seed
+    and rank). ``hang_timeout`` bounds the inactivity fallback for waits hidden in C++.
+
+    Example::
+
+        def train(rank):
+            t = torch.ones(2) * rank
+            dist.all_reduce(t)
+            return t
+
+        result = fakepg.spawn(train, nprocs=4)
+        assert result.returns[0].tolist() == [6.0, 6.0]
+    """
+    if not callable(fn):
+        raise TypeError(f"fakepg.spawn: fn must be callable, got {type(fn).__name__} {fn!r}")
+    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
+        raise ValueError(f"fakepg.spawn: nprocs must be an integer >= 1, got {nprocs!r}")
+    if current_cluster() is not None:
+        raise FakePGError("fakepg.spawn cannot be nested inside a rank of another fake world")
+    if not _SPAWN_LOCK.acquire(blocking=False):
+        raise FakePGError("another fakepg world is running in this process; worlds run one "
+                          "after another (use pytest-xdist for parallelism)")
+    try:
+        return _run_world(fn, tuple(args), nprocs, seed, hooks, hang_timeout, master_port)
+    finally:
+        _SPAWN_LOCK.release()
+
+
+def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port) -> SpawnResult:
+    register_backend()
+    t0 = time.perf_counter()
+    cluster = Cluster(nprocs, seed, hooks)
+    host = ProcessState()
+    host.save()
+    env = lambda r: {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(nprocs),  # noqa: E731
+                     "LOCAL_WORLD_SIZE": str(nprocs), "GROUP_RANK": "0", "ROLE_RANK": str(r),
+                     "ROLE_WORLD_SIZE": str(nprocs), "MASTER_ADDR": "127.0.0.1",
+                     "MASTER_PORT": str(master_port)}
+    processes = [ProcessState.for_rank(r, nprocs, seed, env(r)) for r in range(nprocs)]
+    sched = Scheduler(processes, cluster.hang_report)
+    cluster.scheduler = sched
+    store = dist.HashStore()
+    returns: list[Any] = [None] * nprocs
+    failures: dict[int, BaseException] = {}
+
+    def rank_main(rank: int) -> None:
+        bind_thread(cluster, rank)
+        sched.enter(rank)
+        outcome = "returned"
+        try:
+            cluster.hooks.rank_started(rank)
+            _ORIGINAL_INIT(backend=BACKEND_NAME, rank=rank, world_size=nprocs, store=store,
+                           timeout=datetime.timedelta(minutes=30))
+            returns[rank] = fn(rank, *args)
+            cluster.complete_ready(rank)
+        except BaseException as e:  # noqa: BLE001 - every rank failure is reported by spawn
+            failures[rank] = e
+            outcome = f"raised {type(e).__name__}"
+            if not isinstance(e, FakePGError) and cluster.failed_rank is None:
+                cluster.failed_rank = rank
+                site = _exception_site(e)
+                sched.abort(RankFailedError(rank, f"rank {rank} raised {type(e).__name__}: {e} (at {site})"))
+        finally:
+            try:
+                cluster.hooks.rank_finished(rank)
+                if c10d.is_initialized():
+                    _destroy_quietly()
+            finally:
+                bind_thread(None)
+                sched.finish(rank, outcome)
+
+    patches = _Patches(nprocs)
+    threads = [threading.Thread(target=rank_main, args=(r,), name=f"fakepg-rank{r}", daemon=True)
+               for r in range(nprocs)]
+    for r, t in enumerate(threads):
+        sched.slots[r].thread = t
+    multithreading = torch.autograd.is_multithreading_enabled()
+    with patches:
+        torch.autograd.set_multithreading_enabled(False)  # backward runs on the rank's thread
+        torch._C._distributed_c10d._set_thread_isolation_mode(True)
+        try:
+            for t in threads:
+                t.start()
+            sched._hand_over(nprocs - 1)  # baton to rank 0
+            _watch(sched, cluster, hang_timeout)
+            for t in threads:
+                t.join()
+        finally:
+            torch._C._distributed_c10d._set_thread_isolation_mode(False)
+            torch.autograd.set_multithreading_enabled(multithreading)
+            host.install()
+    result = SpawnResult(returns, cluster.trace, nprocs, seed, time.perf_counter() - t0)
+    _raise_outcome(sched, cluster, failures)
+    return result
+
+
+def _watch(sched: Scheduler, cluster: Cluster, hang_timeout: float) -> None:
+    """Wait for the world to end; catch the baton holder stuck in an invisible C++ wait."""
+    while not sched.finished.wait(0.05):
+        holder = sched.current
+        if holder is None or sched.abort_error is not None:
+            continue
+        idle = time.monotonic() - sched.last_progress_time
+        unsettled = [c for c in cluster.outstanding[holder] if not c.collective.settled]
+        settled = [c for c in cluster.outstanding[holder] if c.collective.settled]
+        if idle < hang_timeout or not (unsettled or settled):
+            continue
+        # The holder has outstanding Works and has not touched the scheduler for
+        # hang_timeout seconds: it is (almost certainly) waiting on one from C++.
+        report = cluster.hang_report() + (
+            f"\nDetected by the inactivity fallback: rank {holder} made no scheduler progress "
+            f"for {idle:.1f} s while it had outstanding collectives, so it is most likely "
+            f"blocked in a wait inside C++ (torch.futures.wait_all, a C++ future) that fakepg "
+            f"cannot see. Wait on the Work or its get_future() from Python instead.")
+        err = CollectiveHangError(report)
+        sched.hang = err
+        sched.abort(err)
+        for c in list(cluster.outstanding[holder]):
+            if c.work is not None and not c.work._done:
+                c.work._complete(err)  # unblocks the C++ wait with the error
+
+
+def _raise_outcome(sched: Scheduler, cluster: Cluster, failures: dict[int, BaseException]) -> None:
+    if cluster.failed_rank is not None:
+        r = cluster.failed_rank
+        e = failures[r]
+        raise RankFailedError(r, f"rank {r} failed: {type(e).__name__}: {e}\n"
+                                 f"(raised at {_exception_site(e)})") from e
+    if sched.hang is not None:
+        raise CollectiveHangError(sched.hang.report)
+    for e in failures.values():
+        if isinstance(e, CollectiveMismatchError):
+            raise CollectiveMismatchError(*e.args)
+    for r, e in failures.items():
+        raise RankFailedError(r, f"rank {r} failed: {type(e).__name__}: {e}") from e
+
+
+def _exception_site(e: BaseException) -> str:
+    frames = traceback.extract_tb(e.__traceback__)
+    for fr in reversed(frames):
+        if "/torch/" not in fr.filename and "/fakepg/" not in fr.filename:
+            return f"{os.path.relpath(fr.filename) if not fr.filename.startswith('<') else fr.filename}:{fr.lineno}"
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "<unknown>"
+
+
+def _destroy_quietly() -> None:
+    with contextlib.suppress(Exception):
+        c10d.destroy_process_group()
+
+
+class _Patches:
+    """torch.distributed entry points that must see the fake world while it runs."""
+
+    def __init__(self, nprocs: int):
+        self.nprocs = nprocs
+
+    def __enter__(self):
+        nprocs = self.nprocs
+
+        @functools.wraps(_ORIGINAL_INIT)
+        def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1,
+                               rank=-1, store=None, group_name="", pg_options=None, device_id=None,
+                               **kwargs):
+            binding = current_cluster()
+            if binding is None:
+                return _ORIGINAL_INIT(backend, init_method, timeout, world_size, rank, store,
+                                      group_name, pg_options, device_id, **kwargs)
+            me = binding[1]
+            site = user_site()
+            if world_size not in (-1, None) and int(world_size) != nprocs:
+                raise ValueError(f"rank {me}: init_process_group(world_size={world_size}) at {site}, "
+                                 f"but the fake cluster has {nprocs} ranks (nprocs={nprocs}); "
+                                 f"make them agree")
+            if rank not in (-1, None) and int(rank) != me:
+                raise ValueError(f"rank {me}: init_process_group(rank={rank}) at {site} on the "
+                                 f"thread of rank {me}")
+            if c10d.is_initialized():
+                return None  # already the fake world; any backend/init_method maps onto it
+            return _ORIGINAL_INIT(backend=BACKEND_NAME, rank=me, world_size=nprocs,
+                                  store=dist.HashStore(), timeout=timeout or datetime.timedelta(minutes=30))
+
+        @functools.wraps(_ORIGINAL_MONITORED_BARRIER)
+        def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+            if current_cluster() is None:
+                return _ORIGINAL_MONITORED_BARRIER(group, timeout, wait_all_ranks)
+            g = group or c10d._get_default_group()
+            return g.monitored_barrier(timeout, wait_all_ranks)
+
+        self.saved = [(dist, "init_process_group", dist.init_process_group),
+                      (c10d, "init_process_group", c10d.init_process_group),
+                      (dist, "monitored_barrier", dist.monitored_barrier),
+                      (c10d, "monitored_barrier", c10d.monitored_barrier)]
+        dist.init_process_group = c10d.init_process_group = init_process_group
+        dist.monitored_barrier = c10d.monitored_barrier = monitored_barrier
+        return self
+
+    def __exit__(self, *exc):
+        for mod, name, value in self.saved:
+            setattr(mod, name, value)
+        return False

@@ -1,0 +1,142 @@
+"""Single-process reference: what DDP computes, by the mathematics of data parallelism alone.
+
+Per iteration, each rank's loss is evaluated on its own batch with the same parameters; the
+gradient applied is the rank-ordered sum of ``grad_r * (1 / world_size)`` (DDP scales each local
+gradient, then allreduce-sums; fakepg sums in rank order), followed by one optimizer step.  So the
+reference equals DDP up to floating-point reduction order, and bit for bit where the backend also
+reduces in rank order.
+
+Buffers are modelled per rank, as DDP keeps them: with ``broadcast_buffers``/
+``forward_sync_buffers`` (default on) every rank's buffers are overwritten by the authoritative
+rank's (rank 0; under Join the highest still-active rank) before each forward, so gradients of
+models that *read* buffers match too.  Unequal batch counts follow ``Join``'s default semantics.
+
+>>> import models
+>>> state = models.reference_train(models.get("mlp", depth=2, iterations=2), world_size=2)
+>>> sorted(state)[:2]
+['l0.bias', 'l0.weight']
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .scenario import Scenario
+
+__all__ = ["reference_train"]
+
+# DDP arguments that change scheduling or bucketing but not the mathematics the reference models.
+_NEUTRAL_DDP_KWARGS = frozenset({
+    "bucket_cap_mb", "bucket_cap_mb_list", "find_unused_parameters", "static_graph",
+    "gradient_as_bucket_view", "broadcast_buffers", "forward_sync_buffers", "init_sync",
+    "device_ids", "output_device", "dim", "process_group", "check_reduction",
+    "delay_all_reduce_named_params", "param_to_hook_all_reduce", "batched_grad_copy",
+})
+
+
+def _forward_sync_buffers(ddp_kwargs: dict[str, Any]) -> bool:
+    # forward_sync_buffers (2.13) wins over the deprecated broadcast_buffers; both default on.
+    if ddp_kwargs.get("forward_sync_buffers") is not None:
+        return bool(ddp_kwargs["forward_sync_buffers"])
+    if ddp_kwargs.get("broadcast_buffers") is not None:
+        return bool(ddp_kwargs["broadcast_buffers"])
+    return True
+
+
+def _average(grads: list[Tensor | None], div: int) -> Tensor | None:
+    present = [g for g in grads if g is not None]
+    if not present:
+        return None  # unused on every rank: DDP leaves .grad untouched (None after zero_grad)
+    total = None
+    for g in present:  # rank order, as fakepg reduces
+        # Dense: the Reducer multiplies by 1/div while copying into the bucket; sparse: div_.
+        part = g / div if g.is_sparse else g * (1.0 / div)
+        total = part if total is None else total + part
+    return total
+
+
+@torch.no_grad()
+def _copy_into(tensors: list[Tensor], values: list[Tensor]) -> None:
+    for t, v in zip(tensors, values):
+        t.copy_(v)
+
+
+def reference_train(
+    scenario: Scenario,
+    world_size: int,
+    *,
+    rank: int = 0,
+    join: bool | None = None,
+    divide_by_initial_world_size: bool = True,
+) -> dict[str, Tensor]:
+    """Train ``scenario`` as DDP would on ``world_size`` ranks; return rank ``rank``'s final
+    ``state_dict`` (parameters are equal on all ranks; buffers may not be).
+
+    Args:
+        join: model ``Join`` (uneven inputs).  ``None``: only when batch counts differ.
+        divide_by_initial_world_size: Join's option: divide by the initial world size (default)
+            or by the number of ranks still active.
+
+    Raises:
+        ValueError: the scenario is not ``reference_ok``, its ``ddp_kwargs`` change the
+            mathematics (comm hooks, mixed precision, ...), or counts differ with ``join=False``.
+
+    >>> import models, torch
+    >>> sc = models.get("mlp", depth=2, iterations=1)
+    >>> one = models.reference_train(sc, 1)
+    >>> torch.equal(one["l0.weight"], models.reference_train(sc, 1)["l0.weight"])
+    True
+    """
+    if not scenario.reference_ok:
+        raise ValueError(f"scenario {scenario.name!r} is not reference_ok")
+    unmodelled = sorted(set(scenario.ddp_kwargs) - _NEUTRAL_DDP_KWARGS)
+    if unmodelled:
+        raise ValueError(f"reference_train does not model ddp_kwargs {unmodelled}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} outside world of size {world_size}")
+
+    inputs = [scenario.inputs(r, world_size) for r in range(world_size)]
+    counts = [len(b) for b in inputs]
+    uneven = len(set(counts)) > 1
+    join = uneven if join is None else join
+    if uneven and not join:
+        raise ValueError(f"batch counts {counts} differ: DDP needs Join (pass join=True)")
+
+    model = scenario.build_model()
+    model.train()
+    optimizer = scenario.optimizer(model.parameters())
+    # DDP reduces only parameters that require grad; parameters() already drops tied duplicates.
+    params = [p for p in model.parameters() if p.requires_grad]
+    sync = _forward_sync_buffers(scenario.ddp_kwargs) and any(True for _ in model.buffers())
+    # Each rank's own copy of the buffers; model construction is identical on all ranks.
+    rank_buffers = [[b.detach().clone() for b in model.buffers()] for _ in range(world_size)]
+
+    for i in range(max(counts, default=0)):
+        active = [r for r in range(world_size) if i < counts[r]]
+        if sync:
+            # DDP broadcasts buffers from the authoritative rank before forward: rank 0, or under
+            # Join the highest rank not yet joined (_find_common_rank takes a MAX).
+            src = max(active) if join else 0
+            rank_buffers = [[b.clone() for b in rank_buffers[src]] for _ in range(world_size)]
+        per_rank: list[tuple[Tensor | None, ...]] = []
+        for r in active:
+            _copy_into(list(model.buffers()), rank_buffers[r])
+            loss = scenario.step(model, inputs[r][i])
+            per_rank.append(torch.autograd.grad(loss, params, allow_unused=True))
+            # Re-read: a forward may rebind a buffer attribute instead of updating it in place.
+            rank_buffers[r] = [b.detach().clone() for b in model.buffers()]
+        div = world_size if (not join or divide_by_initial_world_size) else len(active)
+        for j, p in enumerate(params):
+            p.grad = _average([g[j] for g in per_rank], div)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    final = rank
+    if join and sync:
+        # Join's _sync_final_model broadcasts from the highest rank among the last to finish.
+        final = max(r for r in range(world_size) if counts[r] == max(counts))
+    _copy_into(list(model.buffers()), rank_buffers[final])
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -1,0 +1,194 @@
+"""The :class:`Scenario` record: one DDP training scenario, independent of any backend.
+
+A scenario says *what* is trained (model factory, per-rank data, loss, optimizer, DDP keyword
+arguments); a harness (fakepg, gloo, NCCL, the single-process reference) says *how*.  The
+training loop every harness runs is the same::
+
+    sc = models.get("mlp")
+    torch.manual_seed(sc.seed)                  # or: model = sc.build_model()
+    model = DistributedDataParallel(sc.model(), **sc.ddp_kwargs)
+    opt = sc.optimizer(model.parameters())
+    for batch in sc.inputs(rank, world_size):   # this rank's batches, truncated to sc.iterations
+        opt.zero_grad(set_to_none=True)
+        sc.step(model, batch).backward()        # step = loss(forward(model, batch), batch)
+        opt.step()
+
+Everything stored in a zoo scenario is a module-level function, class or ``functools.partial`` of
+one, so scenarios pickle (for ``torch.multiprocessing.spawn`` with a real backend).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = [
+    "Scenario",
+    "SeededBatches",
+    "rank_generator",
+    "forward_first",
+    "mse_loss",
+    "cross_entropy_loss",
+    "sgd",
+]
+
+
+def rank_generator(seed: int, rank: int, salt: str = "") -> torch.Generator:
+    """A CPU ``torch.Generator`` seeded from ``(seed, rank, salt)``, independent of the global RNG.
+
+    The seed is a hash, not ``seed + rank``, so that (seed=1, rank=0) and (seed=0, rank=1) differ.
+
+    >>> a = torch.randn(2, generator=rank_generator(0, 1))
+    >>> bool((a == torch.randn(2, generator=rank_generator(0, 1))).all())
+    True
+    """
+    digest = hashlib.sha256(f"{seed}/{rank}/{salt}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+
+
+@dataclass(frozen=True)
+class SeededBatches:
+    """Picklable ``batches(rank, world_size)`` callable: ``fn(seed, rank, world_size, **kwargs)``.
+
+    Keeping the seed (and the iteration count, when ``fn`` takes one) as data, rather than in a
+    closure, lets :meth:`Scenario.with_` change them: ``sc.with_(seed=3)`` reseeds the data too.
+    """
+
+    fn: Callable[..., list]
+    seed: int
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __call__(self, rank: int, world_size: int) -> list:
+        return self.fn(self.seed, rank, world_size, **self.kwargs)
+
+
+def forward_first(model: nn.Module, batch: Any) -> Any:
+    """Default forward: ``model(batch[0])`` (batches are ``(x, y)`` tuples)."""
+    return model(batch[0])
+
+
+def mse_loss(output: Tensor, batch: Any) -> Tensor:
+    """Default loss: mean squared error against ``batch[1]``."""
+    return F.mse_loss(output, batch[1])
+
+
+def cross_entropy_loss(output: Tensor, batch: Any) -> Tensor:
+    """Cross entropy of logits ``output`` against class indices ``batch[1]``."""
+    return F.cross_entropy(output, batch[1])
+
+
+# SGD works with dense, sparse and mixed-dtype gradients alike, and without momentum its step is a
+# pure function of the gradient, which keeps the reference comparison exact-in-spirit.
+sgd: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] = functools.partial(
+    torch.optim.SGD, lr=0.1
+)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One DDP training scenario.
+
+    Attributes:
+        name: registry name, e.g. ``"mlp"``.
+        model: builds the model; deterministic given torch's global seed (the caller seeds, or
+            uses :meth:`build_model`).  Every rank builds the same model.
+        batches: ``batches(rank, world_size)`` -> that rank's per-iteration inputs.  Counts may
+            differ between ranks (``uneven_inputs``).  Drawn from a ``torch.Generator`` seeded by
+            ``(seed, rank)``, never from the global RNG.
+        loss: ``loss(output, batch)`` -> scalar tensor.
+        forward: ``forward(model, batch)`` -> output; default ``model(batch[0])``.  Rank-dependent
+            behaviour travels *in the batch* (e.g. a route index), so the model stays the same on
+            every rank and the reference can replay each rank exactly.
+        ddp_kwargs: keyword arguments for ``DistributedDataParallel`` (treat as read-only; derive
+            variants with :meth:`with_ddp`).
+        optimizer: ``optimizer(params)`` -> optimizer; default SGD(lr=0.1).
+        iterations: steps to run, i.e. how many of each rank's batches :meth:`inputs` keeps;
+            ``None``: all of them (uneven counts).
+        seed: model-init and data seed.
+        description: one line for reports.
+        features: tags: "bucketing", "rebuild", "unused", "tied", "buffers", "sparse",
+            "mixed-dtype", "transformer", "param-order", "grad-order", "uneven", "rank-dependent".
+        reference_ok: whether :func:`models.reference_train` reproduces DDP's result for this
+            scenario as declared (ddp_kwargs included), up to floating-point reduction order.
+
+    >>> import models
+    >>> sc = models.get("mlp", depth=2)
+    >>> len(sc.inputs(rank=0, world_size=2)) == sc.iterations
+    True
+    >>> sc.with_ddp(bucket_cap_mb=0.01).ddp_kwargs
+    {'bucket_cap_mb': 0.01}
+    """
+
+    name: str
+    model: Callable[[], nn.Module]
+    batches: Callable[[int, int], list]
+    loss: Callable[[Any, Any], Tensor] = mse_loss
+    forward: Callable[[nn.Module, Any], Any] = forward_first
+    ddp_kwargs: dict[str, Any] = field(default_factory=dict)
+    optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] = sgd
+    iterations: int | None = None
+    seed: int = 0
+    description: str = ""
+    features: tuple[str, ...] = ()
+    reference_ok: bool = True
+
+    # -- deriving variants -------------------------------------------------------------------
+
+    def with_(self, **changes: Any) -> Scenario:
+        """A copy with fields changed (``dataclasses.replace``).
+
+        Changing ``seed`` or ``iterations`` also reseeds/resizes the data when ``batches`` is a
+        :class:`SeededBatches` (all zoo scenarios), unless ``batches`` itself is replaced.
+
+        >>> import models
+        >>> sc = models.get("mlp")
+        >>> sc.with_(seed=1).inputs(0, 1)[0][0].equal(sc.inputs(0, 1)[0][0])
+        False
+        """
+        b = self.batches
+        if "batches" not in changes and isinstance(b, SeededBatches):
+            if "seed" in changes:
+                b = dataclasses.replace(b, seed=changes["seed"])
+            if "iterations" in changes and "iterations" in b.kwargs and changes["iterations"]:
+                b = dataclasses.replace(b, kwargs={**b.kwargs, "iterations": changes["iterations"]})
+            if b is not self.batches:
+                changes["batches"] = b
+        return dataclasses.replace(self, **changes)
+
+    def with_ddp(self, **ddp_kwargs: Any) -> Scenario:
+        """A copy whose ``ddp_kwargs`` are updated (merged) with ``ddp_kwargs``.
+
+        >>> import models
+        >>> models.get("rank_dependent_unused").with_ddp(static_graph=False).ddp_kwargs
+        {'find_unused_parameters': True, 'static_graph': False}
+        """
+        return dataclasses.replace(self, ddp_kwargs={**self.ddp_kwargs, **ddp_kwargs})
+
+    # -- running -------------------------------------------------------------------------------
+
+    def build_model(self) -> nn.Module:
+        """``model()`` under ``torch.manual_seed(seed)``, restoring the caller's RNG state after."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            return self.model()
+
+    def inputs(self, rank: int, world_size: int) -> list:
+        """This rank's batches, truncated to ``iterations`` when that is set."""
+        data = self.batches(rank, world_size)
+        return data if self.iterations is None else data[: self.iterations]
+
+    def batch_counts(self, world_size: int) -> list[int]:
+        """Number of iterations each rank runs, e.g. ``[3, 4]`` for uneven inputs."""
+        return [len(self.inputs(r, world_size)) for r in range(world_size)]
+
+    def step(self, model: nn.Module, batch: Any) -> Tensor:
+        """Forward and loss for one batch: ``loss(forward(model, batch), batch)``."""
+        return self.loss(self.forward(model, batch), batch)

@@ -1,0 +1,341 @@
+"""Compute cost models: how long one aten op takes on a rank, in seconds.
+
+A per-rank ``TorchDispatchMode`` calls ``model.op_time(func, args, kwargs, out)`` for every aten
+op it sees (after autograd, after composite ops such as ``linear`` were decomposed into ``t`` +
+``addmm``). Three models::
+
+    >>> import torch
+    >>> a = torch.ones(256, 256)
+    >>> mm = torch.ops.aten.mm.default
+    >>> Compute.constant(1e-5).op_time(mm, (a, a), {}, a @ a)
+    1e-05
+    >>> h100 = Compute.roofline("h100")             # max(FLOPs/peak, bytes/bandwidth) + overhead
+    >>> h100.op_time(mm, (a, a), {}, a @ a) > 0
+    True
+    >>> Compute.from_profile({"aten::mm": 2e-4}).op_time(mm, (a, a), {}, a @ a)
+    0.0002
+
+``op_time`` runs for every op on every rank, so each model caches what it can per ``func``.
+Thread-safe for concurrent readers (caches only ever gain entries).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import flop_registry, shape_wrapper
+
+__all__ = ["Compute", "DevicePreset", "DEVICES", "RooflineCompute", "ConstantCompute",
+           "ProfileCompute"]
+
+_Tensor = torch.Tensor
+_aten = torch.ops.aten
+
+
+@dataclass(frozen=True)
+class DevicePreset:
+    """Peak throughput of one device. TFLOP/s are dense (no sparsity); fp16 means fp16/bf16 on
+    tensor cores; fp32 is plain fp32 (PyTorch does not use TF32 for matmul by default)."""
+
+    name: str
+    fp32_tflops: float
+    fp16_tflops: float
+    fp64_tflops: float
+    mem_bandwidth_GBps: float
+    op_overhead_us: float
+
+    def peak_tflops(self, dtype: torch.dtype) -> float:
+        if dtype in (torch.float16, torch.bfloat16):
+            return self.fp16_tflops
+        if dtype in (torch.float64, torch.complex128):
+            return self.fp64_tflops
+        return self.fp32_tflops  # fp32 and everything else (FLOP formulas exist for float ops)
+
+
+DEVICES: dict[str, DevicePreset] = {
+    # NVIDIA A100 datasheet (SXM 80GB): FP32 19.5, BF16/FP16 tensor 312 dense, FP64 tensor 19.5
+    # TFLOP/s; HBM2e 2,039 GB/s. Overhead: ~5 µs of eager dispatch + kernel launch per op.
+    "a100": DevicePreset("a100", fp32_tflops=19.5, fp16_tflops=312.0, fp64_tflops=19.5,
+                         mem_bandwidth_GBps=2039.0, op_overhead_us=5.0),
+    # NVIDIA H100 datasheet (SXM5): FP32 67, BF16/FP16 tensor 989 dense (1,979 is with
+    # sparsity), FP64 tensor 67 TFLOP/s; HBM3 3.35 TB/s.
+    "h100": DevicePreset("h100", fp32_tflops=67.0, fp16_tflops=989.0, fp64_tflops=67.0,
+                         mem_bandwidth_GBps=3350.0, op_overhead_us=5.0),
+    # A modest multi-core x86 host: ~0.1 TFLOP/s fp32 in a large GEMM, ~20 GB/s achieved
+    # memory bandwidth, ~5 µs per eager op (PyTorch dispatcher). No fast fp16 on CPUs.
+    # Order-of-magnitude only: calibrate from a profile (Compute.from_profile) for real use.
+    "cpu": DevicePreset("cpu", fp32_tflops=0.1, fp16_tflops=0.1, fp64_tflops=0.05,
+                        mem_bandwidth_GBps=20.0, op_overhead_us=5.0),
+}
+
+# Ops that move no tensor data although func.is_view is False: aliasing reshapes, allocations
+# without initialisation, and metadata queries (whose tensor inputs are only looked at).
+_NO_DATA_PACKETS = frozenset(
+    getattr(_aten, name) for name in (
+        "_unsafe_view", "_reshape_alias", "lift_fresh", "empty", "empty_like", "empty_strided",
+        "new_empty", "new_empty_strided", "resize_", "set_", "size", "sym_size", "stride",
+        "sym_stride", "storage_offset", "sym_storage_offset", "numel", "sym_numel", "dim",
+        "is_contiguous", "sym_is_contiguous", "is_strides_like_format",
+        "is_non_overlapping_and_dense", "is_same_size")
+    if hasattr(_aten, name)) | {torch.ops.prim.device, torch.ops.prim.layout}
+
+
+def _moves_no_data(func: Any) -> bool:
+    return bool(getattr(func, "is_view", False)) or \
+        getattr(func, "_overloadpacket", None) in _NO_DATA_PACKETS
+
+
+_SHAPE_WRAPPER_CODE = shape_wrapper(lambda: 0).__code__
+
+
+def _shapes(x: Any) -> Any:
+    if isinstance(x, _Tensor):
+        return x.shape
+    if isinstance(x, (list, tuple)):
+        return type(x)(_shapes(v) for v in x) if type(x) in (list, tuple) else x
+    return x
+
+
+def _flop_formula(func: Any) -> Any:
+    """FlopCounterMode's formula for func as f(args, kwargs, out) -> FLOPs, or None.
+
+    Most formulas are wrapped by flop_counter.shape_wrapper, whose pytree walk costs ~10 µs a
+    call; we call the formula underneath with shapes we extract ourselves (~1 µs).
+    """
+    formula = flop_registry.get(getattr(func, "_overloadpacket", None))
+    if formula is None:
+        return None
+    raw = getattr(formula, "__wrapped__", None)
+    if raw is not None and getattr(formula, "__code__", None) is _SHAPE_WRAPPER_CODE:
+        return lambda args, kwargs, out: raw(
+            *[_shapes(a) for a in args], out_shape=_shapes(out),
+            **{k: _shapes(v) for k, v in kwargs.items()})
+    return lambda args, kwargs, out: formula(*args, **kwargs, out_val=out)
+
+
+def _op_name(func: Any) -> str:
+    """'aten::mm' for aten.mm.default: the name torch.profiler records."""
+    schema = getattr(func, "_schema", None)
+    return schema.name if schema is not None else str(func)
+
+
+def _bytes_and_dtype(args: Any, kwargs: Mapping[str, Any], out: Any) -> tuple[int, Any]:
+    """Sum of nbytes of tensor inputs (one level of lists) and outputs; dtype of the first."""
+    total, dtype = 0, None
+    for a in args:
+        if isinstance(a, _Tensor):
+            total += a.nbytes
+            if dtype is None:
+                dtype = a.dtype
+        elif isinstance(a, (list, tuple)):
+            for x in a:
+                if isinstance(x, _Tensor):
+                    total += x.nbytes
+                    if dtype is None:
+                        dtype = x.dtype
+    for k, a in kwargs.items():
+        if isinstance(a, _Tensor) and k != "out":  # out= is counted once, as the output
+            total += a.nbytes
+            if dtype is None:
+                dtype = a.dtype
+    if isinstance(out, _Tensor):
+        total += out.nbytes
+        if dtype is None:
+            dtype = out.dtype
+    elif isinstance(out, (list, tuple)):
+        for x in out:
+            if isinstance(x, _Tensor):
+                total += x.nbytes
+    return total, dtype
+
+
+def _positive(name: str, value: Any, hint: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}; {hint}")
+    return float(value)
+
+
+def _non_negative(name: str, value: Any, hint: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}; {hint}")
+    return float(value)
+
+
+class Compute:
+    """A compute cost model. Build one with :meth:`roofline`, :meth:`constant` or
+    :meth:`from_profile`; the simulator calls :meth:`op_time` for every aten op."""
+
+    def op_time(self, func: Any, args: tuple, kwargs: Mapping[str, Any], out: Any) -> float:
+        """Seconds that op ``func`` (an ``torch._ops.OpOverload``) takes on these inputs/output."""
+        raise NotImplementedError
+
+    @staticmethod
+    def roofline(device: str | DevicePreset = "cpu", *, peak_tflops: float | None = None,
+                 mem_bandwidth_GBps: float | None = None, efficiency: float = 1.0,
+                 op_overhead_us: float | None = None) -> RooflineCompute:
+        """time = max(FLOPs / (peak·efficiency), bytes / (bandwidth·efficiency)) + overhead.
+
+        FLOPs come from ``torch.utils.flop_counter``'s formulas (matmuls, convolutions,
+        attention; every other op counts 0 FLOPs), bytes are the nbytes of all tensor inputs and
+        outputs, the peak is picked by the dtype of the op's first tensor. Views and other ops
+        that move no data cost only the overhead: they still go through the dispatcher.
+        ``device`` is "cpu", "a100", "h100" or a :class:`DevicePreset`; ``peak_tflops``
+        (all dtypes), ``mem_bandwidth_GBps`` and ``op_overhead_us`` override the preset.
+        """
+        return RooflineCompute(device, peak_tflops=peak_tflops,
+                               mem_bandwidth_GBps=mem_bandwidth_GBps, efficiency=efficiency,
+                               op_overhead_us=op_overhead_us)
+
+    @staticmethod
+    def constant(seconds_per_op: float) -> ConstantCompute:
+        """Every op, views included, costs ``seconds_per_op``: the simplest model, for tests."""
+        return ConstantCompute(seconds_per_op)
+
+    @staticmethod
+    def from_profile(profile: Any, *, fallback: Compute | None = None) -> ProfileCompute:
+        """Measured mean time per call of each op, from a real run.
+
+        ``profile`` is a finished ``torch.profiler.profile``, its ``key_averages()``, or a mapping
+        {"aten::mm": seconds per call}. Ops missing from it cost what ``fallback`` says
+        (default ``Compute.roofline("cpu")``). See :class:`ProfileCompute` for which time is used.
+        """
+        return ProfileCompute(profile, fallback=fallback)
+
+
+class ConstantCompute(Compute):
+    def __init__(self, seconds_per_op: float) -> None:
+        self.seconds_per_op = _non_negative("seconds_per_op", seconds_per_op,
+                                            "give the cost of one op in seconds, e.g. 1e-5")
+
+    def op_time(self, func: Any, args: tuple, kwargs: Mapping[str, Any], out: Any) -> float:
+        return self.seconds_per_op
+
+    def __repr__(self) -> str:
+        return f"Compute.constant({self.seconds_per_op!r})"
+
+
+class RooflineCompute(Compute):
+    def __init__(self, device: str | DevicePreset = "cpu", *, peak_tflops: float | None = None,
+                 mem_bandwidth_GBps: float | None = None, efficiency: float = 1.0,
+                 op_overhead_us: float | None = None) -> None:
+        if isinstance(device, str):
+            try:
+                device = DEVICES[device.lower()]
+            except KeyError:
+                raise ValueError(f"unknown device preset {device!r}; known: "
+                                 f"{', '.join(DEVICES)}, or pass a DevicePreset(...)") from None
+        self.device = device
+        self.peak_tflops = None if peak_tflops is None else _positive(
+            "peak_tflops", peak_tflops, "give the device's peak in TFLOP/s, e.g. 19.5")
+        self.mem_bandwidth_GBps = _positive(
+            "mem_bandwidth_GBps",
+            device.mem_bandwidth_GBps if mem_bandwidth_GBps is None else mem_bandwidth_GBps,
+            "give the memory bandwidth in GB/s, e.g. 2039")
+        self.efficiency = _positive("efficiency", efficiency,
+                                    "give the achieved fraction of peak, in (0, 1]")
+        if self.efficiency > 1:
+            raise ValueError(f"efficiency must be in (0, 1], got {efficiency!r}: it is the "
+                             "fraction of peak FLOP/s and bandwidth that ops achieve")
+        self.op_overhead_us = _non_negative(
+            "op_overhead_us", device.op_overhead_us if op_overhead_us is None else op_overhead_us,
+            "give the fixed cost per op in microseconds, e.g. 5")
+        self._overhead_s = self.op_overhead_us * 1e-6
+        self._s_per_byte = 1.0 / (self.mem_bandwidth_GBps * 1e9 * self.efficiency)
+        self._flops_per_s: dict[Any, float] = {}
+        self._ops: dict[Any, tuple[bool, Any]] = {}  # func -> (moves no data, FLOP formula)
+
+    def flops_per_second(self, dtype: torch.dtype | None) -> float:
+        rate = self._flops_per_s.get(dtype)
+        if rate is None:
+            tflops = self.peak_tflops if self.peak_tflops is not None else \
+                self.device.peak_tflops(dtype if dtype is not None else torch.float32)
+            rate = self._flops_per_s[dtype] = tflops * 1e12 * self.efficiency
+        return rate
+
+    def op_time(self, func: Any, args: tuple, kwargs: Mapping[str, Any], out: Any) -> float:
+        info = self._ops.get(func)
+        if info is None:
+            info = self._ops[func] = (
+                _moves_no_data(func), _flop_formula(func))
+        no_data, formula = info
+        if no_data:
+            return self._overhead_s
+        nbytes, dtype = _bytes_and_dtype(args, kwargs, out)
+        seconds = nbytes * self._s_per_byte
+        if formula is not None:
+            try:
+                flops = formula(args, kwargs, out)
+            except Exception:  # a formula that cannot read these args: count no FLOPs
+                flops = 0
+            seconds = max(seconds, flops / self.flops_per_second(dtype))
+        return seconds + self._overhead_s
+
+    def __repr__(self) -> str:
+        dev = repr(self.device.name) if self.device is DEVICES.get(self.device.name) \
+            else repr(self.device)
+        peak = "" if self.peak_tflops is None else f", peak_tflops={self.peak_tflops!r}"
+        return (f"Compute.roofline({dev}{peak}, mem_bandwidth_GBps={self.mem_bandwidth_GBps!r}, "
+                f"efficiency={self.efficiency!r}, op_overhead_us={self.op_overhead_us!r})")
+
+
+class ProfileCompute(Compute):
+    """Per-op mean time per call measured by torch.profiler, keyed by op name ("aten::mm").
+
+    The time of an op is its *inclusive* time (``device_time_total`` where the profile has
+    device time for it, else ``cpu_time_total``) divided by its call count — not its self time:
+    the dispatch mode sees only top-level ops (``aten::relu``, never the ``aten::clamp_min``
+    it calls), so an op's charge must include the children the mode never sees.
+    Warm up before profiling: first calls are slow.
+    """
+
+    def __init__(self, profile: Any, *, fallback: Compute | None = None) -> None:
+        self.table: dict[str, float] = _mean_times(profile)
+        self.fallback: Compute = Compute.roofline("cpu") if fallback is None else fallback
+        self._ops: dict[Any, float | None] = {}
+
+    def op_time(self, func: Any, args: tuple, kwargs: Mapping[str, Any], out: Any) -> float:
+        try:
+            seconds = self._ops[func]
+        except KeyError:
+            seconds = self._ops[func] = self.table.get(_op_name(func))
+        if seconds is None:
+            return self.fallback.op_time(func, args, kwargs, out)
+        return seconds
+
+    def __repr__(self) -> str:
+        top = sorted(self.table.items(), key=lambda kv: -kv[1])[:3]
+        shown = ", ".join(f"{k!r}: {v:.3g}" for k, v in top)
+        more = ", ..." if len(self.table) > len(top) else ""
+        return (f"Compute.from_profile({{{shown}{more}}} ({len(self.table)} ops, s/call), "
+                f"fallback={self.fallback!r})")
+
+
+def _mean_times(profile: Any) -> dict[str, float]:
+    if isinstance(profile, Mapping):
+        table = {}
+        for name, seconds in profile.items():
+            table[str(name)] = _non_negative(f"profile[{name!r}]", seconds, "give seconds per call")
+        return table
+    events = profile.key_averages() if hasattr(profile, "key_averages") else profile
+    try:
+        events = list(events)
+    except TypeError:
+        raise TypeError(f"from_profile needs a torch.profiler.profile, its key_averages() or a "
+                        f"{{op name: seconds}} mapping, got {type(profile).__name__}") from None
+    if events and not hasattr(events[0], "cpu_time_total"):
+        raise TypeError(f"from_profile: entries of type {type(events[0]).__name__} are not "
+                        "profiler events; pass profile.key_averages()")
+    totals: dict[str, list[float]] = {}  # name -> [total µs, calls]
+    for e in events:
+        device_us = getattr(e, "device_time_total", 0) or 0
+        us = device_us if device_us > 0 else e.cpu_time_total
+        acc = totals.setdefault(e.key, [0.0, 0])
+        acc[0] += us
+        acc[1] += getattr(e, "count", 1)
+    return {name: us * 1e-6 / calls for name, (us, calls) in totals.items() if calls > 0}
