@@ -17,7 +17,7 @@ from .errors import (CollectiveHangError, CollectiveMismatchError, CollectiveTim
                      FakePGError, RankFailedError, WorldAbortedError)
 from .hooks import WorldHooks
 from .process_group import BACKEND_NAME, FakeProcessGroup, FakeWork, register_backend
-from .spawn import SpawnResult, spawn
+from .world import SpawnResult, spawn
 from .trace import CollectiveRecord, dump_flight_recorder, flight_recorder_dump, from_json, to_json
 
 register_backend()

@@ -6,6 +6,7 @@ import threading
 from typing import Any, Callable
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from .collectives import Call, Collective, GroupState, check_match, execute, mismatch_message, validate_local
 from .errors import CollectiveMismatchError, FakePGError, RankFailedError, WorldAbortedError
@@ -173,7 +174,10 @@ class Cluster:
         return coll
 
     def _run(self, coll: Collective) -> None:
-        execute(coll)
+        # The data movement is the network's work, not the issuing rank's: keep it out of
+        # any per-rank dispatch mode (simddp charges compute time through one).
+        with _disable_current_modes():
+            execute(coll)
         coll.matched = True
         for c in coll.members():
             c.record.state = "started"

@@ -41,6 +41,7 @@ class Call:
     work: Any = None
     result: list[Any] | None = None
     source: int | None = None  # for recv from any source: the group rank that sent
+    in_backward: bool = False  # issued inside autograd's backward (by the Reducer or a comm hook)
 
     def describe(self) -> str:
         return f"{self.record.describe()} at {self.site}"

@@ -153,6 +153,8 @@ class FakeProcessGroup(dist.ProcessGroup):
         self._gstate = None
         self._destroyed = False
         self._coalesced: list[FakeWork] | None = None
+        self._group_name = ""
+        self._group_desc = ""
 
     # -- identity -----------------------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 - C++ trampoline name
@@ -160,6 +162,19 @@ class FakeProcessGroup(dist.ProcessGroup):
 
     def name(self) -> str:
         return BACKEND_NAME
+
+    # A Python ProcessGroup has no C++ backend to keep these, so keep them here.
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._group_desc = desc
 
     @property
     def timeout(self) -> datetime.timedelta:
@@ -224,6 +239,7 @@ class FakeProcessGroup(dist.ProcessGroup):
         # Inside backward the caller is the Reducer (or a comm hook it runs); it will wait
         # on the result from C++, where the scheduler cannot see it: settle it now.
         in_backward = torch._C._current_graph_task_id() != -1
+        call.in_backward = in_backward
         self._cluster.issue(g, call, block=in_backward)
         if self._coalesced is not None:
             self._coalesced.append(work)

@@ -1,1 +1,88 @@
-"""pytest plugin (filled in below)."""
+"""pytest plugin (entry point ``pytest11``): run test bodies on a fake cluster.
+
+    import pytest, torch, torch.distributed as dist
+
+    @pytest.mark.world_size(4)
+    def test_allreduce_sums(fake_cluster):
+        def body(rank):
+            t = torch.tensor([float(rank)])
+            dist.all_reduce(t)
+            return t.item()
+        assert fake_cluster.run(body).returns == [6.0] * 4
+
+A failing run adds the hang/mismatch report and the command that replays it to the
+test's failure output. ``--fakepg-seed N`` changes the seed of every fake world.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any, Callable, Sequence
+
+import pytest
+
+from .errors import CollectiveHangError, CollectiveMismatchError, FakePGError
+from .world import SpawnResult, spawn
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("fakepg")
+    group.addoption("--fakepg-seed", type=int, default=None,
+                    help="seed for every fake cluster run through the fake_cluster fixture")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "world_size(n): number of ranks for the fake_cluster fixture")
+
+
+class FakeCluster:
+    """What the ``fake_cluster`` fixture gives a test."""
+
+    def __init__(self, nprocs: int, seed: int, nodeid: str):
+        self.nprocs = nprocs
+        self.seed = seed
+        self.nodeid = nodeid
+        self.failure: FakePGError | None = None
+        self.results: list[SpawnResult] = []
+
+    def run(self, fn: Callable[..., Any], args: Sequence[Any] = (), *, nprocs: int | None = None,
+            seed: int | None = None, **kwargs: Any) -> SpawnResult:
+        """``fakepg.spawn(fn, args, nprocs=<marker>, seed=<option or 0>)``."""
+        try:
+            result = spawn(fn, args, nprocs=nprocs or self.nprocs,
+                           seed=self.seed if seed is None else seed, **kwargs)
+        except FakePGError as e:
+            self.failure = e
+            raise
+        self.results.append(result)
+        return result
+
+    @property
+    def replay_command(self) -> str:
+        return f"python -m pytest {shlex.quote(self.nodeid)} -p no:xdist --fakepg-seed {self.seed}"
+
+
+@pytest.fixture
+def fake_cluster(request: pytest.FixtureRequest) -> FakeCluster:
+    marker = request.node.get_closest_marker("world_size")
+    nprocs = int(marker.args[0]) if marker and marker.args else 2
+    seed = request.config.getoption("--fakepg-seed")
+    cluster = FakeCluster(nprocs, 0 if seed is None else seed, request.node.nodeid)
+    request.node._fakepg_cluster = cluster
+    return cluster
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    report = outcome.get_result()
+    cluster: FakeCluster | None = getattr(item, "_fakepg_cluster", None)
+    if cluster is None or report.when != "call" or not report.failed:
+        return
+    lines = []
+    if isinstance(cluster.failure, (CollectiveHangError, CollectiveMismatchError)):
+        lines.append(str(cluster.failure))
+    elif cluster.failure is not None:
+        lines.append(f"{type(cluster.failure).__name__}: {cluster.failure}")
+    lines.append(f"replay: {cluster.replay_command}")
+    report.sections.append(("fakepg", "\n".join(lines)))

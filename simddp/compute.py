@@ -322,7 +322,9 @@ def _mean_times(profile: Any) -> dict[str, float]:
         for name, seconds in profile.items():
             table[str(name)] = _non_negative(f"profile[{name!r}]", seconds, "give seconds per call")
         return table
-    events = profile.key_averages() if hasattr(profile, "key_averages") else profile
+    # a profile object averages itself; an EventList (key_averages() or events()) is used as is
+    events = profile if isinstance(profile, list) or not hasattr(profile, "key_averages") \
+        else profile.key_averages()
     try:
         events = list(events)
     except TypeError:

@@ -25,7 +25,7 @@ Flat formulas, n ranks, α seconds per step, bw bytes/s, S = nbytes:
 op                                       latency              bandwidth term
 =======================================  ===================  ==================
 all_reduce, ring                         2(n−1)·α             2(n−1)/n · S/bw
-all_reduce, tree                         2·⌈log2 n⌉·α         2 · S/bw
+all_reduce, tree                         2·⌈log2 n⌉·α         2 · S/(0.9·bw)
 all_gather, reduce_scatter               (n−1)·α              (n−1)/n · S/bw
 all_to_all, gather, scatter              (n−1)·α              (n−1)/n · S/bw
 broadcast, reduce (pipelined chain)      (n−1)·α              S/bw
@@ -34,10 +34,11 @@ send / recv                              α                    S/bw
 =======================================  ===================  ==================
 
 Any collective on one rank costs 0. ``algorithm="tree"`` changes only all_reduce and barrier: NCCL
-implements trees for all_reduce alone. The tree bandwidth term 2·S/bw is NCCL's: tuning.cc
-converts a tree's bus bandwidth to algorithm bandwidth with the ratio 0.5 (every byte goes up the
-tree reduced, then down it broadcast), while a ring gets n/(2(n−1)). So trees win on latency
-(log n steps) and rings on bandwidth, which is why NCCL picks trees for small messages at scale.
+implements trees for all_reduce alone. The tree bandwidth term is NCCL's: tuning.cc gives a
+tree 90 % of the link's bus bandwidth (``busBw*.9``) and converts bus bandwidth to algorithm
+bandwidth with the ratio 0.5 (every byte goes up the tree reduced, then down it broadcast), where
+a ring gets n/(2(n−1)). So trees win on latency (log n steps) and rings on bandwidth, which is
+why NCCL picks trees for small messages at scale and rings for large ones.
 
 Hierarchy (``gpus_per_node`` = G set and n > G): ranks form N = ⌈n/G⌉ nodes of g = G ranks, each
 GPU with its own NIC of ``bandwidth_GBps`` (one NIC per GPU, as in a DGX) and an intra-node link of
@@ -89,6 +90,7 @@ OP_KINDS: dict[str, str] = {
 }
 
 _ALGORITHMS = ("ring", "tree")
+_TREE_BUS_BW_FRACTION = 0.9  # NCCL tuning.cc: `if (a == NCCL_ALGO_TREE) busBw = ... busBw*.9`
 
 
 def _kind(op: str) -> str:
@@ -108,7 +110,7 @@ def _flat_coefficients(kind: str, n: int, algorithm: str) -> tuple[int, float]:
     """(latency steps, byte factor) so that time = steps·α + factor·S/bw on one flat link, n ≥ 2."""
     if kind == "all_reduce":
         if algorithm == "tree":
-            return 2 * _log2_ceil(n), 2.0
+            return 2 * _log2_ceil(n), 2.0 / _TREE_BUS_BW_FRACTION
         return 2 * (n - 1), 2 * (n - 1) / n
     if kind == "barrier":
         return (2 * _log2_ceil(n) if algorithm == "tree" else 2 * (n - 1)), 0.0

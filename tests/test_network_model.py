@@ -53,13 +53,13 @@ def test_broadcast_and_reduce_are_a_pipelined_chain(op):
     assert net.collective_time(op, 10**9, 16) == pytest.approx(15 * 3e-6 + 10**9 / 4e9, rel=1e-12)
 
 
-def test_tree_allreduce_uses_log_latency_and_ncclss_half_bandwidth_ratio():
+def test_tree_allreduce_uses_log_latency_and_nccls_tree_bandwidth():
     net = Network(bandwidth_GBps=10.0, latency_us=5.0, algorithm="tree")
-    # ceil(log2 100) = 7 levels, up and down; NCCL's tree algbw = busbw * 0.5
+    # ceil(log2 100) = 7 levels, up and down; NCCL: tree busbw = 0.9 link bw, algbw = busbw * 0.5
     assert net.collective_time("all_reduce", 10**8, 100) == pytest.approx(
-        2 * 7 * 5e-6 + 2 * 10**8 / 10e9, rel=1e-12)
+        2 * 7 * 5e-6 + 2 * 10**8 / (0.9 * 10e9), rel=1e-12)
     assert net.collective_time("all_reduce", 10**8, 2) == pytest.approx(
-        2 * 1 * 5e-6 + 2 * 10**8 / 10e9, rel=1e-12)
+        2 * 1 * 5e-6 + 2 * 10**8 / (0.9 * 10e9), rel=1e-12)
 
 
 def test_tree_wins_for_small_messages_at_scale_and_ring_for_large_ones():
@@ -85,6 +85,13 @@ def test_barrier_is_a_zero_byte_allreduce(op, algorithm):
 def test_send_and_recv_cost_one_step_and_the_bytes(op):
     net = Network(bandwidth_GBps=5.0, latency_us=7.0)
     assert net.collective_time(op, 5 * 10**9, 2) == pytest.approx(7e-6 + 1.0, rel=1e-12)
+
+
+def test_send_recv_inside_a_node_uses_the_intra_link_and_across_nodes_the_inter_link():
+    net = Network(bandwidth_GBps=10.0, latency_us=5.0, gpus_per_node=8,
+                  intra_bandwidth_GBps=100.0, intra_latency_us=1.0)
+    assert net.collective_time("send", 10**9, 8) == pytest.approx(1e-6 + 10**9 / 100e9, rel=1e-12)
+    assert net.collective_time("send", 10**9, 9) == pytest.approx(5e-6 + 10**9 / 10e9, rel=1e-12)
 
 
 @given(net=networks(), op=st.sampled_from(COLLECTIVES), nbytes=sizes)
@@ -126,7 +133,7 @@ def test_more_latency_is_never_faster(net, op, nbytes, n, extra):
 
 
 @settings(max_examples=300)
-@given(net=networks(), op=st.sampled_from(ALL_OPS), n=ranks, extra=st.integers(0, 4096))
+@given(net=networks(), op=st.sampled_from(COLLECTIVES), n=ranks, extra=st.integers(0, 4096))
 def test_more_ranks_never_reduce_latency_term(net, op, n, extra):
     # with 0 bytes only the latency term is left
     assert net.collective_time(op, 0, n + extra) >= net.collective_time(op, 0, n)
@@ -161,7 +168,7 @@ def test_hierarchical_allreduce_is_intra_reduce_scatter_inter_allreduce_intra_al
         intra_rs + (N - 1) * a + (N - 1) / N * (S / g) / b, rel=1e-12)
     tree = net.with_(algorithm="tree")
     assert tree.collective_time("all_reduce", S, 32) == pytest.approx(
-        2 * intra_rs + 2 * 2 * a + 2 * (S / g) / b, rel=1e-12)
+        2 * intra_rs + 2 * 2 * a + 2 * (S / g) / (0.9 * b), rel=1e-12)
 
 
 def test_hierarchical_all_to_all_charges_each_peer_on_its_own_link():
@@ -185,7 +192,8 @@ def test_hierarchy_cuts_ring_allreduce_latency_to_steps_inside_plus_steps_across
     flat = Network(bandwidth_GBps=10.0, latency_us=5.0)
     hier = flat.with_(gpus_per_node=8)
     assert flat.collective_time("all_reduce", 0, 64) == pytest.approx(2 * 63 * 5e-6)
-    assert hier.collective_time("all_reduce", 0, 64) == pytest.approx((2 * 7 * 2 + 2 * 7) * 5e-6)
+    # intra reduce_scatter 7 steps + inter all_reduce over 8 nodes 2·7 + intra all_gather 7
+    assert hier.collective_time("all_reduce", 0, 64) == pytest.approx((7 + 2 * 7 + 7) * 5e-6)
 
 
 def test_bus_bandwidth_approaches_link_bandwidth_for_large_ring_messages():
@@ -193,7 +201,7 @@ def test_bus_bandwidth_approaches_link_bandwidth_for_large_ring_messages():
     S, n = 1 << 34, 16
     for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"):
         busbw = Network.bus_bandwidth_factor(op, n) * S / net.collective_time(op, S, n)
-        assert busbw == pytest.approx(25e9, rel=1e-4), op
+        assert busbw == pytest.approx(25e9, rel=1e-3), op
     assert Network.bus_bandwidth_factor("all_reduce", 4) == 1.5
     assert Network.bus_bandwidth_factor("all_gather_into_tensor", 4) == 0.75
     assert Network.bus_bandwidth_factor("broadcast", 4) == 1.0

@@ -24,7 +24,7 @@ from .hooks import WorldHooks
 from .isolation import ENV_KEYS, ProcessState
 from .process_group import BACKEND_NAME, register_backend
 from .scheduler import Scheduler
-from .sites import user_site
+from .sites import _short, user_site
 from .trace import CollectiveRecord
 
 try:  # numpy's global RNG is isolated per rank too; import it up front so all ranks see it
@@ -156,6 +156,7 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port) -> Spaw
     for r, t in enumerate(threads):
         sched.slots[r].thread = t
     multithreading = torch.autograd.is_multithreading_enabled()
+    excepthook = sys.excepthook
     with patches:
         torch.autograd.set_multithreading_enabled(False)  # backward runs on the rank's thread
         torch._C._distributed_c10d._set_thread_isolation_mode(True)
@@ -170,6 +171,7 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port) -> Spaw
             torch._C._distributed_c10d._set_thread_isolation_mode(False)
             torch.autograd.set_multithreading_enabled(multithreading)
             host.install()
+            sys.excepthook = excepthook  # init_process_group prefixes it with "[rankN]"
     result = SpawnResult(returns, cluster.trace, nprocs, seed, time.perf_counter() - t0)
     _raise_outcome(sched, cluster, failures)
     return result
@@ -220,7 +222,7 @@ def _exception_site(e: BaseException) -> str:
     frames = traceback.extract_tb(e.__traceback__)
     for fr in reversed(frames):
         if "/torch/" not in fr.filename and "/fakepg/" not in fr.filename:
-            return f"{os.path.relpath(fr.filename) if not fr.filename.startswith('<') else fr.filename}:{fr.lineno}"
+            return f"{_short(fr.filename)}:{fr.lineno}"
     return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "<unknown>"
 
 
