@@ -41,6 +41,7 @@ class Call:
     work: Any = None
     result: list[Any] | None = None
     source: int | None = None  # for recv from any source: the group rank that sent
+    per_rank_outputs: bool = False  # allgather_coalesced: the caller's lists are output_lists[rank][i]
     in_backward: bool = False  # issued inside autograd's backward (by the Reducer or a comm hook)
 
     def describe(self) -> str:
@@ -185,6 +186,15 @@ def _chunks(t: torch.Tensor, n: int) -> list[torch.Tensor]:
     return list(t.reshape(-1).chunk(n))
 
 
+def _gloo_future_value(lists: list[list[Any]]) -> list[Any]:
+    """What gloo's future yields for a vector of output lists: [] when there is none,
+    the one list itself when there is one, else the list of lists (ProcessGroupGloo's
+    returnFutureWithOutput)."""
+    if not lists:
+        return []
+    return list(lists[0]) if len(lists) == 1 else [list(x) for x in lists]
+
+
 def execute(coll: Collective) -> None:
     """Compute the collective from all members' inputs; write outputs; set each call's result."""
     calls: list[Call] = coll.members()  # type: ignore[assignment]
@@ -220,20 +230,27 @@ def execute(coll: Collective) -> None:
             for i, outs in enumerate(c.outputs):
                 for j, o in enumerate(outs):
                     o.copy_(calls[j].inputs[i])
-            c.result = [list(o) for o in c.outputs]
+            if c.per_rank_outputs:  # back to the caller's output_lists[rank][i]
+                c.result = _gloo_future_value([[outs[j] for outs in c.outputs] for j in range(n)])
+            else:
+                c.result = _gloo_future_value(c.outputs)
     elif op in ("all_gather_into_tensor", "all_gather_into_tensor_coalesced"):
         for i in range(len(calls[0].inputs)):
             full = torch.cat([c.inputs[i].reshape(-1) for c in calls])
             for c in calls:
                 _copy(c.outputs[i], full)
         for c in calls:
-            c.result = list(c.outputs)
+            if op == "all_gather_into_tensor":  # gloo runs it as allgather into output.chunk(n)
+                o = c.outputs[0]
+                c.result = list(o.chunk(n) if o.dim() and o.shape[0] % n == 0 else o.view(-1).chunk(n))
+            else:
+                c.result = list(c.outputs)
     elif op == "gather":
         root = calls[calls[0].root]
         for j, c in enumerate(calls):
             root.outputs[0][j].copy_(c.inputs[0])
         for c in calls:
-            c.result = [list(o) for o in c.outputs] if c is root else []
+            c.result = _gloo_future_value(c.outputs) if c is root else []
     elif op == "scatter":
         root = calls[calls[0].root]
         for j, c in enumerate(calls):

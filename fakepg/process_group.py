@@ -101,12 +101,16 @@ class FakeWork(dist.Work):
     def result(self) -> list[torch.Tensor]:
         self.wait()
         res = self._call.result if self._call is not None else []
-        return [t for x in res for t in (x if isinstance(x, list) else [x])]
+        if any(isinstance(x, list) for x in res):  # as gloo's AsyncWork::result()
+            raise RuntimeError("work result does not support list of lists, use .getFuture() and value()")
+        return list(res)
 
     def source_rank(self) -> int:
         if self._call is None or self._call.source is None:
             raise FakePGError("source_rank() is only available on a completed recv from any source")
         return self._call.source
+
+    _source_rank = source_rank  # the name torch's dist.recv(src=None) calls
 
     def synchronize(self) -> None:
         pass
@@ -206,7 +210,7 @@ class FakeProcessGroup(dist.ProcessGroup):
     def _issue(self, op: str, inputs: list[Any], outputs: list[Any] | None = None, *,
                root: int | None = None, reduce_op: Any = None, in_splits=None, out_splits=None,
                peer: int | None = None, tag: int = 0, async_op: bool = True,
-               shape_of: Sequence[Any] | None = None) -> FakeWork:
+               shape_of: Sequence[Any] | None = None, per_rank_outputs: bool = False) -> FakeWork:
         site = user_site(2)
         g = self._group_state()
         if self._destroyed:
@@ -231,7 +235,7 @@ class FakeProcessGroup(dist.ProcessGroup):
         call = Call(rank=self._global_rank, grank=self.rank(), op=op, inputs=list(inputs),
                     outputs=list(outputs), site=site, record=rec, root=root,
                     reduce_op=reduce_op, in_splits=in_splits, out_splits=out_splits,
-                    peer=peer, tag=tag)
+                    peer=peer, tag=tag, per_rank_outputs=per_rank_outputs)
         from .cluster import _collective_bytes
 
         rec.bytes = _collective_bytes(call, g.size)
@@ -267,7 +271,9 @@ class FakeProcessGroup(dist.ProcessGroup):
         return self._issue("all_gather", input_tensors, output_tensors)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
-        return self._issue("all_gather", input_list, output_lists)
+        # torch passes output_lists[rank][i] (rank's copy of input i); all_gather wants outputs[i][rank]
+        per_input = [[outs[i] for outs in output_lists] for i in range(len(input_list))]
+        return self._issue("all_gather", input_list, per_input, per_rank_outputs=True)
 
     def all_gather_single(self, output, input, opts=None):
         return self._issue("all_gather_into_tensor", [input], [output])

@@ -87,12 +87,12 @@ def from_json(text: str) -> list[list[CollectiveRecord]]:
 
 # Flight Recorder names its collectives after the c10d C++ entry points.
 _FR_NAMES = {
-    "all_reduce": "allreduce",
+    "all_reduce": "all_reduce",
     "all_reduce_coalesced": "allreduce_coalesced",
     "broadcast": "broadcast",
     "reduce": "reduce",
     "all_gather": "all_gather",
-    "all_gather_into_tensor": "_allgather_base",
+    "all_gather_into_tensor": "_all_gather_base",
     "all_gather_into_tensor_coalesced": "all_gather_into_tensor_coalesced",
     "all_gather_coalesced": "all_gather_into_tensor_coalesced",
     "gather": "gather",

@@ -1,0 +1,185 @@
+"""Hangs are reported in about a second, naming each rank's pending collective;
+failures end the world and surface as RankFailedError."""
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import fakepg
+
+
+def _ddp():
+    torch.manual_seed(0)
+    return DDP(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)))
+
+
+def _step(model, rank, it):
+    g = torch.Generator().manual_seed(rank * 100 + it)
+    model(torch.randn(4, 8, generator=g)).sum().backward()
+
+
+def _hang(fn, nprocs=2):
+    t0 = time.perf_counter()
+    with pytest.raises(fakepg.CollectiveHangError) as info:
+        fakepg.spawn(fn, nprocs=nprocs)
+    return info.value, time.perf_counter() - t0
+
+
+def test_uneven_inputs_without_join_is_reported_as_a_hang_naming_the_pending_bucket_allreduce():
+    def body(rank):
+        model = _ddp()
+        for it in range(2 + rank):  # rank 1 has one more batch
+            _step(model, rank, it)
+
+    err, seconds = _hang(body)
+    assert seconds < 5  # exact detection; the bound only guards against watchdog-style waits
+    report = err.report
+    assert "rank 0: finished" in report
+    assert "rank 1: blocked waiting on all_reduce" in report
+    assert "waits for ranks [0]" in report
+    assert "test_hangs_and_failures.py:21" in report  # the backward() line
+    assert "Join" in report
+
+
+def test_a_rank_that_skips_backward_is_reported_with_each_ranks_pending_collective():
+    def body(rank):
+        model = _ddp()
+        for it in range(3):
+            if rank == 1 and it == 1:
+                model(torch.randn(4, 8))  # forward only: no gradient all_reduce this step
+                continue
+            _step(model, rank, it)
+
+    err, _ = _hang(body)
+    # rank 1 issued one gradient all_reduce fewer, so rank 0's last one never completes
+    assert "rank 1: finished (returned)" in err.report
+    assert "rank 0: blocked waiting on all_reduce" in err.report
+    assert "test_hangs_and_failures.py:21; waits for ranks [1]" in err.report
+
+
+def test_a_rank_that_returns_early_is_reported_as_a_hang():
+    def body(rank):
+        dist.all_reduce(torch.ones(2))
+        if rank == 2:
+            return
+        dist.all_reduce(torch.ones(3))
+
+    err, _ = _hang(body, nprocs=3)
+    assert "rank 2: finished (returned)" in err.report
+    assert "pending #1 all_reduce" in err.report
+    assert "still waits for ranks [2]" in err.report
+    assert "rank 0: #0, rank 1: #0, rank 2: #0" in err.report  # last completed per group
+
+
+def test_hang_report_names_blocked_point_to_point_peers():
+    def body(rank):
+        dist.recv(torch.zeros(1), src=1 - rank)  # both receive first: deadlock
+
+    err, _ = _hang(body)
+    assert "recv with rank 1" in err.report and "recv with rank 0" in err.report
+
+
+def test_hang_error_is_raised_in_the_blocked_ranks_too():
+    seen = {}
+
+    def body(rank):
+        try:
+            if rank == 0:
+                dist.all_reduce(torch.ones(1))
+        except fakepg.CollectiveHangError as e:
+            seen[rank] = e.report
+            raise
+
+    _hang(body)
+    assert 0 in seen and "rank 0: blocked" in seen[0]
+
+
+def test_an_exception_in_one_rank_surfaces_as_rank_failed_error_with_the_original_as_cause():
+    def body(rank):
+        dist.all_reduce(torch.ones(1))
+        if rank == 2:
+            raise ZeroDivisionError("bad batch")
+        dist.all_reduce(torch.ones(1))
+
+    with pytest.raises(fakepg.RankFailedError) as info:
+        fakepg.spawn(body, nprocs=4)
+    assert info.value.rank == 2
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+    assert "bad batch" in str(info.value) and "test_hangs_and_failures.py" in str(info.value)
+
+
+def test_surviving_ranks_pending_and_later_collectives_fail_so_their_threads_exit():
+    errors = {}
+
+    def body(rank):
+        if rank == 0:
+            raise RuntimeError("rank 0 dies")
+        try:
+            dist.all_reduce(torch.ones(1))
+        except fakepg.FakePGError as e:
+            errors[rank] = e
+        try:
+            dist.all_reduce(torch.ones(1))  # a later collective fails at once too
+        except fakepg.FakePGError as e:
+            errors[(rank, "later")] = e
+
+    with pytest.raises(fakepg.RankFailedError):
+        fakepg.spawn(body, nprocs=3)
+    assert set(errors) == {1, 2, (1, "later"), (2, "later")}
+    assert all("rank 0" in str(e) for e in errors.values())
+
+
+def test_mismatched_collectives_raise_in_every_participant_and_in_spawn():
+    raised = {}
+
+    def body(rank):
+        try:
+            if rank == 0:
+                dist.all_reduce(torch.ones(4))
+            else:
+                dist.all_reduce(torch.ones(5))
+        except fakepg.CollectiveMismatchError as e:
+            raised[rank] = str(e)
+            raise
+
+    with pytest.raises(fakepg.CollectiveMismatchError) as info:
+        fakepg.spawn(body, nprocs=2)
+    assert set(raised) == {0, 1}
+    msg = str(info.value)
+    assert "rank 0: all_reduce(shapes=[(4,)]" in msg and "rank 1: all_reduce(shapes=[(5,)]" in msg
+    assert msg.count("test_hangs_and_failures.py:") == 2
+
+
+@pytest.mark.parametrize("case,words", [
+    ("op", ["all_reduce", "broadcast"]),
+    ("dtype", ["float32", "float64"]),
+    ("reduce_op", ["op=SUM", "op=MAX"]),
+    ("root", ["root=0", "root=1"]),
+])
+def test_each_kind_of_mismatch_is_reported_with_both_sides(case, words):
+    def body(rank):
+        t = torch.ones(3, dtype=torch.float64 if (case == "dtype" and rank) else torch.float32)
+        if case == "op":
+            dist.all_reduce(t) if rank == 0 else dist.broadcast(t, 0)
+        elif case == "dtype":
+            dist.all_reduce(t)
+        elif case == "reduce_op":
+            dist.all_reduce(t, op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX)
+        else:
+            dist.broadcast(t, src=rank)
+
+    with pytest.raises(fakepg.CollectiveMismatchError) as info:
+        fakepg.spawn(body, nprocs=2)
+    for w in words:
+        assert w in str(info.value)
+
+
+def test_the_same_hang_gives_the_same_report_every_run():
+    def body(rank):
+        for i in range(rank + 1):
+            dist.all_reduce(torch.ones(i + 1))
+
+    assert _hang(body, 3)[0].report == _hang(body, 3)[0].report
