@@ -64,7 +64,7 @@ def reduce_tensors(tensors: Sequence[torch.Tensor], op: object) -> torch.Tensor:
             if acc.dtype.is_floating_point or acc.dtype.is_complex:
                 acc.div_(len(tensors))
             else:
-                acc = torch.div(acc, len(tensors), rounding_mode="floor")
+                acc = torch.div(acc, len(tensors), rounding_mode="trunc")  # as ncclAvg (C division)
         return acc
     binary = {"PRODUCT": torch.Tensor.mul_, "MIN": None, "MAX": None,
               "BAND": torch.Tensor.bitwise_and_, "BOR": torch.Tensor.bitwise_or_,

@@ -22,7 +22,7 @@ from .cluster import Cluster, bind_thread, current_cluster
 from .errors import CollectiveHangError, CollectiveMismatchError, FakePGError, RankFailedError, WorldAbortedError
 from .hooks import WorldHooks
 from .isolation import ENV_KEYS, ProcessState
-from .process_group import BACKEND_NAME, register_backend
+from .process_group import BACKEND_NAME, FakeFuture, register_backend
 from .scheduler import Scheduler
 from .sites import _short, user_site
 from .trace import CollectiveRecord
@@ -269,10 +269,32 @@ class _Patches:
             g = group or c10d._get_default_group()
             return g.monitored_barrier(timeout, wait_all_ranks)
 
-        self.saved = [(dist, "init_process_group", dist.init_process_group),
+        orig_wait_all, orig_collect_all = torch.futures.wait_all, torch.futures.collect_all
+
+        def _settle(futures):
+            # wait on fakepg futures where the scheduler can see it, before torch waits in C++
+            if current_cluster() is not None:
+                for f in futures:
+                    if isinstance(f, FakeFuture):
+                        f.wait()
+
+        @functools.wraps(orig_wait_all)
+        def wait_all(futures):
+            _settle(futures)
+            return orig_wait_all(futures)
+
+        @functools.wraps(orig_collect_all)
+        def collect_all(futures):
+            _settle(futures)
+            return orig_collect_all(futures)
+
+        self.saved = [(torch.futures, "wait_all", orig_wait_all),
+                      (torch.futures, "collect_all", orig_collect_all),
+                      (dist, "init_process_group", dist.init_process_group),
                       (c10d, "init_process_group", c10d.init_process_group),
                       (dist, "monitored_barrier", dist.monitored_barrier),
                       (c10d, "monitored_barrier", c10d.monitored_barrier)]
+        torch.futures.wait_all, torch.futures.collect_all = wait_all, collect_all
         dist.init_process_group = c10d.init_process_group = init_process_group
         dist.monitored_barrier = c10d.monitored_barrier = monitored_barrier
         return self

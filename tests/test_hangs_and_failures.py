@@ -183,3 +183,22 @@ def test_the_same_hang_gives_the_same_report_every_run():
             dist.all_reduce(torch.ones(i + 1))
 
     assert _hang(body, 3)[0].report == _hang(body, 3)[0].report
+
+
+def test_waiting_on_fakepg_futures_with_torch_futures_wait_all_is_not_a_hang():
+    def body(rank):
+        works = [dist.all_reduce(torch.full((2,), float(rank)), async_op=True) for _ in range(3)]
+        values = torch.futures.wait_all([w.get_future() for w in works])
+        return [v[0].tolist() for v in values]
+
+    assert fakepg.spawn(body, nprocs=2).returns == [[[1.0, 1.0]] * 3] * 2
+
+
+def test_a_wait_hidden_in_cpp_is_caught_by_the_inactivity_fallback_which_says_so():
+    def body(rank):
+        work = dist.all_reduce(torch.ones(1), async_op=True)
+        torch._C._collect_all([work.get_future()]).wait()  # C++ wait: invisible to fakepg
+
+    err, seconds = _hang(body)
+    assert "inactivity fallback" in err.report and "rank 0" in err.report
+    assert seconds < 3
