@@ -8,7 +8,8 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from .collectives import Call, Collective, GroupState, check_match, execute, mismatch_message, validate_local
+from .collectives import (Call, Collective, GroupState, _flatten, check_match, execute,
+                          mismatch_message, validate_local)
 from .errors import CollectiveMismatchError, FakePGError, RankFailedError, WorldAbortedError
 from .hooks import WorldHooks
 from .scheduler import BLOCKED, DONE, NEW, RUNNING, Scheduler
@@ -45,13 +46,6 @@ def _collective_bytes(call: Call, size: int) -> int:
     if op == "reduce_scatter":
         return sum(_nbytes(t) for t in _flatten(call.outputs)) * size
     return ins
-
-
-def _flatten(xs: Any) -> list[Any]:
-    out: list[Any] = []
-    for x in xs:
-        out.extend(_flatten(x)) if isinstance(x, (list, tuple)) else out.append(x)
-    return out
 
 
 class Cluster:

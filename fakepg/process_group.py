@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from .cluster import Cluster, _fresh, current_cluster
-from .collectives import Call
+from .cluster import Cluster, _collective_bytes, _fresh, current_cluster
+from .collectives import Call, _flatten
 from .errors import FakePGError
 from .reductions import op_name
 from .sites import user_site
@@ -217,8 +217,8 @@ class FakeProcessGroup(dist.ProcessGroup):
             raise FakePGError(f"rank {self._global_rank}: {op} on group {g.label} at {site}, "
                               f"but that group was destroyed (destroy_process_group)")
         outputs = outputs if outputs is not None else []
-        flat_in = [t for t in _flat(inputs) if isinstance(t, torch.Tensor)]
-        flat_out = [t for t in _flat(outputs) if isinstance(t, torch.Tensor)]
+        flat_in = [t for t in _flatten(inputs) if isinstance(t, torch.Tensor)]
+        flat_out = [t for t in _flatten(outputs) if isinstance(t, torch.Tensor)]
         shown = flat_in if shape_of is None else list(shape_of)
         rec = CollectiveRecord(
             rank=self._global_rank, group=g.name, group_ranks=g.ranks, seq=-1, op=op,
@@ -236,8 +236,6 @@ class FakeProcessGroup(dist.ProcessGroup):
                     outputs=list(outputs), site=site, record=rec, root=root,
                     reduce_op=reduce_op, in_splits=in_splits, out_splits=out_splits,
                     peer=peer, tag=tag, per_rank_outputs=per_rank_outputs)
-        from .cluster import _collective_bytes
-
         rec.bytes = _collective_bytes(call, g.size)
         work = FakeWork(self._cluster, call)
         # Inside backward the caller is the Reducer (or a comm hook it runs); it will wait
@@ -341,13 +339,6 @@ class FakeProcessGroup(dist.ProcessGroup):
     def _end_coalescing(self, device=None):
         works, self._coalesced = self._coalesced or [], None
         return _CoalescedWork(self._cluster, works)
-
-
-def _flat(xs: Any) -> list[Any]:
-    out: list[Any] = []
-    for x in xs:
-        out.extend(_flat(x)) if isinstance(x, (list, tuple)) else out.append(x)
-    return out
 
 
 def _create_fakepg(store, rank, world_size, timeout):

@@ -175,6 +175,7 @@ def test_each_kind_of_mismatch_is_reported_with_both_sides(case, words):
         fakepg.spawn(body, nprocs=2)
     for w in words:
         assert w in str(info.value)
+    assert str(info.value).count("test_hangs_and_failures.py:") == 2  # both sides' lines
 
 
 def test_the_same_hang_gives_the_same_report_every_run():
