@@ -92,6 +92,16 @@ sgd: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] = functools.parti
 )
 
 
+def _to(obj: Any, device: torch.device) -> Any:
+    if isinstance(obj, Tensor):
+        return obj.to(device)
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_to(o, device) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _to(v, device) for k, v in obj.items()}
+    return obj
+
+
 @dataclass(frozen=True)
 class Scenario:
     """One DDP training scenario.
@@ -175,15 +185,21 @@ class Scenario:
     # -- running -------------------------------------------------------------------------------
 
     def build_model(self) -> nn.Module:
-        """``model()`` under ``torch.manual_seed(seed)``, restoring the caller's RNG state after."""
+        """``model()`` under ``torch.manual_seed(seed)``, restoring the caller's RNG state after.
+
+        It uses torch's default CPU generator: threads that share that generator (ranks as plain
+        threads, without fakepg's per-rank isolation) must not build concurrently.
+        """
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             return self.model()
 
-    def inputs(self, rank: int, world_size: int) -> list:
-        """This rank's batches, truncated to ``iterations`` when that is set."""
+    def inputs(self, rank: int, world_size: int, device: torch.device | str | None = None) -> list:
+        """This rank's batches, truncated to ``iterations`` when that is set, moved to ``device``
+        (the data are always drawn on CPU, so they are identical whatever the device)."""
         data = self.batches(rank, world_size)
-        return data if self.iterations is None else data[: self.iterations]
+        data = data if self.iterations is None else data[: self.iterations]
+        return data if device is None else [_to(batch, torch.device(device)) for batch in data]
 
     def batch_counts(self, world_size: int) -> list[int]:
         """Number of iterations each rank runs, e.g. ``[3, 4]`` for uneven inputs."""

@@ -173,10 +173,11 @@ def mlp(
 
 @_register
 def many_small_few_large(
-    width: int = 96, n_large: int = 3, n_small: int = 6, batch_size: int = 16, iterations: int = 4,
-    seed: int = 0, bucket_cap_mb: float | None = 0.02,
+    width: int = 256, n_large: int = 3, n_small: int = 12, batch_size: int = 16,
+    iterations: int = 4, seed: int = 0, bucket_cap_mb: float | None = 0.02,
 ) -> Scenario:
-    """A few 36 KiB Linear layers among many 0.4 KiB Affine layers; a 20 KiB cap -> many buckets."""
+    """A few 257 KiB Linear layers among many 1 KiB vectors; a 20 KiB cap -> six buckets of
+    ~20 and ~260 KiB once rebuilt (one bucket in iteration 1, as DDP always starts)."""
     return Scenario(
         name="many_small_few_large",
         model=functools.partial(nets.ManySmallFewLarge, width, n_large, n_small),
@@ -196,7 +197,7 @@ _CHAIN_ORDER = (2, 5, 0, 3, 1, 4)
 @_register
 def grad_order_differs(
     width: int = 32, order: Sequence[int] = _CHAIN_ORDER, batch_size: int = 16, iterations: int = 4,
-    seed: int = 0, bucket_cap_mb: float | None = 0.01,
+    seed: int = 0, bucket_cap_mb: float | None = 0.005,
 ) -> Scenario:
     """Layers applied in a shuffled order: grads become ready neither in registration order nor
     in its reverse, so DDP's rebuilt buckets (after iteration 1) differ from its initial ones."""
@@ -216,7 +217,7 @@ def grad_order_differs(
 @_register
 def grad_order_differs_per_rank(
     width: int = 32, order: Sequence[int] = _CHAIN_ORDER, batch_size: int = 16, iterations: int = 4,
-    seed: int = 0, bucket_cap_mb: float | None = 0.01,
+    seed: int = 0, bucket_cap_mb: float | None = 0.005,
 ) -> Scenario:
     """Like ``grad_order_differs`` but rank r applies the layers in ``order`` rotated by r, so
     each rank sees its own grad-ready order; DDP must adopt rank 0's rebuilt bucket layout."""
@@ -351,7 +352,7 @@ def transformer_block(
 @_register
 def param_order(
     order: str = "forward", depth: int = 6, width: int = 32, batch_size: int = 16,
-    iterations: int = 4, seed: int = 0, bucket_cap_mb: float | None = 0.01,
+    iterations: int = 4, seed: int = 0, bucket_cap_mb: float | None = 0.005,
 ) -> Scenario:
     """The same MLP (same values) with parameters registered in ``order`` ("forward" or
     "reversed").  Final parameters must not depend on the order; initial buckets (and, without
