@@ -210,7 +210,11 @@ class Cluster:
                 if coll.settled:
                     del pending[i]
                     if call.work is not None:
-                        call.work._complete(coll.error)
+                        self.hooks.completion_started(call)
+                        try:
+                            call.work._complete(coll.error)
+                        finally:
+                            self.hooks.completion_finished(call)
                     if coll.error is None:
                         call.record.state = "completed"
                     i = 0  # callbacks may have issued more; rescan from the front

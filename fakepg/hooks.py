@@ -28,6 +28,13 @@ class WorldHooks:
     def collective_matched(self, coll: "Collective") -> None:
         """Every member issued; results are written. Runs on the last issuer's thread."""
 
+    def completion_started(self, call: "Call") -> None:
+        """Callbacks of ``call``'s future (``then``, done callbacks) run from here, on the
+        rank's thread, until the matching ``completion_finished`` (pairs may nest)."""
+
+    def completion_finished(self, call: "Call") -> None:
+        """The callbacks that ``completion_started`` announced have run."""
+
     def wait_finished(self, rank: int, coll: "Collective") -> None:
         """``rank`` finished waiting on ``coll`` (Work.wait, Future.wait, a sync call)."""
 

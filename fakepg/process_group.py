@@ -8,6 +8,7 @@ that the shared :class:`~fakepg.cluster.Cluster` matches across ranks.
 from __future__ import annotations
 
 import datetime
+import sys
 from typing import Any, Sequence
 
 import torch
@@ -22,6 +23,7 @@ from .sites import user_site
 from .trace import CollectiveRecord
 
 BACKEND_NAME = "fakepg"
+_JOIN_SHADOW_CODE = torch.nn.parallel.DistributedDataParallel._match_all_reduce_for_bwd_pass.__code__
 
 
 class FakeFuture(torch.futures.Future):
@@ -32,7 +34,7 @@ class FakeFuture(torch.futures.Future):
         self._work = work
 
     def wait(self) -> Any:
-        if self._work is not None and not super().done():
+        if self._work is not None:  # even when done: the wait is an event (simddp's clocks)
             self._work.wait()
         return super().wait()
 
@@ -43,12 +45,19 @@ class FakeFuture(torch.futures.Future):
 
     def then(self, callback):  # type: ignore[override]
         child = FakeFuture(self._work)
+        call = getattr(self._work, "_call", None)
+        hooks = self._work._cluster.hooks if call is not None else None  # type: ignore[union-attr]
 
         def run(fut: torch.futures.Future) -> None:
+            if hooks is not None:
+                hooks.completion_started(call)
             try:
                 child.set_result(callback(fut))
             except BaseException as e:  # noqa: BLE001 - forwarded to whoever waits on child
                 child.set_exception(e)
+            finally:
+                if hooks is not None:
+                    hooks.completion_finished(call)
 
         self.add_done_callback(run)
         return child
@@ -64,6 +73,7 @@ class FakeWork(dist.Work):
         self._future = FakeFuture(self)
         self._done = call is None
         self._error: BaseException | None = None
+        self._typed_future: torch.futures.Future | None = None
         if call is None:
             self._future.set_result([])
         else:
@@ -116,10 +126,23 @@ class FakeWork(dist.Work):
         pass
 
     def get_future(self) -> torch.futures.Future:
+        if self._done and self._error is None and self._call is not None \
+                and getattr(self._call, "hidden_wait", True):
+            # Completed: hand out a future typed List[Tensor], as gloo's is. C++ consumers
+            # (the built-in FP16_COMPRESS hook) assert on that type; a Python-made future
+            # can only hold a PyObject. Pending works keep the FakeFuture, whose wait the
+            # scheduler must see; so do works issued from Python outside backward (no C++
+            # consumer), whose then-callbacks the world hooks must see (simddp's clocks).
+            if self._typed_future is None:
+                res = self._call.result
+                if res and all(isinstance(t, torch.Tensor) for t in res):
+                    self._typed_future = torch._C.fork(_as_is, list(res))
+                else:
+                    self._typed_future = self._future
+            return self._typed_future
         return self._future
 
-    def _get_future(self) -> torch.futures.Future:
-        return self._future
+    _get_future = get_future
 
 
 class _CoalescedWork(FakeWork):
@@ -131,6 +154,22 @@ class _CoalescedWork(FakeWork):
         for w in self._works:
             w.wait()
         return True
+
+
+def _in_join_shadow() -> bool:
+    """Whether DDP's Join hook (``_match_all_reduce_for_bwd_pass``) is on this thread's stack."""
+    frame = sys._getframe(2)
+    for _ in range(32):
+        if frame is None:
+            return False
+        if frame.f_code is _JOIN_SHADOW_CODE:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _as_is(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    return tensors
 
 
 def _red(opts: Any) -> Any:
@@ -242,7 +281,10 @@ class FakeProcessGroup(dist.ProcessGroup):
         # on the result from C++, where the scheduler cannot see it: settle it now.
         in_backward = torch._C._current_graph_task_id() != -1
         call.in_backward = in_backward
-        self._cluster.issue(g, call, block=in_backward)
+        # Join's shadow of the backward pass (a joined rank's DDP hook) runs the Reducer's
+        # comm hook outside backward and waits on its future from C++ too: settle it as well.
+        call.hidden_wait = in_backward or _in_join_shadow()  # type: ignore[attr-defined]
+        self._cluster.issue(g, call, block=call.hidden_wait)  # type: ignore[attr-defined]
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
@@ -322,7 +364,7 @@ class FakeProcessGroup(dist.ProcessGroup):
         return self._issue("barrier", [])
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
-        return self._issue("monitored_barrier", []).wait()
+        self._issue("monitored_barrier", []).wait()  # returns None, as gloo's does
 
     def send(self, tensors, dst, tag=0):
         return self._issue("send", tensors, peer=dst, tag=tag)

@@ -137,7 +137,8 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port) -> Spaw
         except BaseException as e:  # noqa: BLE001 - every rank failure is reported by spawn
             failures[rank] = e
             outcome = f"raised {type(e).__name__}"
-            if not isinstance(e, FakePGError) and cluster.failed_rank is None:
+            ends_world = not isinstance(e, FakePGError) or getattr(e, "ends_world", False)
+            if ends_world and cluster.failed_rank is None:
                 cluster.failed_rank = rank
                 site = _exception_site(e)
                 sched.abort(RankFailedError(rank, f"rank {rank} raised {type(e).__name__}: {e} (at {site})"))
