@@ -1,0 +1,57 @@
+"""simddp: virtual time for the fake cluster, and what-if timing of DDP.
+
+:func:`simulate` runs a function on fakepg's in-process ranks, exactly as
+:func:`fakepg.spawn` does, while a virtual clock per rank charges every aten op to a
+:class:`Compute` model and every collective to a :class:`Network` model (see
+:mod:`simddp.cosim` for the rules: waits, stream semantics, races, timeouts).
+
+Example::
+
+    import torch, torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    import simddp
+    from simddp import Compute, Network, Timing
+
+    def train(rank):
+        model = DDP(torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)]),
+                    bucket_cap_mb=0.25)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(5):
+            opt.zero_grad()
+            model(torch.randn(32, 256)).sum().backward()
+            opt.step()
+
+    timing = Timing(network=Network.preset("100gbe"), compute=Compute.roofline("a100"),
+                    rank_speed={3: 0.5}, jitter=0.02)
+    result = simddp.simulate(train, nprocs=8, timing=timing, seed=0)
+    print(result.timeline.iteration_times())   # seconds per iteration (slowest rank)
+    print(result.timeline.exposed_comm())      # communication not hidden behind compute
+    print(result.timeline.summary())           # a table
+    result.timeline.to_chrome_trace("trace.json")   # open in https://ui.perfetto.dev
+    result.timeline.plot("timeline.png")
+    rec = result.trace[0][-1]                   # fakepg's trace, with virtual times
+    print(rec.op, rec.issue, rec.start, rec.end)
+
+Errors: :class:`CollectiveRaceError` (an async collective's tensor touched before its
+wait) and :class:`CollectiveTimeoutError` (a wait past the group's timeout, in virtual
+time), both subclasses of :class:`fakepg.FakePGError`.
+"""
+
+import os as _os
+
+from fakepg.sites import skip_package as _skip_package
+
+from .compute import Compute, DevicePreset
+from .cosim import SimResult, mark_iteration, now, simulate
+from .errors import CollectiveRaceError, CollectiveTimeoutError
+from .network import Network
+from .timeline import CommSpan, IterationStats, Span, Timeline
+from .timing import Timing
+
+_skip_package(_os.path.dirname(_os.path.abspath(__file__)))  # user_site() skips simddp frames
+
+__all__ = [
+    "simulate", "SimResult", "Timing", "Network", "Compute", "DevicePreset",
+    "Timeline", "Span", "CommSpan", "IterationStats",
+    "CollectiveRaceError", "CollectiveTimeoutError", "now", "mark_iteration",
+]

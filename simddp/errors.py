@@ -1,0 +1,52 @@
+"""The errors virtual time adds to the fake cluster.
+
+Both end the world when they escape a rank's function (other ranks' pending and later
+collectives fail, as after a real backend error), and :func:`simddp.simulate` re-raises
+the original error rather than fakepg's ``RankFailedError`` wrapper. Caught inside the
+rank, they are ordinary exceptions and the world goes on.
+"""
+
+from __future__ import annotations
+
+from fakepg.errors import CollectiveTimeoutError as _FakePGTimeout
+from fakepg.errors import FakePGError
+
+__all__ = ["CollectiveRaceError", "CollectiveTimeoutError"]
+
+
+class CollectiveRaceError(FakePGError):
+    """A rank read or wrote a tensor that an asynchronous collective it issued from Python was
+    still writing (in virtual time), without a ``wait()`` on that work first.
+
+    Attributes: ``rank`` (global rank that touched the tensor), ``op``, ``group``, ``seq``
+    (the collective), ``issued_at`` and ``accessed_at`` (``file:line``), ``time`` (the
+    rank's virtual clock at the access, seconds).
+    """
+
+    ends_world = True  # fakepg: an escaped race error ends the world like a user exception
+
+    def __init__(self, message: str, *, rank: int | None = None, op: str | None = None,
+                 group: str | None = None, seq: int | None = None, issued_at: str | None = None,
+                 accessed_at: str | None = None, time: float | None = None) -> None:
+        super().__init__(message)
+        self.rank, self.op, self.group, self.seq = rank, op, group, seq
+        self.issued_at, self.accessed_at, self.time = issued_at, accessed_at, time
+
+
+class CollectiveTimeoutError(_FakePGTimeout):
+    """A wait (explicit, or the stream wait of an op on a collective's output) on a collective
+    that, in virtual time, ends more than the timeout after this rank issued it.
+
+    Raised on the waiting rank, with NCCL's watchdog wording, at virtual time
+    ``issue + timeout`` (``time``). Also a ``fakepg.CollectiveTimeoutError``.
+    Attributes: ``rank``, ``op``, ``group``, ``seq``, ``timeout`` (seconds), ``time``.
+    """
+
+    ends_world = True
+
+    def __init__(self, message: str, *, rank: int | None = None, op: str | None = None,
+                 group: str | None = None, seq: int | None = None, timeout: float | None = None,
+                 time: float | None = None) -> None:
+        super().__init__(message)
+        self.rank, self.op, self.group, self.seq = rank, op, group, seq
+        self.timeout, self.time = timeout, time
