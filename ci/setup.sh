@@ -10,4 +10,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check "torch==${TORCH_VERSION:-2.13.0}"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
-.venv/bin/python -m pip install -q --no-deps --no-build-isolation fairscale==0.4.13
+# fairscale (SlowMo tests) is a source distribution that builds with the venv's setuptools
+# (Python 3.12 venvs have none by default).
+.venv/bin/python -m pip install -q --disable-pip-version-check setuptools wheel
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation fairscale==0.4.13
