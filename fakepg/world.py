@@ -180,10 +180,19 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port) -> Spaw
 
 def _watch(sched: Scheduler, cluster: Cluster, hang_timeout: float) -> None:
     """Wait for the world to end; catch the baton holder stuck in an invisible C++ wait."""
+    seen: tuple = ()
     while not sched.finished.wait(0.05):
         holder = sched.current
         if holder is None or sched.abort_error is not None:
             continue
+        # Python activity of the holder (an import, a Python loop) is progress too; only a
+        # frame that stays put can be a wait inside C++.
+        thread = sched.slots[holder].thread
+        frame = sys._current_frames().get(thread.ident) if thread is not None else None
+        where = (holder, id(frame), frame.f_lasti if frame is not None else -1)
+        if where != seen:
+            seen = where
+            sched.last_progress_time = max(sched.last_progress_time, time.monotonic())
         idle = time.monotonic() - sched.last_progress_time
         unsettled = [c for c in cluster.outstanding[holder] if not c.collective.settled]
         settled = [c for c in cluster.outstanding[holder] if c.collective.settled]

@@ -203,3 +203,15 @@ def test_a_wait_hidden_in_cpp_is_caught_by_the_inactivity_fallback_which_says_so
     err, seconds = _hang(body)
     assert "inactivity fallback" in err.report and "rank 0" in err.report
     assert seconds < 3
+
+
+def test_python_work_with_an_outstanding_collective_is_not_mistaken_for_a_cpp_wait():
+    def body(rank):
+        work = dist.all_reduce(torch.ones(1), async_op=True)
+        deadline = time.monotonic() + 0.6  # busy in Python for twice the fallback's patience
+        while time.monotonic() < deadline:
+            pass
+        work.wait()
+        return "ok"
+
+    assert fakepg.spawn(body, nprocs=2, hang_timeout=0.3).returns == ["ok", "ok"]
