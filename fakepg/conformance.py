@@ -50,6 +50,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from .isolation import derive_seed
+from .process_group import PythonProcessGroup
 
 __all__ = [
     "run_scenario",
@@ -326,7 +327,7 @@ def _flat(xs: Any) -> list[torch.Tensor]:
 _RECORDS: list[Collective] = []  # this process's collectives, all groups, in issue order
 
 
-class RecordingProcessGroup(dist.ProcessGroup):
+class RecordingProcessGroup(PythonProcessGroup):
     """A ``dist.ProcessGroup`` that forwards every collective to a real backend and records it.
 
     Registered as the backends ``fakepg_recorded_gloo`` / ``fakepg_recorded_nccl``, so that
@@ -339,30 +340,9 @@ class RecordingProcessGroup(dist.ProcessGroup):
                  records: list[Collective] | None = None):
         super().__init__(rank, size)
         self._inner = inner
-        self._backend_name = backend_name
+        self.backend_name = backend_name
         self._records = _RECORDS if records is None else records
-        self._group_name = ""
-        self._group_desc = ""
         self._ranks: tuple[int, ...] | None = None
-
-    # -- identity (a Python ProcessGroup has no C++ backend to keep these) -------------------
-    def getBackendName(self) -> str:  # noqa: N802
-        return self._backend_name
-
-    def name(self) -> str:
-        return self._backend_name
-
-    def getGroupName(self) -> str:  # noqa: N802
-        return self._group_name
-
-    def setGroupName(self, name: str) -> None:  # noqa: N802
-        self._group_name = name
-
-    def getGroupDesc(self) -> str:  # noqa: N802
-        return self._group_desc
-
-    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
-        self._group_desc = desc
 
     def shutdown(self) -> None:
         with contextlib.suppress(Exception):

@@ -184,29 +184,26 @@ def _dtype(t: torch.Tensor) -> str:
     return str(t.dtype).replace("torch.", "")
 
 
-class FakeProcessGroup(dist.ProcessGroup):
-    """One rank's handle on one group of the fake world."""
+class PythonProcessGroup(dist.ProcessGroup):
+    """A ``dist.ProcessGroup`` implemented in Python, with the identity c10d expects of it.
 
-    def __init__(self, cluster: Cluster, global_rank: int, rank: int, size: int,
-                 timeout: datetime.timedelta | None = None):
+    A Python ProcessGroup has no C++ backend to keep its name and description, so they live
+    here (c10d sets them through the C++ trampoline after creating the group).
+    """
+
+    backend_name = BACKEND_NAME
+
+    def __init__(self, rank: int, size: int):
         super().__init__(rank, size)
-        self._cluster = cluster
-        self._global_rank = global_rank
-        self._timeout = timeout or datetime.timedelta(minutes=30)
-        self._gstate = None
-        self._destroyed = False
-        self._coalesced: list[FakeWork] | None = None
         self._group_name = ""
         self._group_desc = ""
 
-    # -- identity -----------------------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 - C++ trampoline name
-        return BACKEND_NAME
+        return self.backend_name
 
     def name(self) -> str:
-        return BACKEND_NAME
+        return self.backend_name
 
-    # A Python ProcessGroup has no C++ backend to keep these, so keep them here.
     def getGroupName(self) -> str:  # noqa: N802
         return self._group_name
 
@@ -218,6 +215,20 @@ class FakeProcessGroup(dist.ProcessGroup):
 
     def setGroupDesc(self, desc: str) -> None:  # noqa: N802
         self._group_desc = desc
+
+
+class FakeProcessGroup(PythonProcessGroup):
+    """One rank's handle on one group of the fake world."""
+
+    def __init__(self, cluster: Cluster, global_rank: int, rank: int, size: int,
+                 timeout: datetime.timedelta | None = None):
+        super().__init__(rank, size)
+        self._cluster = cluster
+        self._global_rank = global_rank
+        self._timeout = timeout or datetime.timedelta(minutes=30)
+        self._gstate = None
+        self._destroyed = False
+        self._coalesced: list[FakeWork] | None = None
 
     @property
     def timeout(self) -> datetime.timedelta:

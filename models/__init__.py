@@ -16,40 +16,7 @@ param_order, uneven_inputs.
 
 from .reference import reference_train
 from .scenario import Scenario, SeededBatches, rank_generator
-from .zoo import (
-    SCENARIOS,
-    buffers,
-    get,
-    grad_order_differs,
-    grad_order_differs_per_rank,
-    many_small_few_large,
-    mixed_dtypes,
-    mlp,
-    param_order,
-    rank_dependent_unused,
-    sparse_embedding,
-    tied_weights,
-    transformer_block,
-    uneven_inputs,
-)
+from . import zoo
+from .zoo import *  # noqa: F403 - the scenario factories, SCENARIOS and get (see zoo.__all__)
 
-__all__ = [
-    "Scenario",
-    "SeededBatches",
-    "rank_generator",
-    "SCENARIOS",
-    "get",
-    "reference_train",
-    "mlp",
-    "many_small_few_large",
-    "grad_order_differs",
-    "grad_order_differs_per_rank",
-    "rank_dependent_unused",
-    "tied_weights",
-    "buffers",
-    "sparse_embedding",
-    "mixed_dtypes",
-    "transformer_block",
-    "param_order",
-    "uneven_inputs",
-]
+__all__ = ["Scenario", "SeededBatches", "rank_generator", "reference_train", *zoo.__all__]
