@@ -32,6 +32,18 @@ Example::
     rec = result.trace[0][-1]                   # fakepg's trace, with virtual times
     print(rec.op, rec.issue, rec.start, rec.end)
 
+Trace-driven replay at scale (:mod:`simddp.replay`): capture one DDP iteration of the fake
+cluster, then replay it at thousands of ranks with what-if knobs::
+
+    from simddp.replay import capture, replay, sweep
+    cap = simddp.capture(models.get("transformer_block"), nprocs=2, timing=timing)
+    res = replay(cap, 4096, network=Network.preset("ib-ndr", gpus_per_node=8),
+                 bucket_cap_mb=5, comm_hook="fp16")
+    res.iteration_time, res.mean_exposed_comm, res.timeline(ranks=range(8)).plot("r.png")
+
+(The function is ``simddp.replay.replay``; the package attribute ``simddp.replay`` stays the
+module.) Both co-simulation and replay run on the simpy engine of :mod:`simddp.engine`.
+
 Errors: :class:`CollectiveRaceError` (an async collective's tensor touched before its
 wait) and :class:`CollectiveTimeoutError` (a wait past the group's timeout, in virtual
 time), both subclasses of :class:`fakepg.FakePGError`.
@@ -43,8 +55,10 @@ from fakepg.sites import skip_package as _skip_package
 
 from .compute import Compute, DevicePreset
 from .cosim import SimResult, mark_iteration, now, simulate
+from .engine import Channel, Collective, Fabric
 from .errors import CollectiveRaceError, CollectiveTimeoutError
 from .network import Network
+from .replay import CapturedIteration, ReplayResult, Workload, capture, sweep
 from .timeline import CommSpan, IterationStats, Span, Timeline
 from .timing import Timing
 
@@ -54,4 +68,6 @@ __all__ = [
     "simulate", "SimResult", "Timing", "Network", "Compute", "DevicePreset",
     "Timeline", "Span", "CommSpan", "IterationStats",
     "CollectiveRaceError", "CollectiveTimeoutError", "now", "mark_iteration",
+    "Fabric", "Channel", "Collective",
+    "capture", "sweep", "CapturedIteration", "ReplayResult", "Workload",
 ]

@@ -8,8 +8,11 @@
 * **Collectives.** A member's issue time is its clock at the call. The collective starts at
   ``max(issue times of all members, end of the group's previous collective)`` (a communicator
   runs its collectives in order; point-to-point transfers are ordered per (group, src, dst))
-  and lasts ``network.collective_time(op, bytes, group size) × noise`` (send/recv: the "send"
-  cost of the sent bytes). These times land in the trace records (``issue``, ``start``, ``end``).
+  — decided by the simpy engine (:mod:`simddp.engine`): each communicator and each
+  point-to-point channel is a :class:`~simddp.engine.Channel` (a simpy environment of its own
+  with a capacity-1 resource) on which the collective runs as a process — and lasts
+  ``network.collective_time(op, bytes, group size) × noise`` (send/recv: the "send" cost of
+  the sent bytes). These times land in the trace records (``issue``, ``start``, ``end``).
 * **Waits.** ``Work.wait()``, ``Future.wait()`` and synchronous calls move the waiting rank's
   clock to ``max(clock, end)``. fakepg settling a collective inside backward (before the C++
   Reducer waits where Python cannot see) is *not* a wait in virtual time.
@@ -42,8 +45,9 @@
 
 Everything is a function of the program, the seed and the :class:`Timing`: reruns give
 identical traces and timelines. Not modelled: contention between groups that share links
-(each communicator is its own channel), host/device asynchrony beyond the side stream of
-callbacks, and the cost of record_function bookkeeping ops (free).
+(each communicator is its own channel, see :mod:`simddp.engine`; replay models it),
+host/device asynchrony beyond the side stream of callbacks, and the cost of record_function
+bookkeeping ops (free).
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ from fakepg.process_group import FakeProcessGroup
 from fakepg.sites import user_site
 
 from .compute import ConstantCompute, RooflineCompute, _moves_no_data
+from .engine import Channel
 from .errors import CollectiveRaceError, CollectiveTimeoutError
 from .timeline import CommSpan, Span, Timeline
 from .timing import Timing
@@ -432,7 +437,9 @@ class _Simulator(WorldHooks):
         jseed = seed if timing.seed is None else timing.seed
         self.ranks = [_RankClock(self, r, jseed) for r in range(nprocs)]
         self.network = timing.network
-        self.busy: dict[Any, float] = {}
+        # One engine Channel per communicator and per point-to-point (group, src, dst):
+        # see simddp.engine for why co-simulation uses a simpy environment per channel.
+        self.channels: dict[Any, Channel] = {}
         self.net_noise: list[float] | None = None
         self.net_i = 0
         if timing.jitter > 0:
@@ -508,10 +515,6 @@ class _Simulator(WorldHooks):
             key = id(coll.group)
             op, n = coll.op, coll.group.size
             nbytes = max(c.record.bytes for c in members)
-        start = max(f.issue for f in flights)
-        busy = self.busy.get(key)
-        if busy is not None and busy > start:
-            start = busy
         try:
             dur = self.network.collective_time(op, nbytes, n)
         except ValueError:  # an op the model does not know: cost it as an all_reduce
@@ -523,8 +526,12 @@ class _Simulator(WorldHooks):
             if self.net_i == _NOISE_BLOCK:
                 self.net_noise = _lognormal_block(self.net_rng, self.timing.jitter, 1.0)
                 self.net_i = 0
-        end = start + dur
-        self.busy[key] = end
+        channel = self.channels.get(key)
+        if channel is None:
+            channel = self.channels[key] = Channel()
+        # The collective is a simpy process on its communicator's channel: it starts at
+        # max(latest issue, the channel's previous end) and holds it for dur.
+        start, end = channel.submit([f.issue for f in flights], dur)
         for c, f in zip(members, flights):
             f.start, f.end = start, end
             c.record.start, c.record.end = start, end
