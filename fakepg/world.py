@@ -180,23 +180,29 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port) -> Spaw
 
 def _watch(sched: Scheduler, cluster: Cluster, hang_timeout: float) -> None:
     """Wait for the world to end; catch the baton holder stuck in an invisible C++ wait."""
-    seen: tuple = ()
+    # The loop allocates nothing and touches no rank's frames while the world is healthy:
+    # both could shift when the garbage collector runs or how long a tensor stays referenced
+    # (autograd then clones instead of stealing a gradient) and so break determinism.
+    seen: tuple | None = None
     while not sched.finished.wait(0.05):
         holder = sched.current
         if holder is None or sched.abort_error is not None:
+            seen = None
             continue
-        # Python activity of the holder (an import, a Python loop) is progress too; only a
-        # frame that stays put can be a wait inside C++.
-        thread = sched.slots[holder].thread
-        frame = sys._current_frames().get(thread.ident) if thread is not None else None
-        where = (holder, id(frame), frame.f_lasti if frame is not None else -1)
-        if where != seen:
-            seen = where
-            sched.last_progress_time = max(sched.last_progress_time, time.monotonic())
         idle = time.monotonic() - sched.last_progress_time
-        unsettled = [c for c in cluster.outstanding[holder] if not c.collective.settled]
-        settled = [c for c in cluster.outstanding[holder] if c.collective.settled]
-        if idle < hang_timeout or not (unsettled or settled):
+        if idle < hang_timeout / 2 or not cluster.outstanding[holder]:
+            seen = None
+            continue
+        # Suspicious: outstanding Works and no scheduler event for a while. A thread that
+        # burns CPU (Python code, an import, a long kernel) is working; one blocked in a wait
+        # inside C++ burns none.
+        cpu = _cpu_seconds(sched.slots[holder].thread)
+        if seen is None or seen[0] != holder or cpu - seen[1] > 0.002:
+            if seen is not None:
+                sched.last_progress_time = time.monotonic()
+            seen = (holder, cpu)
+            continue
+        if idle < hang_timeout:
             continue
         # The holder has outstanding Works and has not touched the scheduler for
         # hang_timeout seconds: it is (almost certainly) waiting on one from C++.
@@ -211,6 +217,15 @@ def _watch(sched: Scheduler, cluster: Cluster, hang_timeout: float) -> None:
         for c in list(cluster.outstanding[holder]):
             if c.work is not None and not c.work._done:
                 c.work._complete(err)  # unblocks the C++ wait with the error
+
+
+def _cpu_seconds(thread: threading.Thread | None) -> float:
+    """CPU time ``thread`` has used; without per-thread clocks, a value that keeps moving
+    (so the fallback never mistakes work for a wait where it cannot tell)."""
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))  # type: ignore[union-attr]
+    except (AttributeError, OSError, TypeError):
+        return time.monotonic()
 
 
 def _raise_outcome(sched: Scheduler, cluster: Cluster, failures: dict[int, BaseException]) -> None:

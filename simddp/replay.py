@@ -71,10 +71,12 @@ Knobs (all of :func:`replay`'s keywords are grid axes for :func:`sweep`):
   ``start_powerSGD_iter``, error feedback on): per bucket an all_reduce of the uncompressed
   tensors (1-D ones, and matrices that compression would not shrink by ``2×``: torch's
   ``min_compression_rate``), then, in callbacks, an all_reduce of P (n·r per n×m matrix) and
-  one of Q (m·r), as torch's ``powerSGD_hook`` chains them; its matmuls (M·Q, Mᵀ·P, P·Qᵀ:
-  2·n·m·r FLOPs each), orthogonalisation (2·n·r² FLOPs) and copies are costed with the
-  captured roofline (op overhead + max(bytes/bandwidth, FLOPs/peak)). Without a roofline
-  summary (a profile-based compute model), compression costs nothing.
+  one of Q (m·r), as torch's ``powerSGD_hook`` chains them (with NCCL the chain is enqueued
+  on the communicator when the bucket is issued, so bucket *k*'s P and Q all_reduces run
+  before bucket *k + 1*'s; each is issued when the callback before it ends); its matmuls
+  (M·Q, Mᵀ·P, P·Qᵀ: 2·n·m·r FLOPs each), orthogonalisation (2·n·r² FLOPs) and copies are
+  costed with the captured roofline (op overhead + max(bytes/bandwidth, FLOPs/peak)). Without
+  a roofline summary (a profile-based compute model), compression costs nothing.
 * ``rank_speed={rank: factor}`` (stragglers: 0.5 = half speed) and ``jitter`` (relative
   standard deviation of a mean-1 log-normal factor per compute segment — forward, backward,
   post-backward, optimizer — of each rank and iteration, and per collective; co-simulation
@@ -887,8 +889,11 @@ class _Replay:
             return ("node", g, node), self.node_members[(g, node)], []
         return ("dp", g), range(g, self.world, self.groups), self.group_links[g]
 
-    def issue(self, r: int, tag: tuple, scope: str, op: str, nbytes: int,
-              in_backward: bool = False) -> Collective:
+    def enqueue(self, r: int, tag: tuple, scope: str, op: str, nbytes: int,
+                in_backward: bool = False) -> Collective:
+        """The collective ``tag`` on rank r's communicator, created (taking the communicator's
+        next sequence number, queued behind everything enqueued before it) by its first
+        member to enqueue it; no member has arrived at it yet (see :meth:`arrive`)."""
         key, members, links = self.comm_of(r, scope)
         name = (key, *tag)
         c = self.colls.get(name)
@@ -903,9 +908,17 @@ class _Replay:
                     "in_backward": in_backward}
             c = self.colls[name] = self.fabric.collective(key, n, dur, links=links, info=info)
             self.order.append(c)
+        return c
+
+    def arrive(self, r: int, c: Collective) -> Collective:
+        """Rank r issues ``c`` now: its data is ready, the collective may start."""
         c.arrive()
         self.comms[r].append((c, self.env.now))
         return c
+
+    def issue(self, r: int, tag: tuple, scope: str, op: str, nbytes: int,
+              in_backward: bool = False) -> Collective:
+        return self.arrive(r, self.enqueue(r, tag, scope, op, nbytes, in_backward))
 
     # -- rank processes ----------------------------------------------------------------------
     def compute(self, r: int, kind: str, seconds: float, label: str | None = None):
@@ -948,13 +961,14 @@ class _Replay:
             yield at(env, target)
         self._span(r, "wait", start, env.now, label)
 
-    def chain(self, r: int, it: int, k: int, plan: _Plan, first: Collective, scale: float,
-              scope: str):
+    def chain(self, r: int, plan: _Plan, colls: list[Collective], scale: float):
+        """A multi-stage comm hook's future chain (PowerSGD) on rank r's side stream: each
+        stage's callback runs after its collective, and issues (arrives at) the next stage's
+        collective, which :meth:`issue_bucket` already enqueued in program order."""
         env = self.env
-        c = first
-        for j, (op, nbytes, cb) in enumerate(plan.stages):
+        for j, ((_, _, cb), c) in enumerate(zip(plan.stages, colls)):
             if j:
-                c = self.issue(r, ("b", it, k, j), scope, op, nbytes, True)
+                self.arrive(r, c)
             if c.end is None:
                 yield c.done
             s = max(env.now, self.side[r])
@@ -966,12 +980,21 @@ class _Replay:
 
     def issue_bucket(self, r: int, it: int, k: int, plan: _Plan, scale: float, scope: str,
                      pending: list) -> None:
-        op, nbytes, cb = plan.stages[0]
-        first = self.issue(r, ("b", it, k, 0), scope, op, nbytes, True)
+        # The Reducer runs bucket k's comm hook when it issues the bucket, and with NCCL the
+        # hook's futures complete as soon as their collectives are enqueued, so the whole
+        # then-chain (PowerSGD: the P and Q all_reduces) is enqueued on the communicator right
+        # away, before bucket k + 1's all_reduce; on the device each stage still waits for the
+        # previous stage's callback (stream dependency). So every stage takes its sequence
+        # number now, and arrives when its callback has run: bucket k + 1's collectives can
+        # never overtake bucket k's P/Q all_reduces on the communicator (co-simulation, where
+        # fakepg runs the callbacks inline, gives the same order).
+        colls = [self.enqueue(r, ("b", it, k, j), scope, op, nbytes, True)
+                 for j, (op, nbytes, _) in enumerate(plan.stages)]
+        first = self.arrive(r, colls[0])
         if len(plan.stages) > 1:
-            pending.append(self.env.process(self.chain(r, it, k, plan, first, scale, scope)))
+            pending.append(self.env.process(self.chain(r, plan, colls, scale)))
         else:
-            pending.append((first, cb * scale))
+            pending.append((first, plan.stages[0][2] * scale))
 
     def train(self, r: int, it: int):
         env = self.env

@@ -137,6 +137,25 @@ def test_more_bandwidth_is_never_slower_in_replay(cap, world, bw, more, mb, hook
     assert fast.iteration_time <= slow.iteration_time * (1 + 1e-12)
 
 
+def test_powersgd_p_and_q_all_reduces_keep_their_place_before_the_next_bucket(cap):
+    # With NCCL the hook's futures complete when their collectives are enqueued, so bucket k's
+    # whole then-chain (P and Q all_reduces) is enqueued on the communicator before bucket
+    # k + 1's all_reduce, whatever the timing (co-simulation gives the same order). Replay once
+    # let bucket 1's all_reduce overtake bucket 0's Q all_reduce when bucket 0's P callback
+    # ended after the end of backward (5 GB/s: 596.08 us > 595.70 us) but not at 50 GB/s
+    # (595.70 us, a tie), so the faster network was 4.7 us slower (881.25 vs 876.57 us).
+    times = []
+    for bw in (5.0, 50.0):
+        res = replay(cap, 2, network=Network(bandwidth_GBps=bw, latency_us=5.0),
+                     bucket_cap_mb=0.05, comm_hook="powersgd")
+        names = [c["name"] for c in sorted(res.collectives, key=lambda c: c["seq"])]
+        assert names == [f"dp0/b/0/{k}/{j}" for k in range(len(res.buckets)) for j in range(3)]
+        starts = [c["start"] for c in sorted(res.collectives, key=lambda c: c["seq"])]
+        assert starts == sorted(starts)
+        times.append(res.iteration_time)
+    assert times[1] <= times[0]
+
+
 @settings(max_examples=12, deadline=None)
 @given(world=st.sampled_from([2, 8, 64]), data=st.data(), factor=st.floats(0.05, 1.0),
        jitter=st.sampled_from([0.0, 0.1]), seed=st.integers(0, 3))
