@@ -4,7 +4,12 @@
 
 * **Compute.** A per-rank ``TorchDispatchMode`` (pushed on the rank's thread before the user's
   function runs) sees every aten op the rank executes, forward and backward, and advances the
-  rank's clock by ``compute.op_time(func, args, kwargs, out) / speed(rank) × noise``.
+  rank's clock by ``compute.op_time(func, args, kwargs, out) / speed(rank) × noise``. The
+  noise of an op is a function of the jitter seed, the rank, the op itself (its function and
+  its cost) and how many such ops the rank ran before — not of its position among the rank's
+  other ops, which torch may permute from run to run (with find_unused_parameters, DDP's
+  Reducer zeroes unused parameters' grads in the order of a hash map keyed by pointers); and
+  the clock sums op costs exactly (in integer ticks), so such permutations change no time.
 * **Collectives.** A member's issue time is its clock at the call. The collective starts at
   ``max(issue times of all members, end of the group's previous collective)`` (a communicator
   runs its collectives in order; point-to-point transfers are ordered per (group, src, dst))
@@ -52,9 +57,12 @@ bookkeeping ops (free).
 
 from __future__ import annotations
 
+import array
+import math
 import threading
 import time as _time
 import types
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -81,7 +89,17 @@ __all__ = ["simulate", "SimResult", "now", "mark_iteration"]
 _gtid = torch._C._current_graph_task_id
 _Tensor = torch.Tensor
 _EMPTY: Any = types.MappingProxyType({})
-_NOISE_BLOCK = 4096
+_NOISE_BLOCK = 4096  # network noise: drawn in blocks, one factor per collective in order
+_OP_NOISE_BITS = 16  # per-op noise: a table of 2**16 factors per rank (see _RankClock)
+_OP_NOISE_MASK = (1 << _OP_NOISE_BITS) - 1
+assert _OP_NOISE_MASK == 0xFFFF  # written out as a literal in _ClockMode.__torch_dispatch__
+# Ops advance a rank's clock in integer ticks of 2**-80 s, summed exactly since the clock was
+# last set (by a wait, a callback): a float sum would depend on the order of the ops (float
+# addition is not associative: 1-ulp differences), and torch itself runs some ops in a
+# run-dependent order. Costs are truncated to whole ticks (exact for costs >= 2**-28 s).
+_PER_S = 2.0 ** 80
+_TICK = 2.0 ** -80
+_floor = math.floor  # (cheaper than int() for a float)
 
 FWD, BWD, OPT, CB, WAIT = 0, 1, 2, 3, 4
 _MEMO, _CALL, _FREE = "memo", "call", "free"  # how an op's cost is found (see classify)
@@ -96,10 +114,23 @@ _tls = threading.local()  # .clock: the calling rank thread's _RankClock while s
 _no_access: dict[Any, bool] = {}  # func -> True when it never reads/writes tensor data
 
 
-def _lognormal_block(rng: np.random.Generator, jitter: float, scale: float) -> list[float]:
-    """Mean-1 log-normal factors with relative standard deviation ``jitter``, times ``scale``."""
+def _lognormal(rng: np.random.Generator, jitter: float, n: int) -> np.ndarray:
+    """``n`` mean-1 log-normal factors with relative standard deviation ``jitter``."""
     s2 = float(np.log1p(jitter * jitter))
-    return (rng.lognormal(-s2 / 2.0, np.sqrt(s2), _NOISE_BLOCK) * scale).tolist()
+    return rng.lognormal(-s2 / 2.0, np.sqrt(s2), n)
+
+
+def _lognormal_block(rng: np.random.Generator, jitter: float, scale: float) -> list[float]:
+    """A block of network noise: mean-1 log-normal factors times ``scale``."""
+    return (_lognormal(rng, jitter, _NOISE_BLOCK) * scale).tolist()
+
+
+def _stream_name(func: Any, seconds: float) -> bytes:
+    """The name of an op's noise stream, the same in every process (never an id or a hash):
+    its function and its cost (equal costs read alike: 0.0 and -0.0, 1 and 1.0)."""
+    name = str(func) if isinstance(func, torch._ops.OpOverload) else \
+        f"{type(func).__module__}.{type(func).__qualname__}:{getattr(func, '__name__', '')}"
+    return f"{name}|{float(seconds) + 0.0!r}".encode()
 
 
 class _Flight:
@@ -142,17 +173,34 @@ class _RankClock:
         t = sim.timing
         self.sim = sim
         self.rank = rank
-        self.clock = 0.0
+        # The clock (a property) is base + ticks·_TICK: ops add their integer ticks to ticks
+        # (see _PER_S), and setting the clock (a wait, a callback) sets base and zeroes ticks.
+        self.base = 0.0
+        self.ticks = 0
         self.op_time = t.compute.op_time
-        self.costs: dict[Any, Any] = {}  # func -> seconds (float), _MEMO, _CALL or _FREE
-        self.memo: dict[tuple, float] = {}  # (func, out dtype, arg shapes/values) -> seconds
+        # func -> the entry (see entry) of its constant cost, or _MEMO, _CALL or _FREE
+        self.costs: dict[Any, Any] = {}
+        # (func, out shape and dtype, arg shapes/dtypes/values) -> entry (see entry)
+        self.memo: dict[tuple, Any] = {}
         self.scale = 1.0 / t.speed(rank)
+        self.per_s = self.scale * _PER_S  # ticks per second of cost, 1/speed included
         self.jitter = float(t.jitter)
-        self.noise: list[float] | None = None
-        self.noise_i = 0
+        # Per-op noise (jitter > 0): a table of mean-1 log-normal factors (times 1/speed)
+        # drawn once from (seed, rank), and a noise stream [next index, stride] per (function,
+        # cost): the k-th such op on this rank takes the factor at (start + k·stride) mod the
+        # table size, start and stride (odd: 2**16 distinct factors before one repeats)
+        # derived from crc32 of the stream's name. So an op's factor depends on what it is
+        # and how many like it came before, not on where torch scheduled it among different
+        # ops; and ops that share a stream cost the same, so which of them takes which factor
+        # changes no sum.
+        self.noise: array.array | None = None
+        self.streams: dict[bytes, list[int]] = {}  # stream name -> [next index, stride]
+        self.call_entries: dict[tuple, Any] = {}  # (func, seconds) -> entry (_CALL ops)
         if self.jitter > 0:
-            self.rng = np.random.default_rng(np.random.SeedSequence(jitter_seed, spawn_key=(0, rank)))
-            self.noise = _lognormal_block(self.rng, self.jitter, self.scale)
+            rng = np.random.default_rng(np.random.SeedSequence(jitter_seed, spawn_key=(0, rank)))
+            table = _lognormal(rng, self.jitter, 1 << _OP_NOISE_BITS) * self.scale
+            self.noise = array.array("d")
+            self.noise.frombytes(table.astype(np.float64).tobytes())
         self.override: int | None = None  # OPT inside optimizer.step, CB inside callbacks
         self.phase: int | None = None
         self.span_start = 0.0
@@ -169,6 +217,15 @@ class _RankClock:
         self.mode: _ClockMode | None = None
         self.finished_at: float | None = None
 
+    @property
+    def clock(self) -> float:
+        return self.base + self.ticks * _TICK
+
+    @clock.setter
+    def clock(self, t: float) -> None:
+        self.base = t
+        self.ticks = 0
+
     # -- the per-op path helpers ----------------------------------------------------
     def cost(self, func: Any, args: tuple, kwargs: Any, out: Any) -> float:
         try:
@@ -176,9 +233,58 @@ class _RankClock:
         except RuntimeError:  # e.g. a model reading .nbytes of a sparse tensor
             return self.op_time(func, _strided(args), _strided(kwargs), _strided(out))
 
-    def refill(self) -> None:
-        self.noise = _lognormal_block(self.rng, self.jitter, self.scale)
-        self.noise_i = 0
+    def bad_cost(self, func: Any, seconds: Any) -> ValueError:
+        return ValueError(f"simddp: the compute model gave {func} a cost of {seconds!r} s "
+                          f"(it must be a finite number of seconds)")
+
+    def entry(self, func: Any, seconds: Any) -> Any:
+        """How the per-op path charges an op of ``seconds``: without jitter its ticks (an
+        int, 1/speed included); with jitter (its ticks as a float, before 1/speed and the
+        noise, its noise stream, the stream's stride)."""
+        try:
+            if self.noise is None:
+                return _floor(seconds * self.per_s)
+            q = float(seconds * _PER_S)
+        except (TypeError, ValueError, OverflowError):
+            raise self.bad_cost(func, seconds) from None
+        if not math.isfinite(q):
+            raise self.bad_cost(func, seconds)
+        st = self.stream(func, seconds)
+        return (q, st, st[1])
+
+    def stream(self, func: Any, seconds: Any) -> list[int]:
+        """The noise stream of the ops of ``func`` that cost ``seconds`` (see __init__)."""
+        name = _stream_name(func, seconds)
+        st = self.streams.get(name)
+        if st is None:
+            h = (zlib.crc32(name) * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+            st = self.streams[name] = [h >> (64 - _OP_NOISE_BITS),
+                                       ((h >> 16) & _OP_NOISE_MASK) | 1]
+        return st
+
+    def memo_entry(self, key: tuple, func: Any, args: tuple, out: Any) -> Any:
+        if len(self.memo) > _MEMO_LIMIT:
+            self.memo.clear()  # the noise streams stay (keyed by function and cost)
+        e = self.memo[key] = self.entry(func, self.cost(func, args, _EMPTY, out))
+        return e
+
+    def const_entry(self, func: Any, cost: Any) -> Any:
+        """What ``costs`` holds for ``func``: its class (_MEMO, _CALL, _FREE), or the entry
+        of its constant cost."""
+        return self.entry(func, cost) if cost.__class__ is float else cost
+
+    def call_entry(self, func: Any, seconds: Any) -> Any:
+        """The entry of an op whose cost the memo does not hold (computed each time); with
+        jitter, cached by (func, seconds) in ``call_entries``."""
+        e = self.entry(func, seconds)  # raises unless seconds is a finite number
+        if self.noise is not None:
+            if len(self.call_entries) > _MEMO_LIMIT:
+                self.call_entries.clear()  # the noise streams stay
+            try:
+                self.call_entries[(func, seconds)] = e
+            except TypeError:  # an unhashable number (a 0-d array): not cached
+                pass
+        return e
 
     def switch(self, phase: int) -> None:
         self.close_span()
@@ -359,36 +465,41 @@ class _ClockMode(TorchDispatchMode):
             out = func._op(*args)
         cost = r.costs.get(func)
         if cost is None:
-            cost = r.costs[func] = r.sim.classify(func)
-        if cost.__class__ is float:
-            dt = cost
+            cost = r.costs[func] = r.const_entry(func, r.sim.classify(func))
+        if cost.__class__ is not str:  # a constant's entry
+            q = cost
         elif cost is _MEMO and not kwargs:
             try:
                 key = (func, out.shape, out.dtype,
                        *[(a.shape, a.dtype) if isinstance(a, _Tensor) else a for a in args])
-                dt = r.memo[key]
+                q = r.memo[key]
             except KeyError:
-                if len(r.memo) > _MEMO_LIMIT:
-                    r.memo.clear()
-                dt = r.memo[key] = r.cost(func, args, kwargs, out)
+                q = r.memo_entry(key, func, args, out)
             except (TypeError, AttributeError):  # unhashable args, non-tensor out: never again
                 r.costs[func] = _CALL
-                dt = r.cost(func, args, kwargs, out)
+                q = r.call_entry(func, r.cost(func, args, kwargs, out))
         elif cost is _FREE:
             return out
         else:
-            dt = r.cost(func, args, kwargs, out)
+            q = r.cost(func, args, kwargs, out)
+            if r.noise is None:
+                try:
+                    q = _floor(q * r.per_s)
+                except (TypeError, ValueError, OverflowError):
+                    raise r.bad_cost(func, q) from None
+            else:
+                try:
+                    q = r.call_entries[(func, q)]
+                except (KeyError, TypeError):
+                    q = r.call_entry(func, q)
         noise = r.noise
-        if noise is not None:
-            i = r.noise_i
-            dt *= noise[i]
-            r.noise_i = i + 1
-            if i + 1 == _NOISE_BLOCK:
-                r.refill()
-        elif r.scale != 1.0:
-            dt *= r.scale
+        if noise is not None:  # q is (ticks, stream, stride): take the stream's next factor
+            q, st, k = q
+            i = st[0]
+            st[0] = (i + k) & 0xFFFF  # _OP_NOISE_MASK
+            q = _floor(q * noise[i])
         if side is not None:
-            r.side_op(side, dt)
+            r.side_op(side, q * _TICK)
             return out
         ph = r.override
         if ph is None:
@@ -401,7 +512,7 @@ class _ClockMode(TorchDispatchMode):
                     r.new_graph_task(g)
         if ph != r.phase:
             r.switch(ph)
-        r.clock += dt
+        r.ticks += q  # the clock advances (exactly: see _PER_S)
         return out
 
 
