@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -42,6 +43,7 @@ def user_site(depth: int = 1) -> str:
     return f"{_short(fallback.f_code.co_filename)}:{fallback.f_lineno}"
 
 
+@functools.lru_cache(maxsize=4096)
 def _short(path: str) -> str:
     try:
         rel = os.path.relpath(path)
