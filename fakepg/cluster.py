@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .collectives import (Call, Collective, GroupState, _flatten, check_match, execute,
                           mismatch_message, validate_local)
-from .errors import CollectiveMismatchError, FakePGError, RankFailedError, WorldAbortedError
+from .errors import (CollectiveHangError, CollectiveMismatchError, FakePGError, RankFailedError,
+                     WorldAbortedError)
 from .hooks import WorldHooks
-from .scheduler import BLOCKED, DONE, NEW, RUNNING, Scheduler
+from .scheduler import BLOCKED, DONE, NEW, Scheduler
 from .trace import CollectiveRecord
 
 _local = threading.local()
@@ -60,7 +61,6 @@ class Cluster:
         self.trace: list[list[CollectiveRecord]] = [[] for _ in range(nprocs)]
         self.outstanding: list[list[Any]] = [[] for _ in range(nprocs)]
         self._completing = [False] * nprocs
-        self.first_error: BaseException | None = None
         self.failed_rank: int | None = None
 
     # -- groups -----------------------------------------------------------------
@@ -269,8 +269,6 @@ class Cluster:
 
 def _fresh(error: FakePGError) -> FakePGError:
     """A copy of ``error`` to raise in another thread (tracebacks are per raise)."""
-    from .errors import CollectiveHangError
-
     if isinstance(error, CollectiveHangError):
         new: FakePGError = CollectiveHangError(error.report)
     elif isinstance(error, RankFailedError):

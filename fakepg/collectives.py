@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import collections
 import itertools
-from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import torch
 
-from .errors import CollectiveMismatchError, FakePGError
+from .errors import FakePGError
 from .reductions import check_supported, op_name, reduce_tensors
 from .trace import CollectiveRecord
 
@@ -182,10 +182,6 @@ def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
     dst.copy_(src)
 
 
-def _chunks(t: torch.Tensor, n: int) -> list[torch.Tensor]:
-    return list(t.reshape(-1).chunk(n))
-
-
 def _gloo_future_value(lists: list[list[Any]]) -> list[Any]:
     """What gloo's future yields for a vector of output lists: [] when there is none,
     the one list itself when there is one, else the list of lists (ProcessGroupGloo's
@@ -265,8 +261,8 @@ def execute(coll: Collective) -> None:
     elif op in ("reduce_scatter_tensor", "reduce_scatter_tensor_coalesced"):
         for i in range(len(calls[0].inputs)):
             red = reduce_tensors([c.inputs[i].reshape(-1) for c in calls], calls[0].reduce_op)
-            for j, c in enumerate(calls):
-                _copy(c.outputs[i], _chunks(red, n)[j])
+            for c, chunk in zip(calls, red.chunk(n)):
+                _copy(c.outputs[i], chunk)
         for c in calls:
             c.result = list(c.outputs)
     elif op == "all_to_all":

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-from torch.distributed import ReduceOp
 
 _INTEGRAL_ONLY = {"BAND", "BOR", "BXOR"}
 
@@ -80,6 +79,3 @@ def reduce_tensors(tensors: Sequence[torch.Tensor], op: object) -> torch.Tensor:
             binary[name](acc, t)
     return acc
 
-
-ALL_OPS = (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX,
-           ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)

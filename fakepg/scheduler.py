@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Callable
 
-from .errors import CollectiveHangError, FakePGError, WorldAbortedError
+from .errors import CollectiveHangError, FakePGError
 from .isolation import ProcessState
 
 NEW, RUNNING, BLOCKED, DONE = "new", "running", "blocked", "done"
@@ -44,7 +44,6 @@ class Scheduler:
         self.abort_error: FakePGError | None = None  # set once: every later wait raises it
         self.hang: CollectiveHangError | None = None
         self.finished = threading.Event()
-        self.progress = 0  # bumped at every scheduling event; read by the inactivity watchdog
         self.last_progress_time = time.monotonic()
         self._describe_world = describe_world
         self._mu = threading.Lock()
@@ -93,7 +92,6 @@ class Scheduler:
 
     # -- internals --------------------------------------------------------------
     def _tick(self) -> None:
-        self.progress += 1
         self.last_progress_time = time.monotonic()
 
     def _runnable(self, slot: RankSlot) -> bool:
@@ -125,7 +123,3 @@ class Scheduler:
             if self._runnable(self.slots[r]):
                 return r
         return None
-
-    def force_abort_from_watchdog(self, error: FakePGError) -> None:
-        """Abort while the baton holder is stuck where Python cannot see it."""
-        self.abort(error)

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
@@ -19,9 +19,9 @@ import torch.distributed.distributed_c10d as c10d
 
 from . import trace as _trace
 from .cluster import Cluster, bind_thread, current_cluster
-from .errors import CollectiveHangError, CollectiveMismatchError, FakePGError, RankFailedError, WorldAbortedError
+from .errors import CollectiveHangError, CollectiveMismatchError, FakePGError, RankFailedError
 from .hooks import WorldHooks
-from .isolation import ENV_KEYS, ProcessState
+from .isolation import ProcessState
 from .process_group import BACKEND_NAME, FakeFuture, register_backend
 from .scheduler import Scheduler
 from .sites import _short, user_site
