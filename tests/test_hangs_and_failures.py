@@ -22,10 +22,9 @@ def _step(model, rank, it):
 
 
 def _hang(fn, nprocs=2):
-    t0 = time.perf_counter()
     with pytest.raises(fakepg.CollectiveHangError) as info:
         fakepg.spawn(fn, nprocs=nprocs)
-    return info.value, time.perf_counter() - t0
+    return info.value
 
 
 def test_uneven_inputs_without_join_is_reported_as_a_hang_naming_the_pending_bucket_allreduce():
@@ -34,8 +33,8 @@ def test_uneven_inputs_without_join_is_reported_as_a_hang_naming_the_pending_buc
         for it in range(2 + rank):  # rank 1 has one more batch
             _step(model, rank, it)
 
-    err, seconds = _hang(body)
-    assert seconds < 5  # exact detection; the bound only guards against watchdog-style waits
+    err = _hang(body)
+    assert "inactivity fallback" not in err.report  # decided exactly, not by waiting
     report = err.report
     assert "rank 0: finished" in report
     assert "rank 1: blocked waiting on all_reduce" in report
@@ -53,7 +52,7 @@ def test_a_rank_that_skips_backward_is_reported_with_each_ranks_pending_collecti
                 continue
             _step(model, rank, it)
 
-    err, _ = _hang(body)
+    err = _hang(body)
     # rank 1 issued one gradient all_reduce fewer, so rank 0's last one never completes
     assert "rank 1: finished (returned)" in err.report
     assert "rank 0: blocked waiting on all_reduce" in err.report
@@ -67,7 +66,7 @@ def test_a_rank_that_returns_early_is_reported_as_a_hang():
             return
         dist.all_reduce(torch.ones(3))
 
-    err, _ = _hang(body, nprocs=3)
+    err = _hang(body, nprocs=3)
     assert "rank 2: finished (returned)" in err.report
     assert "pending #1 all_reduce" in err.report
     assert "still waits for ranks [2]" in err.report
@@ -78,7 +77,7 @@ def test_hang_report_names_blocked_point_to_point_peers():
     def body(rank):
         dist.recv(torch.zeros(1), src=1 - rank)  # both receive first: deadlock
 
-    err, _ = _hang(body)
+    err = _hang(body)
     assert "recv with rank 1" in err.report and "recv with rank 0" in err.report
 
 
@@ -183,7 +182,7 @@ def test_the_same_hang_gives_the_same_report_every_run():
         for i in range(rank + 1):
             dist.all_reduce(torch.ones(i + 1))
 
-    assert _hang(body, 3)[0].report == _hang(body, 3)[0].report
+    assert _hang(body, 3).report == _hang(body, 3).report
 
 
 def test_waiting_on_fakepg_futures_with_torch_futures_wait_all_is_not_a_hang():
@@ -200,9 +199,8 @@ def test_a_wait_hidden_in_cpp_is_caught_by_the_inactivity_fallback_which_says_so
         work = dist.all_reduce(torch.ones(1), async_op=True)
         torch._C._collect_all([work.get_future()]).wait()  # C++ wait: invisible to fakepg
 
-    err, seconds = _hang(body)
+    err = _hang(body)
     assert "inactivity fallback" in err.report and "rank 0" in err.report
-    assert seconds < 3
 
 
 def test_python_work_with_an_outstanding_collective_is_not_mistaken_for_a_cpp_wait():
