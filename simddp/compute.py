@@ -123,33 +123,42 @@ def _op_name(func: Any) -> str:
     return schema.name if schema is not None else str(func)
 
 
+def _nbytes(t: _Tensor) -> int:
+    """Bytes a tensor occupies: for sparse layouts, what it stores (values and indices)."""
+    if t.layout is torch.strided:
+        return t.nbytes
+    if t.layout is torch.sparse_coo:
+        return t._values().nbytes + t._indices().nbytes
+    return t.values().nbytes
+
+
 def _bytes_and_dtype(args: Any, kwargs: Mapping[str, Any], out: Any) -> tuple[int, Any]:
-    """Sum of nbytes of tensor inputs (one level of lists) and outputs; dtype of the first."""
+    """Sum of bytes of tensor inputs (one level of lists) and outputs; dtype of the first."""
     total, dtype = 0, None
     for a in args:
         if isinstance(a, _Tensor):
-            total += a.nbytes
+            total += _nbytes(a)
             if dtype is None:
                 dtype = a.dtype
         elif isinstance(a, (list, tuple)):
             for x in a:
                 if isinstance(x, _Tensor):
-                    total += x.nbytes
+                    total += _nbytes(x)
                     if dtype is None:
                         dtype = x.dtype
     for k, a in kwargs.items():
         if isinstance(a, _Tensor) and k != "out":  # out= is counted once, as the output
-            total += a.nbytes
+            total += _nbytes(a)
             if dtype is None:
                 dtype = a.dtype
     if isinstance(out, _Tensor):
-        total += out.nbytes
+        total += _nbytes(out)
         if dtype is None:
             dtype = out.dtype
     elif isinstance(out, (list, tuple)):
         for x in out:
             if isinstance(x, _Tensor):
-                total += x.nbytes
+                total += _nbytes(x)
     return total, dtype
 
 

@@ -228,10 +228,7 @@ class _RankClock:
 
     # -- the per-op path helpers ----------------------------------------------------
     def cost(self, func: Any, args: tuple, kwargs: Any, out: Any) -> float:
-        try:
-            return self.op_time(func, args, kwargs, out)
-        except RuntimeError:  # e.g. a model reading .nbytes of a sparse tensor
-            return self.op_time(func, _strided(args), _strided(kwargs), _strided(out))
+        return self.op_time(func, args, kwargs, out)
 
     def bad_cost(self, func: Any, seconds: Any) -> ValueError:
         return ValueError(f"simddp: the compute model gave {func} a cost of {seconds!r} s "
@@ -420,21 +417,6 @@ class _RankClock:
         self._side_spans.append((start, end))
         for f in flights:
             f.cb_end = end if f.cb_end is None or end > f.cb_end else f.cb_end
-
-
-def _strided(x: Any) -> Any:
-    """``x`` with sparse tensors replaced by their stored values (for costing only)."""
-    if isinstance(x, _Tensor):
-        if x.layout == torch.sparse_coo:
-            return x._values()
-        if x.layout != torch.strided:
-            return x.values()
-        return x
-    if isinstance(x, (list, tuple)):
-        return type(x)(_strided(v) for v in x)
-    if isinstance(x, dict) or isinstance(x, types.MappingProxyType):
-        return {k: _strided(v) for k, v in x.items()}
-    return x
 
 
 def _ptr(t: _Tensor) -> int:

@@ -239,3 +239,14 @@ def test_repr_reads_like_the_constructor_call():
     assert repr(Compute.constant(1e-5)) == "Compute.constant(1e-05)"
     text = repr(Compute.from_profile({"aten::mm": 2e-4, "aten::add": 1e-6}))
     assert text.startswith("Compute.from_profile({'aten::mm': 0.0002") and "2 ops" in text
+
+
+def test_roofline_costs_a_sparse_tensor_by_the_values_and_indices_it_stores():
+    model = Compute.roofline("cpu", op_overhead_us=0.0)
+    dense = torch.zeros(1000, 1000)
+    sparse = torch.sparse_coo_tensor(torch.tensor([[0, 1], [2, 3]]), torch.ones(2), (1000, 1000))
+    stored = sparse._values().nbytes + sparse._indices().nbytes
+    t_sparse = model.op_time(torch.ops.aten.clone.default, (sparse,), {}, sparse.clone())
+    t_dense = model.op_time(torch.ops.aten.clone.default, (dense,), {}, dense.clone())
+    assert t_sparse == pytest.approx(2 * stored / (model.mem_bandwidth_GBps * 1e9))
+    assert t_sparse < t_dense / 1000
