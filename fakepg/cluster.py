@@ -64,11 +64,11 @@ class Cluster:
         self.failed_rank: int | None = None
 
     # -- groups -----------------------------------------------------------------
-    def group(self, name: str, ranks: tuple[int, ...]) -> GroupState:
+    def group(self, name: str, ranks: tuple[int, ...], timeout: float = 1800.0) -> GroupState:
         key = (name, ranks)
         g = self.groups.get(key)
         if g is None:
-            g = self.groups[key] = GroupState(name, ranks)
+            g = self.groups[key] = GroupState(name, ranks, timeout)
         return g
 
     # -- issuing ------------------------------------------------------------------
@@ -102,7 +102,7 @@ class Cluster:
                     self._fail(coll, CollectiveMismatchError(mismatch_message(coll, differing)))
                 else:
                     self._run(coll)
-        call.collective = coll  # type: ignore[attr-defined]
+        call.collective = coll
         self.outstanding[call.rank].append(call)
         if coll.error is not None:
             self.complete_ready(call.rank)
@@ -130,27 +130,27 @@ class Cluster:
             if partner is None:
                 group.sends[key].append(call)
                 return self._p2p_coll(group, call, None)
-            return self._pair(partner.collective, call)  # type: ignore[attr-defined]
+            return self._pair(partner.collective, call)
         # recv: take the earliest matching send (any source when peer is None)
         if call.peer is not None:
             key = (call.peer, me, call.tag)
             partner = group.sends[key].popleft() if group.sends[key] else None
         else:
             queues = [q for (s, d, t), q in group.sends.items() if d == me and t == call.tag and q]
-            partner = min((q[0] for q in queues), key=lambda c: c.p2p_order, default=None)  # type: ignore[attr-defined]
+            partner = min((q[0] for q in queues), key=lambda c: c.p2p_order, default=None)
             if partner is not None:
                 group.sends[(partner.grank, me, call.tag)].popleft()
         if partner is None:
             group.recvs[(call.peer if call.peer is not None else -1, me, call.tag)].append(call)
             return self._p2p_coll(group, None, call)
-        return self._pair(partner.collective, call)  # type: ignore[attr-defined]
+        return self._pair(partner.collective, call)
 
     def _p2p_coll(self, group: GroupState, send: Call | None, recv: Call | None) -> Collective:
         c = send or recv
-        c.p2p_order = next(group.p2p_order)  # type: ignore[union-attr]
-        coll = Collective(group, c.record.seq, "p2p", [send, recv], p2p=True)  # type: ignore[union-attr]
+        c.p2p_order = next(group.p2p_order)
+        coll = Collective(group, c.record.seq, "p2p", [send, recv], p2p=True)
         coll.arrived = 1
-        c.collective = coll  # type: ignore[union-attr]
+        c.collective = coll
         return coll
 
     def _pair(self, coll: Collective, call: Call) -> Collective:
@@ -158,11 +158,11 @@ class Cluster:
         coll.calls[slot] = call
         coll.arrived = 2
         send, recv = coll.calls
-        s, r = send.inputs[0], recv.inputs[0]  # type: ignore[union-attr]
+        s, r = send.inputs[0], recv.inputs[0]
         if s.numel() != r.numel() or s.dtype != r.dtype:
             self._fail(coll, CollectiveMismatchError(
                 f"point-to-point on group {coll.group.label} does not match:\n"
-                f"  rank {send.rank}: {send.describe()}\n  rank {recv.rank}: {recv.describe()}"))  # type: ignore[union-attr]
+                f"  rank {send.rank}: {send.describe()}\n  rank {recv.rank}: {recv.describe()}"))
         else:
             self._run(coll)
         return coll
@@ -188,7 +188,7 @@ class Cluster:
 
     # -- waiting and completion ----------------------------------------------------
     def wait(self, call: Call) -> None:
-        coll: Collective = call.collective  # type: ignore[attr-defined]
+        coll: Collective = call.collective
         if not coll.settled:
             self.scheduler.block(call.rank, lambda: coll.settled, lambda: self._waiting_text(call))
         self.complete_ready(call.rank)
@@ -224,7 +224,7 @@ class Cluster:
             self._completing[rank] = False
 
     def _waiting_text(self, call: Call) -> str:
-        coll: Collective = call.collective  # type: ignore[attr-defined]
+        coll: Collective = call.collective
         if coll.p2p:
             peer = "any source" if call.peer is None else f"rank {coll.group.ranks[call.peer]}"
             return (f"{call.op} with {peer} (tag {call.tag}) on group {coll.group.label}, "

@@ -43,6 +43,12 @@ class Call:
     source: int | None = None  # for recv from any source: the group rank that sent
     per_rank_outputs: bool = False  # allgather_coalesced: the caller's lists are output_lists[rank][i]
     in_backward: bool = False  # issued inside autograd's backward (by the Reducer or a comm hook)
+    # Settled before the issuing call returns: its wait happens in C++ (the Reducer's end of
+    # backward, Join's shadow pass), where the scheduler cannot see it.
+    hidden_wait: bool = False
+    collective: "Collective | None" = None  # set when issued
+    p2p_order: int = -1  # arrival order of an unmatched p2p call (recv from any source)
+    ext: Any = None  # a slot for the layer above (a timing model's per-call state)
 
     def describe(self) -> str:
         return f"{self.record.describe()} at {self.site}"
@@ -81,8 +87,9 @@ class Collective:
 class GroupState:
     """Cluster-wide state of one process group (shared by its members' PG objects)."""
 
-    def __init__(self, name: str, ranks: Sequence[int]):
+    def __init__(self, name: str, ranks: Sequence[int], timeout: float = 1800.0):
         self.name = name
+        self.timeout = timeout  # seconds, the group's timeout as c10d was given it
         self.ranks = tuple(ranks)
         self.size = len(ranks)
         self.next_seq = [0] * self.size

@@ -127,7 +127,7 @@ class FakeWork(dist.Work):
 
     def get_future(self) -> torch.futures.Future:
         if self._done and self._error is None and self._call is not None \
-                and getattr(self._call, "hidden_wait", True):
+                and self._call.hidden_wait:
             # Completed: hand out a future typed List[Tensor], as gloo's is. C++ consumers
             # (the built-in FP16_COMPRESS hook) assert on that type; a Python-made future
             # can only hold a PyObject. Pending works keep the FakeFuture, whose wait the
@@ -253,7 +253,7 @@ class FakeProcessGroup(PythonProcessGroup):
                 name = ""
             if not name:
                 name = "default" if len(ranks) == self._cluster.nprocs else f"group{list(ranks)}"
-            self._gstate = self._cluster.group(name, ranks)
+            self._gstate = self._cluster.group(name, ranks, self._timeout.total_seconds())
         return self._gstate
 
     # -- the one path every collective takes ------------------------------------------
@@ -294,8 +294,8 @@ class FakeProcessGroup(PythonProcessGroup):
         call.in_backward = in_backward
         # Join's shadow of the backward pass (a joined rank's DDP hook) runs the Reducer's
         # comm hook outside backward and waits on its future from C++ too: settle it as well.
-        call.hidden_wait = in_backward or _in_join_shadow()  # type: ignore[attr-defined]
-        self._cluster.issue(g, call, block=call.hidden_wait)  # type: ignore[attr-defined]
+        call.hidden_wait = in_backward or _in_join_shadow()
+        self._cluster.issue(g, call, block=call.hidden_wait)
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work

@@ -68,14 +68,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
-import torch.distributed.distributed_c10d as c10d
 import torch.optim.optimizer as _optim
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import fakepg
 from fakepg.errors import RankFailedError
 from fakepg.hooks import WorldHooks
-from fakepg.process_group import FakeProcessGroup
 from fakepg.sites import user_site
 
 from .compute import ConstantCompute, RooflineCompute, _moves_no_data
@@ -149,7 +147,7 @@ class _Flight:
         self.in_backward: bool = bool(call.in_backward)
         # fakepg marks calls whose caller waits from C++ (the Reducer in backward, Join's
         # shadow of it): those follow stream semantics; the rest were issued from Python.
-        hidden = getattr(call, "hidden_wait", self.in_backward)
+        hidden = call.hidden_wait
         self.stream = bool(hidden) or self.in_backward
         self.python_async: bool = bool(call.record.async_op) and not self.stream
         self.ptrs: list[int] = []
@@ -539,7 +537,6 @@ class _Simulator(WorldHooks):
             self.net_rng = np.random.default_rng(np.random.SeedSequence(jseed, spawn_key=(1, 0)))
             self.net_noise = _lognormal_block(self.net_rng, timing.jitter, 1.0)
         self.fixed_timeout = timing.timeout_seconds
-        self.group_timeouts: dict[int, float] = {}
 
     def classify(self, func: Any) -> Any:
         """How the per-op path finds ``func``'s cost without calling the model when it can:
@@ -584,7 +581,7 @@ class _Simulator(WorldHooks):
         r = self.ranks[call.rank]
         f = _Flight(call, r.clock)
         call.record.issue = r.clock
-        call._simddp = f
+        call.ext = f
         r.prune()
         ptrs = set()
         for t in call.written():
@@ -599,7 +596,7 @@ class _Simulator(WorldHooks):
 
     def collective_matched(self, coll: Any) -> None:
         members = coll.members()
-        flights = [c._simddp for c in members]
+        flights = [c.ext for c in members]
         if coll.p2p:
             send, recv = coll.calls
             key: Any = (id(coll.group), send.rank, recv.rank)
@@ -630,7 +627,7 @@ class _Simulator(WorldHooks):
             c.record.start, c.record.end = start, end
 
     def completion_started(self, call: Any) -> None:
-        f: _Flight | None = getattr(call, "_simddp", None)
+        f: _Flight | None = call.ext
         r = self.ranks[call.rank]
         r.close_span()
         r.cb_saved.append((r.clock, r.override))
@@ -643,7 +640,7 @@ class _Simulator(WorldHooks):
         r.override = CB
 
     def completion_finished(self, call: Any) -> None:
-        f: _Flight | None = getattr(call, "_simddp", None)
+        f: _Flight | None = call.ext
         r = self.ranks[call.rank]
         r.close_span()
         if r.clock > r.cb_clock:
@@ -656,7 +653,7 @@ class _Simulator(WorldHooks):
     def wait_finished(self, rank: int, coll: Any) -> None:
         for c in coll.calls:
             if c is not None and c.rank == rank:
-                f = getattr(c, "_simddp", None)
+                f = c.ext
                 if f is not None:
                     rec = c.record
                     self.ranks[rank].wait_for(f, f"wait: {rec.op} #{rec.seq}")
@@ -666,34 +663,20 @@ class _Simulator(WorldHooks):
     def timeout_for(self, f: _Flight) -> float | None:
         if self.fixed_timeout is not None:
             return self.fixed_timeout
-        coll = getattr(f.call, "collective", None)
-        group = getattr(coll, "group", None)
-        if group is None:
-            return None
-        t = self.group_timeouts.get(id(group))
-        if t is None:
-            t = 1800.0
-            try:
-                for pg in list(c10d._world.pg_map.keys()):
-                    if isinstance(pg, FakeProcessGroup) and pg._gstate is group:
-                        t = pg.timeout.total_seconds()
-                        break
-            except Exception:  # noqa: BLE001 - fall back to torch's default
-                pass
-            self.group_timeouts[id(group)] = t
-        return t
+        coll = f.call.collective
+        return None if coll is None else coll.group.timeout
 
     def timeout_error(self, r: _RankClock, f: _Flight, limit: float) -> CollectiveTimeoutError:
         call, rec = f.call, f.call.record
         ms = int(round(limit * 1000))
         numel_in = _numel(call.inputs)
         numel_out = _numel(call.outputs) or numel_in
-        coll = getattr(call, "collective", None)
+        coll = call.collective
         last = ""
         if coll is not None:
-            members = [c for c in coll.members() if getattr(c, "_simddp", None) is not None]
+            members = [c for c in coll.members() if c.ext is not None]
             if members:
-                late = max(members, key=lambda c: c._simddp.issue)
+                late = max(members, key=lambda c: c.ext.issue)
                 last = (f"; it could start only at t={f.start:.6f} s, when its last member, "
                         f"rank {late.rank}, issued it at {late.site}")
         end = f.eff_end()
@@ -712,7 +695,7 @@ class _Simulator(WorldHooks):
         call, rec = f.call, f.call.record
         where = user_site()
         verb = "writes" if _writes(func, args, kwargs, tensor) else "reads"
-        coll = getattr(call, "collective", None)
+        coll = call.collective
         if f.end is None:
             missing = coll.missing_ranks() if coll is not None and not coll.p2p else []
             state = (f"not every member has issued it yet (missing: ranks {missing})" if missing
