@@ -6,10 +6,11 @@ import threading
 from typing import Any
 
 import torch
+from torch._ops import _len_torch_dispatch_stack_pre_dispatch as _len_pre_dispatch_stack
 from torch.utils._python_dispatch import _disable_current_modes
 
-from .collectives import (Call, Collective, GroupState, _flatten, check_match, execute,
-                          mismatch_message, validate_local)
+from .collectives import Call, GroupState, PendingCollective, check_match, mismatch_message
+from .ops.p2p import SEND
 from .errors import (CollectiveHangError, CollectiveMismatchError, FakePGError, RankFailedError,
                      WorldAbortedError)
 from .hooks import WorldHooks
@@ -28,27 +29,6 @@ def bind_thread(cluster: "Cluster | None", rank: int = -1) -> None:
     _local.binding = None if cluster is None else (cluster, rank)
 
 
-def _nbytes(t: Any) -> int:
-    if not isinstance(t, torch.Tensor):
-        return 0
-    if t.is_sparse:
-        return t._values().numel() * t.element_size()
-    return t.numel() * t.element_size()
-
-
-def _collective_bytes(call: Call, size: int) -> int:
-    """Size as nccl-tests counts it: all_gather/reduce_scatter count the full buffer."""
-    op = call.op
-    ins = sum(_nbytes(t) for t in _flatten(call.inputs))
-    if op in ("all_gather", "all_gather_into_tensor", "all_gather_into_tensor_coalesced", "gather"):
-        return ins * size
-    if op == "scatter":
-        return sum(_nbytes(t) for t in _flatten(call.outputs)) * size
-    if op == "reduce_scatter":
-        return sum(_nbytes(t) for t in _flatten(call.outputs)) * size
-    return ins
-
-
 class Cluster:
     """Everything the ranks of one spawn share."""
 
@@ -61,6 +41,7 @@ class Cluster:
         self.trace: list[list[CollectiveRecord]] = [[] for _ in range(nprocs)]
         self.outstanding: list[list[Any]] = [[] for _ in range(nprocs)]
         self._completing = [False] * nprocs
+        self._settled = [0] * nprocs  # per rank: outstanding calls whose collective settled
         self.failed_rank: int | None = None
 
     # -- groups -----------------------------------------------------------------
@@ -72,36 +53,19 @@ class Cluster:
         return g
 
     # -- issuing ------------------------------------------------------------------
-    def issue(self, group: GroupState, call: Call, *, block: bool) -> Collective:
+    def issue(self, group: GroupState, call: Call, *, block: bool) -> PendingCollective:
         """Register ``call`` (made by the baton holder); match and execute if it is the last."""
         sched = self.scheduler
         if sched.abort_error is not None:
             raise _fresh(sched.abort_error)
-        why = validate_local(call, group.size)
+        why = call.spec.validate(call, group.size)
         if why:
             raise ValueError(f"rank {call.rank}: invalid {call.op} on group {group.label} at {call.site}: {why}")
         rec = call.record
-        rec.record_id = len(self.trace[call.rank])
-        self.trace[call.rank].append(rec)
-        if call.op in ("send", "recv"):
-            coll = self._issue_p2p(group, call)
-        else:
-            seq = group.next_seq[call.grank]
-            group.next_seq[call.grank] += 1
-            rec.seq = seq
-            coll = group.pending.get(seq)
-            if coll is None:
-                coll = group.pending[seq] = Collective(group, seq, call.op, [None] * group.size)
-            coll.calls[call.grank] = call
-            coll.arrived += 1
-            self.hooks.collective_issued(call)
-            if coll.arrived == group.size:
-                del group.pending[seq]
-                differing = check_match(coll)
-                if differing:
-                    self._fail(coll, CollectiveMismatchError(mismatch_message(coll, differing)))
-                else:
-                    self._run(coll)
+        trace = self.trace[call.rank]
+        rec.record_id = len(trace)
+        trace.append(rec)
+        coll = self._issue_p2p(group, call) if call.spec.p2p else self._issue_collective(group, call)
         call.collective = coll
         self.outstanding[call.rank].append(call)
         if coll.error is not None:
@@ -110,13 +74,33 @@ class Cluster:
         if block and not coll.settled:
             # Not a wait the program made: the caller (C++ inside backward) is about to
             # wait where Python cannot see it, so settle the collective first.
-            self.scheduler.block(call.rank, lambda: coll.settled, lambda: self._waiting_text(call))
+            sched.block(call.rank, lambda: coll.settled, lambda: self._waiting_text(call))
         self.complete_ready(call.rank)
         if coll.error is not None:
             raise _fresh(coll.error)
         return coll
 
-    def _issue_p2p(self, group: GroupState, call: Call) -> Collective:
+    def _issue_collective(self, group: GroupState, call: Call) -> PendingCollective:
+        seq = group.next_seq[call.grank]
+        group.next_seq[call.grank] = seq + 1
+        call.record.seq = seq
+        coll = group.pending.get(seq)
+        if coll is None:
+            coll = group.pending[seq] = PendingCollective(group, seq, call.op, call.spec,
+                                                          [None] * group.size)
+        coll.calls[call.grank] = call
+        coll.arrived += 1
+        self.hooks.collective_issued(call)
+        if coll.arrived == group.size:
+            del group.pending[seq]
+            differing = check_match(coll)
+            if differing:
+                self._fail(coll, CollectiveMismatchError(mismatch_message(coll, differing)))
+            else:
+                self._run(coll)
+        return coll
+
+    def _issue_p2p(self, group: GroupState, call: Call) -> PendingCollective:
         me = call.grank
         call.record.seq = group.next_p2p[me]
         group.next_p2p[me] += 1
@@ -145,21 +129,19 @@ class Cluster:
             return self._p2p_coll(group, None, call)
         return self._pair(partner.collective, call)
 
-    def _p2p_coll(self, group: GroupState, send: Call | None, recv: Call | None) -> Collective:
+    def _p2p_coll(self, group: GroupState, send: Call | None, recv: Call | None) -> PendingCollective:
         c = send or recv
         c.p2p_order = next(group.p2p_order)
-        coll = Collective(group, c.record.seq, "p2p", [send, recv], p2p=True)
+        coll = PendingCollective(group, c.record.seq, "p2p", SEND, [send, recv], p2p=True)
         coll.arrived = 1
         c.collective = coll
         return coll
 
-    def _pair(self, coll: Collective, call: Call) -> Collective:
-        slot = 0 if call.op == "send" else 1
-        coll.calls[slot] = call
+    def _pair(self, coll: PendingCollective, call: Call) -> PendingCollective:
+        coll.calls[0 if call.op == "send" else 1] = call
         coll.arrived = 2
-        send, recv = coll.calls
-        s, r = send.inputs[0], recv.inputs[0]
-        if s.numel() != r.numel() or s.dtype != r.dtype:
+        if coll.spec.check_members(coll.calls):
+            send, recv = coll.calls
             self._fail(coll, CollectiveMismatchError(
                 f"point-to-point on group {coll.group.label} does not match:\n"
                 f"  rank {send.rank}: {send.describe()}\n  rank {recv.rank}: {recv.describe()}"))
@@ -167,28 +149,34 @@ class Cluster:
             self._run(coll)
         return coll
 
-    def _run(self, coll: Collective) -> None:
-        # The data movement is the network's work, not the issuing rank's: keep it out of
-        # any per-rank dispatch mode (simddp charges compute time through one).
-        with _disable_current_modes():
-            execute(coll)
+    def _run(self, coll: PendingCollective) -> None:
+        calls = coll.members()
+        if torch._C._len_torch_dispatch_stack() or _len_pre_dispatch_stack():
+            # The data movement is the network's work, not the issuing rank's: keep it out
+            # of any per-rank dispatch mode (a timing layer charges compute through one).
+            with _disable_current_modes():
+                coll.spec.execute(calls)
+        else:
+            coll.spec.execute(calls)
         coll.matched = True
-        for c in coll.members():
+        g = coll.group
+        for c in calls:
             c.record.state = "started"
-            if not coll.p2p:
-                g = coll.group
-                g.last_done[c.grank] = max(g.last_done[c.grank], coll.seq)
+            self._settled[c.rank] += 1
+            if not coll.p2p and g.last_done[c.grank] < coll.seq:
+                g.last_done[c.grank] = coll.seq
         self.hooks.collective_matched(coll)
 
-    def _fail(self, coll: Collective, error: FakePGError) -> None:
+    def _fail(self, coll: PendingCollective, error: FakePGError) -> None:
         coll.error = error
         for c in coll.members():
             c.record.state = "failed"
+            self._settled[c.rank] += 1
         self.scheduler.abort(error)
 
     # -- waiting and completion ----------------------------------------------------
     def wait(self, call: Call) -> None:
-        coll: Collective = call.collective
+        coll: PendingCollective = call.collective
         if not coll.settled:
             self.scheduler.block(call.rank, lambda: coll.settled, lambda: self._waiting_text(call))
         self.complete_ready(call.rank)
@@ -198,33 +186,31 @@ class Cluster:
 
     def complete_ready(self, rank: int) -> None:
         """Complete, on this rank's thread and in issue order, every settled Work it owns."""
-        if self._completing[rank]:
+        if not self._settled[rank] or self._completing[rank]:
             return
         self._completing[rank] = True
         try:
             pending = self.outstanding[rank]
-            i = 0
-            while i < len(pending):
-                call = pending[i]
-                coll = call.collective
-                if coll.settled:
-                    del pending[i]
-                    if call.work is not None:
-                        self.hooks.completion_started(call)
-                        try:
-                            call.work._complete(coll.error)
-                        finally:
-                            self.hooks.completion_finished(call)
-                    if coll.error is None:
-                        call.record.state = "completed"
-                    i = 0  # callbacks may have issued more; rescan from the front
-                else:
-                    i += 1
+            while self._settled[rank]:
+                # the earliest settled one; callbacks may issue more, so look again each time
+                i = next((i for i, c in enumerate(pending) if c.collective.settled), -1)
+                if i < 0:  # counted but not yet listed (cannot happen; be safe, not stuck)
+                    break
+                call = pending.pop(i)
+                self._settled[rank] -= 1
+                if call.work is not None:
+                    self.hooks.completion_started(call)
+                    try:
+                        call.work._complete(call.collective.error)
+                    finally:
+                        self.hooks.completion_finished(call)
+                if call.collective.error is None:
+                    call.record.state = "completed"
         finally:
             self._completing[rank] = False
 
     def _waiting_text(self, call: Call) -> str:
-        coll: Collective = call.collective
+        coll: PendingCollective = call.collective
         if coll.p2p:
             peer = "any source" if call.peer is None else f"rank {coll.group.ranks[call.peer]}"
             return (f"{call.op} with {peer} (tag {call.tag}) on group {coll.group.label}, "

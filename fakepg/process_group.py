@@ -2,7 +2,8 @@
 
 It is registered as the backend ``"fakepg"``. torch's real DDP Reducer, comm hooks and
 the Python collective API all call into it; each call becomes a :class:`~fakepg.collectives.Call`
-that the shared :class:`~fakepg.cluster.Cluster` matches across ranks.
+that the shared :class:`~fakepg.cluster.Cluster` matches across ranks. The collective methods
+themselves come from the op registry (:mod:`fakepg.ops`), which says what each one issues.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from .cluster import Cluster, _collective_bytes, _fresh, current_cluster
-from .collectives import Call, _flatten
+from . import ops
+from .cluster import Cluster, _fresh, current_cluster
+from .collectives import Call
 from .errors import FakePGError
+from .ops.base import dtype_name, tensors_of
 from .reductions import op_name
 from .sites import user_site
 from .trace import CollectiveRecord
@@ -34,7 +37,7 @@ class FakeFuture(torch.futures.Future):
         self._work = work
 
     def wait(self) -> Any:
-        if self._work is not None:  # even when done: the wait is an event (simddp's clocks)
+        if self._work is not None:  # even when done: the wait is an event (for virtual clocks)
             self._work.wait()
         return super().wait()
 
@@ -70,22 +73,34 @@ class FakeWork(dist.Work):
         super().__init__()
         self._cluster = cluster
         self._call = call
-        self._future = FakeFuture(self)
+        # Made on first use: the Reducer never asks for it (it gets the typed future).
+        self._fake_future: FakeFuture | None = None
         self._done = call is None
         self._error: BaseException | None = None
         self._typed_future: torch.futures.Future | None = None
-        if call is None:
-            self._future.set_result([])
-        else:
+        if call is not None:
             call.work = self
+
+    @property
+    def _future(self) -> FakeFuture:
+        fut = self._fake_future
+        if fut is None:
+            fut = self._fake_future = FakeFuture(self)
+            if self._done:
+                self._resolve(fut)
+        return fut
+
+    def _resolve(self, fut: FakeFuture) -> None:
+        if self._error is not None:
+            fut.set_exception(_fresh(self._error))  # type: ignore[arg-type]
+        else:
+            fut.set_result(self._call.result if self._call is not None else [])
 
     def _complete(self, error: BaseException | None) -> None:
         self._done = True
         self._error = error
-        if error is not None:
-            self._future.set_exception(_fresh(error))  # type: ignore[arg-type]
-        else:
-            self._future.set_result(self._call.result)  # type: ignore[union-attr]
+        if self._fake_future is not None:
+            self._resolve(self._fake_future)
 
     def _poll(self) -> None:
         binding = current_cluster()
@@ -132,7 +147,7 @@ class FakeWork(dist.Work):
             # (the built-in FP16_COMPRESS hook) assert on that type; a Python-made future
             # can only hold a PyObject. Pending works keep the FakeFuture, whose wait the
             # scheduler must see; so do works issued from Python outside backward (no C++
-            # consumer), whose then-callbacks the world hooks must see (simddp's clocks).
+            # consumer), whose then-callbacks the world hooks must see (for virtual clocks).
             if self._typed_future is None:
                 res = self._call.result
                 if res and all(isinstance(t, torch.Tensor) for t in res):
@@ -170,18 +185,6 @@ def _in_join_shadow() -> bool:
 
 def _as_is(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return tensors
-
-
-def _red(opts: Any) -> Any:
-    if opts is None:
-        return dist.ReduceOp.SUM
-    if isinstance(opts, (dist.ReduceOp, dist.ReduceOp.RedOpType)):
-        return opts
-    return opts.reduceOp
-
-
-def _dtype(t: torch.Tensor) -> str:
-    return str(t.dtype).replace("torch.", "")
 
 
 class PythonProcessGroup(dist.ProcessGroup):
@@ -228,6 +231,7 @@ class FakeProcessGroup(PythonProcessGroup):
         self._timeout = timeout or datetime.timedelta(minutes=30)
         self._gstate = None
         self._destroyed = False
+        self._grank = rank
         self._coalesced: list[FakeWork] | None = None
 
     @property
@@ -257,36 +261,39 @@ class FakeProcessGroup(PythonProcessGroup):
         return self._gstate
 
     # -- the one path every collective takes ------------------------------------------
-    def _issue(self, op: str, inputs: list[Any], outputs: list[Any] | None = None, *,
-               root: int | None = None, reduce_op: Any = None, in_splits=None, out_splits=None,
-               peer: int | None = None, tag: int = 0, async_op: bool = True,
-               shape_of: Sequence[Any] | None = None, per_rank_outputs: bool = False) -> FakeWork:
+    def issue(self, op: ops.Op, inputs: list[Any], outputs: list[Any] | None = None, *,
+              root: int | None = None, reduce_op: Any = None, in_splits: list[int] | None = None,
+              out_splits: list[int] | None = None, peer: int | None = None, tag: int = 0,
+              shape_of: Sequence[Any] | None = None, per_rank_outputs: bool = False) -> FakeWork:
+        """Issue this rank's part of ``op`` (the registry's c10d methods call this).
+
+        ``root`` and ``peer`` are group ranks; ``shape_of`` names the tensors the trace
+        shows (default: the inputs).
+        """
         site = user_site(2)
-        g = self._group_state()
+        g = self._gstate or self._group_state()
         if self._destroyed:
-            raise FakePGError(f"rank {self._global_rank}: {op} on group {g.label} at {site}, "
+            raise FakePGError(f"rank {self._global_rank}: {op.name} on group {g.label} at {site}, "
                               f"but that group was destroyed (destroy_process_group)")
-        outputs = outputs if outputs is not None else []
-        flat_in = [t for t in _flatten(inputs) if isinstance(t, torch.Tensor)]
-        flat_out = [t for t in _flatten(outputs) if isinstance(t, torch.Tensor)]
-        shown = flat_in if shape_of is None else list(shape_of)
+        outputs = [] if outputs is None else list(outputs)
+        shown = tensors_of(inputs) if shape_of is None else list(shape_of)
+        p2p = op.p2p
         rec = CollectiveRecord(
-            rank=self._global_rank, group=g.name, group_ranks=g.ranks, seq=-1, op=op,
-            shapes=tuple(tuple(t.shape) for t in shown),
-            dtypes=tuple(_dtype(t) for t in shown),
+            rank=self._global_rank, group=g.name, group_ranks=g.ranks, seq=-1, op=op.name,
+            shapes=tuple([tuple(t.shape) for t in shown]),
+            dtypes=tuple([dtype_name(t.dtype) for t in shown]),
             bytes=0, site=site,
             reduce_op=None if reduce_op is None else op_name(reduce_op),
             root=None if root is None else g.ranks[root],
             peer=None if peer is None else g.ranks[peer],
-            tag=tag if op in ("send", "recv") else None,
-            async_op=async_op, p2p=op in ("send", "recv"),
-            output_shapes=tuple(tuple(t.shape) for t in flat_out),
+            tag=tag if p2p else None, async_op=True, p2p=p2p,
+            output_shapes=tuple([tuple(t.shape) for t in tensors_of(outputs)]),
         )
-        call = Call(rank=self._global_rank, grank=self.rank(), op=op, inputs=list(inputs),
-                    outputs=list(outputs), site=site, record=rec, root=root,
+        call = Call(rank=self._global_rank, grank=self._grank, op=op.name, spec=op,
+                    inputs=list(inputs), outputs=outputs, site=site, record=rec, root=root,
                     reduce_op=reduce_op, in_splits=in_splits, out_splits=out_splits,
                     peer=peer, tag=tag, per_rank_outputs=per_rank_outputs)
-        rec.bytes = _collective_bytes(call, g.size)
+        rec.bytes = op.nbytes(call, g.size)
         work = FakeWork(self._cluster, call)
         # Inside backward the caller is the Reducer (or a comm hook it runs); it will wait
         # on the result from C++, where the scheduler cannot see it: settle it now.
@@ -300,98 +307,17 @@ class FakeProcessGroup(PythonProcessGroup):
             self._coalesced.append(work)
         return work
 
-    # -- collectives (names as torch 2.11-2.13 call them) --------------------------------
-    def allreduce(self, tensors, opts=None):
-        if isinstance(tensors, torch.Tensor):
-            tensors = [tensors]
-        return self._issue("all_reduce", tensors, reduce_op=_red(opts))
-
-    def allreduce_coalesced(self, tensors, opts=None):
-        return self._issue("all_reduce_coalesced", tensors, reduce_op=_red(opts))
-
-    def broadcast(self, tensors, opts=None):
-        if isinstance(tensors, torch.Tensor):
-            tensors = [tensors]
-        root = opts.rootRank if opts is not None and not isinstance(opts, int) else (opts or 0)
-        return self._issue("broadcast", tensors, root=root)
-
-    def reduce(self, tensors, opts=None):
-        return self._issue("reduce", tensors, root=opts.rootRank, reduce_op=opts.reduceOp)
-
-    def allgather(self, output_tensors, input_tensors, opts=None):
-        return self._issue("all_gather", input_tensors, output_tensors)
-
-    def allgather_coalesced(self, output_lists, input_list, opts=None):
-        # torch passes output_lists[rank][i] (rank's copy of input i); all_gather wants outputs[i][rank]
-        per_input = [[outs[i] for outs in output_lists] for i in range(len(input_list))]
-        return self._issue("all_gather", input_list, per_input, per_rank_outputs=True)
-
-    def all_gather_single(self, output, input, opts=None):
-        return self._issue("all_gather_into_tensor", [input], [output])
-
-    _allgather_base = all_gather_single
-
-    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        return self._issue("all_gather_into_tensor_coalesced", inputs, outputs)
-
-    allgather_into_tensor_coalesced = all_gather_single_coalesced
-
-    def gather(self, output_tensors, input_tensors, opts=None):
-        return self._issue("gather", input_tensors, output_tensors, root=opts.rootRank)
-
-    def scatter(self, output_tensors, input_tensors, opts=None):
-        return self._issue("scatter", input_tensors, output_tensors, root=opts.rootRank,
-                           shape_of=output_tensors)
-
-    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
-        return self._issue("reduce_scatter", input_tensors, output_tensors, reduce_op=_red(opts),
-                           shape_of=output_tensors)
-
-    def reduce_scatter_single(self, output, input, opts=None):
-        return self._issue("reduce_scatter_tensor", [input], [output], reduce_op=_red(opts))
-
-    _reduce_scatter_base = reduce_scatter_single
-
-    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        return self._issue("reduce_scatter_tensor_coalesced", inputs, outputs, reduce_op=_red(opts))
-
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
-
-    def alltoall(self, output_tensors, input_tensors, opts=None):
-        return self._issue("all_to_all", input_tensors, output_tensors)
-
-    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        n = self.size()
-        ins = list(input_split_sizes) or [input.shape[0] // n] * n
-        outs = list(output_split_sizes) or [output.shape[0] // n] * n
-        if not input_split_sizes and input.shape[0] % n:
-            raise ValueError(f"all_to_all_single: input has {input.shape[0]} rows, not divisible "
-                             f"by the group size {n}; pass input_split_sizes")
-        return self._issue("all_to_all_single", [input], [output], in_splits=ins, out_splits=outs)
-
-    alltoall_base = all_to_all_single
-
-    def barrier(self, opts=None):
-        return self._issue("barrier", [])
-
-    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
-        self._issue("monitored_barrier", []).wait()  # returns None, as gloo's does
-
-    def send(self, tensors, dst, tag=0):
-        return self._issue("send", tensors, peer=dst, tag=tag)
-
-    def recv(self, tensors, src, tag=0):
-        return self._issue("recv", tensors, peer=src, tag=tag)
-
-    def recv_anysource(self, tensors, tag=0):
-        return self._issue("recv", tensors, peer=None, tag=tag)
-
     def _start_coalescing(self, device=None):
         self._coalesced = []
 
     def _end_coalescing(self, device=None):
         works, self._coalesced = self._coalesced or [], None
         return _CoalescedWork(self._cluster, works)
+
+
+# The collective methods (allreduce, broadcast, ...), as the op registry defines them.
+for _name, _method in ops.c10d_methods().items():
+    setattr(FakeProcessGroup, _name, _method)
 
 
 def _create_fakepg(store, rank, world_size, timeout):

@@ -9,10 +9,23 @@ import torch
 _INTEGRAL_ONLY = {"BAND", "BOR", "BXOR"}
 
 
+_NAMES: dict[tuple[type, object], str] = {}
+
+
 def op_name(op: object) -> str:
     """``ReduceOp.SUM`` / ``RedOpType.SUM`` / a PREMUL_SUM ReduceOp -> ``"SUM"``."""
     kind = getattr(op, "op", op)  # ReduceOp objects carry their RedOpType in .op
-    return getattr(kind, "name", str(kind)).split(".")[-1]
+    key = (type(kind), kind)
+    try:
+        return _NAMES[key]  # cached: this runs on every reducing collective
+    except (KeyError, TypeError):
+        name = getattr(kind, "name", None)
+        name = (str(kind) if name is None else name).split(".")[-1]
+        try:
+            _NAMES[key] = name
+        except TypeError:  # unhashable: not cached
+            pass
+        return name
 
 
 def check_supported(op: object, dtype: torch.dtype) -> str | None:

@@ -13,6 +13,8 @@ import pickle
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+from .ops.base import OPS as _OPS
+
 
 @dataclass
 class CollectiveRecord:
@@ -85,28 +87,6 @@ def from_json(text: str) -> list[list[CollectiveRecord]]:
     return out
 
 
-# Flight Recorder names its collectives after the c10d C++ entry points.
-_FR_NAMES = {
-    "all_reduce": "all_reduce",
-    "all_reduce_coalesced": "allreduce_coalesced",
-    "broadcast": "broadcast",
-    "reduce": "reduce",
-    "all_gather": "all_gather",
-    "all_gather_into_tensor": "_all_gather_base",
-    "all_gather_into_tensor_coalesced": "all_gather_into_tensor_coalesced",
-    "all_gather_coalesced": "all_gather_into_tensor_coalesced",
-    "gather": "gather",
-    "scatter": "scatter",
-    "reduce_scatter": "reduce_scatter",
-    "reduce_scatter_tensor": "_reduce_scatter_base",
-    "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor_coalesced",
-    "all_to_all": "all_to_all",
-    "all_to_all_single": "all_to_all",
-    "barrier": "barrier",
-    "monitored_barrier": "barrier",
-    "send": "send",
-    "recv": "recv",
-}
 _DTYPE_FR = {"float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16",
              "int64": "Long", "int32": "Int", "int16": "Short", "int8": "Char", "uint8": "Byte",
              "bool": "Bool", "complex64": "ComplexFloat", "complex128": "ComplexDouble"}
@@ -121,7 +101,8 @@ def flight_recorder_dump(records: Iterable[CollectiveRecord], rank: int) -> dict
     entries = []
     pg_config: dict[str, dict[str, str]] = {}
     for rec in records:
-        name = _FR_NAMES.get(rec.op, rec.op)
+        op = _OPS.get(rec.op)
+        name = rec.op if op is None else op.fr_name  # named after the c10d C++ entry points
         if rec.p2p:
             me = rec.group_ranks.index(rec.rank)
             name = f"{name} {me}->{rec.peer}" if rec.op == "send" else f"{name} {me}<-{rec.peer}"

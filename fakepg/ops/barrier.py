@@ -1,0 +1,33 @@
+"""Barriers: collectives that move no data."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .base import Op, c10d_method, register
+
+if TYPE_CHECKING:
+    from ..collectives import Call
+
+
+class Barrier(Op):
+    def agreed(self, call: "Call") -> list[tuple[str, Any]]:
+        return []
+
+    def execute(self, calls: list["Call"]) -> None:
+        for c in calls:
+            c.result = []
+
+
+BARRIER = register(Barrier("barrier", "barrier", "BARRIER", "barrier"))
+MONITORED_BARRIER = register(Barrier("monitored_barrier", "barrier", "BARRIER", "barrier"))
+
+
+@c10d_method("barrier")
+def _barrier(pg, opts=None):
+    return pg.issue(BARRIER, [])
+
+
+@c10d_method("monitored_barrier")
+def _monitored_barrier(pg, timeout=None, wait_all_ranks=False):
+    pg.issue(MONITORED_BARRIER, []).wait()  # returns None, as gloo's does

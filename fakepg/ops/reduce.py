@@ -1,0 +1,146 @@
+"""Reduce-like ops: all_reduce, reduce, reduce_scatter and their coalesced/tensor forms.
+
+Reductions run in rank order 0..n-1 (:func:`fakepg.reductions.reduce_tensors`), so the
+result is bitwise the same whatever order the ranks issued in.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..reductions import reduce_tensors
+from .base import (Op, as_list, c10d_method, copy_into, flatten, reduce_op_of, register,
+                   signature, tensor_bytes)
+
+if TYPE_CHECKING:
+    from ..collectives import Call
+
+
+class AllReduce(Op):
+    def written(self, call: "Call") -> list[torch.Tensor]:
+        return [t for t in call.inputs if isinstance(t, torch.Tensor)]
+
+    def execute(self, calls: list["Call"]) -> None:
+        first = calls[0]
+        for i in range(len(first.inputs)):
+            red = reduce_tensors([c.inputs[i] for c in calls], first.reduce_op)
+            if red.is_sparse:
+                for c in calls:
+                    c.inputs[i] = red.clone()
+            else:
+                for c in calls:
+                    c.inputs[i].copy_(red)
+        for c in calls:
+            c.result = list(c.inputs)
+
+
+class Reduce(Op):
+    def written(self, call: "Call") -> list[torch.Tensor]:
+        return list(call.inputs) if call.root == call.grank else []
+
+    def execute(self, calls: list["Call"]) -> None:
+        root = calls[calls[0].root]
+        for i in range(len(root.inputs)):
+            root.inputs[i].copy_(reduce_tensors([c.inputs[i] for c in calls], calls[0].reduce_op))
+        for c in calls:
+            c.result = list(c.inputs)
+
+
+class ReduceScatter(Op):
+    """Lists of per-rank input tensors; rank j receives the reduction of everyone's j-th."""
+
+    def validate_shapes(self, call: "Call", group_size: int) -> str | None:
+        for ins in call.inputs:
+            if len(ins) != group_size:
+                return f"input list has {len(ins)} tensors; the group has {group_size} ranks"
+        return None
+
+    def agreed(self, call: "Call") -> list[tuple[str, Any]]:
+        return [("tensors", signature(call.outputs))]
+
+    def nbytes(self, call: "Call", group_size: int) -> int:
+        return sum(tensor_bytes(t) for t in flatten(call.outputs)) * group_size
+
+    def execute(self, calls: list["Call"]) -> None:
+        op = calls[0].reduce_op
+        for i in range(len(calls[0].outputs)):
+            for j, c in enumerate(calls):
+                c.outputs[i].copy_(reduce_tensors([d.inputs[i][j] for d in calls], op))
+        for c in calls:
+            c.result = list(c.outputs)
+
+
+class ReduceScatterTensor(Op):
+    """One flat input per tensor, world_size × the output; the output tensors need only
+    agree in element count and dtype."""
+
+    def validate_shapes(self, call: "Call", group_size: int) -> str | None:
+        for o, i in zip(call.outputs, call.inputs):
+            if i.numel() != o.numel() * group_size:
+                return (f"input has {i.numel()} elements; it must be world_size × output = "
+                        f"{group_size} × {o.numel()}")
+        return None
+
+    def agreed(self, call: "Call") -> list[tuple[str, Any]]:
+        return [("input numel/dtype", tuple((t.numel(), t.dtype) for t in call.inputs))]
+
+    def execute(self, calls: list["Call"]) -> None:
+        n = len(calls)
+        for i in range(len(calls[0].inputs)):
+            red = reduce_tensors([c.inputs[i].reshape(-1) for c in calls], calls[0].reduce_op)
+            for c, chunk in zip(calls, red.chunk(n)):
+                copy_into(c.outputs[i], chunk)
+        for c in calls:
+            c.result = list(c.outputs)
+
+
+ALL_REDUCE = register(AllReduce(
+    "all_reduce", "all_reduce", "ALLREDUCE", "all_reduce", ("allreduce", "all_reduce_inplace")))
+ALL_REDUCE_COALESCED = register(AllReduce(
+    "all_reduce_coalesced", "allreduce_coalesced", "ALLREDUCE_COALESCED", "all_reduce",
+    ("allreduce_coalesced",)))
+REDUCE = register(Reduce("reduce", "reduce", "REDUCE", "reduce"))
+REDUCE_SCATTER = register(ReduceScatter(
+    "reduce_scatter", "reduce_scatter", "REDUCE_SCATTER", "reduce_scatter"))
+REDUCE_SCATTER_TENSOR = register(ReduceScatterTensor(
+    "reduce_scatter_tensor", "_reduce_scatter_base", "_REDUCE_SCATTER_BASE", "reduce_scatter",
+    ("_reduce_scatter_base", "reduce_scatter_single", "reduce_scatter_tensor_autograd",
+     "reduce_scatter_tensor_inplace")))
+REDUCE_SCATTER_TENSOR_COALESCED = register(ReduceScatterTensor(
+    "reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced",
+    "REDUCE_SCATTER_TENSOR_COALESCED", "reduce_scatter", ("reduce_scatter_single_coalesced",)))
+
+
+# -- the ProcessGroup methods (names as torch 2.11-2.13 call them) -------------------------
+
+@c10d_method("allreduce")
+def _allreduce(pg, tensors, opts=None):
+    return pg.issue(ALL_REDUCE, as_list(tensors), reduce_op=reduce_op_of(opts))
+
+
+@c10d_method("allreduce_coalesced")
+def _allreduce_coalesced(pg, tensors, opts=None):
+    return pg.issue(ALL_REDUCE_COALESCED, tensors, reduce_op=reduce_op_of(opts))
+
+
+@c10d_method("reduce")
+def _reduce(pg, tensors, opts=None):
+    return pg.issue(REDUCE, tensors, root=opts.rootRank, reduce_op=opts.reduceOp)
+
+
+@c10d_method("reduce_scatter")
+def _reduce_scatter(pg, output_tensors, input_tensors, opts=None):
+    return pg.issue(REDUCE_SCATTER, input_tensors, output_tensors, reduce_op=reduce_op_of(opts),
+                    shape_of=output_tensors)
+
+
+@c10d_method("reduce_scatter_single", "_reduce_scatter_base")
+def _reduce_scatter_single(pg, output, input, opts=None):
+    return pg.issue(REDUCE_SCATTER_TENSOR, [input], [output], reduce_op=reduce_op_of(opts))
+
+
+@c10d_method("reduce_scatter_single_coalesced", "reduce_scatter_tensor_coalesced")
+def _reduce_scatter_single_coalesced(pg, outputs, inputs, opts=None):
+    return pg.issue(REDUCE_SCATTER_TENSOR_COALESCED, inputs, outputs, reduce_op=reduce_op_of(opts))
