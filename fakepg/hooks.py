@@ -1,4 +1,4 @@
-"""Extension points for layers built on the fake cluster (simddp's virtual time).
+"""Extension points for layers built on the fake cluster (a timing model's virtual clocks).
 
 A :class:`WorldHooks` instance passed to :func:`fakepg.spawn` is told about each rank's
 start and end, every collective issued and matched, and every completed wait. All
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .collectives import Call, Collective
+    from .collectives import Call, PendingCollective
 
 
 class WorldHooks:
@@ -25,7 +25,7 @@ class WorldHooks:
     def collective_issued(self, call: "Call") -> None:
         """A rank issued its part of a collective (``call.record`` is in the trace)."""
 
-    def collective_matched(self, coll: "Collective") -> None:
+    def collective_matched(self, coll: "PendingCollective") -> None:
         """Every member issued; results are written. Runs on the last issuer's thread."""
 
     def completion_started(self, call: "Call") -> None:
@@ -35,7 +35,7 @@ class WorldHooks:
     def completion_finished(self, call: "Call") -> None:
         """The callbacks that ``completion_started`` announced have run."""
 
-    def wait_finished(self, rank: int, coll: "Collective") -> None:
+    def wait_finished(self, rank: int, coll: "PendingCollective") -> None:
         """``rank`` finished waiting on ``coll`` (Work.wait, Future.wait, a sync call)."""
 
     def describe_rank(self, rank: int) -> str:

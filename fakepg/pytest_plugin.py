@@ -24,6 +24,8 @@ import pytest
 from .errors import CollectiveHangError, CollectiveMismatchError, FakePGError
 from .world import SpawnResult, spawn
 
+_CLUSTER = pytest.StashKey["FakeCluster"]()
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("fakepg")
@@ -68,17 +70,16 @@ def fake_cluster(request: pytest.FixtureRequest) -> FakeCluster:
     nprocs = int(marker.args[0]) if marker and marker.args else 2
     seed = request.config.getoption("--fakepg-seed")
     cluster = FakeCluster(nprocs, 0 if seed is None else seed, request.node.nodeid)
-    request.node._fakepg_cluster = cluster
+    request.node.stash[_CLUSTER] = cluster
     return cluster
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
-    outcome = yield
-    report = outcome.get_result()
-    cluster: FakeCluster | None = getattr(item, "_fakepg_cluster", None)
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
+    report = yield
+    cluster = item.stash.get(_CLUSTER, None)
     if cluster is None or report.when != "call" or not report.failed:
-        return
+        return report
     lines = []
     if isinstance(cluster.failure, (CollectiveHangError, CollectiveMismatchError)):
         lines.append(str(cluster.failure))
@@ -86,3 +87,4 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         lines.append(f"{type(cluster.failure).__name__}: {cluster.failure}")
     lines.append(f"replay: {cluster.replay_command}")
     report.sections.append(("fakepg", "\n".join(lines)))
+    return report

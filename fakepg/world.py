@@ -12,12 +12,14 @@ import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
+from unittest import mock
 
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from . import trace as _trace
+from .arguments import integer, number
 from .cluster import Cluster, bind_thread, current_cluster
 from .errors import CollectiveHangError, CollectiveMismatchError, FakePGError, RankFailedError
 from .hooks import WorldHooks
@@ -94,8 +96,10 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
     """
     if not callable(fn):
         raise TypeError(f"fakepg.spawn: fn must be callable, got {type(fn).__name__} {fn!r}")
-    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
-        raise ValueError(f"fakepg.spawn: nprocs must be an integer >= 1, got {nprocs!r}")
+    nprocs = integer("fakepg.spawn: nprocs", nprocs, minimum=1)
+    seed = integer("fakepg.spawn: seed", seed)
+    hang_timeout = number("fakepg.spawn: hang_timeout", hang_timeout, positive=True,
+                          hint="seconds of inactivity before a wait hidden in C++ counts as a hang")
     if current_cluster() is not None:
         raise FakePGError("fakepg.spawn cannot be nested inside a rank of another fake world")
     if not _SPAWN_LOCK.acquire(blocking=False):
@@ -113,11 +117,8 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port) -> Spaw
     cluster = Cluster(nprocs, seed, hooks)
     host = ProcessState()
     host.save()
-    env = lambda r: {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(nprocs),  # noqa: E731
-                     "LOCAL_WORLD_SIZE": str(nprocs), "GROUP_RANK": "0", "ROLE_RANK": str(r),
-                     "ROLE_WORLD_SIZE": str(nprocs), "MASTER_ADDR": "127.0.0.1",
-                     "MASTER_PORT": str(master_port)}
-    processes = [ProcessState.for_rank(r, nprocs, seed, env(r)) for r in range(nprocs)]
+    processes = [ProcessState.for_rank(r, nprocs, seed, _rank_env(r, nprocs, master_port))
+                 for r in range(nprocs)]
     sched = Scheduler(processes, cluster.hang_report)
     cluster.scheduler = sched
     store = dist.HashStore()
@@ -151,20 +152,36 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port) -> Spaw
                 bind_thread(None)
                 sched.finish(rank, outcome)
 
-    patches = _Patches(nprocs)
     threads = [threading.Thread(target=rank_main, args=(r,), name=f"fakepg-rank{r}", daemon=True)
                for r in range(nprocs)]
     for r, t in enumerate(threads):
         sched.slots[r].thread = t
+    _run_threads(threads, sched, cluster, hang_timeout, host)
+    result = SpawnResult(returns, cluster.trace, nprocs, seed, time.perf_counter() - t0)
+    _raise_outcome(sched, cluster, failures)
+    return result
+
+
+def _rank_env(rank: int, nprocs: int, master_port: int) -> dict[str, str]:
+    """The launcher's environment variables, as torchrun sets them for ``rank``."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nprocs),
+            "LOCAL_WORLD_SIZE": str(nprocs), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": str(nprocs), "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(master_port)}
+
+
+def _run_threads(threads: list[threading.Thread], sched: Scheduler, cluster: Cluster,
+                 hang_timeout: float, host: ProcessState) -> None:
+    """Run the rank threads to their end under the world's patches; restore the host."""
     multithreading = torch.autograd.is_multithreading_enabled()
     excepthook = sys.excepthook
-    with patches:
+    with _patches(len(threads)):
         torch.autograd.set_multithreading_enabled(False)  # backward runs on the rank's thread
         torch._C._distributed_c10d._set_thread_isolation_mode(True)
         try:
             for t in threads:
                 t.start()
-            sched._hand_over(nprocs - 1)  # baton to rank 0
+            sched._hand_over(len(threads) - 1)  # baton to rank 0
             _watch(sched, cluster, hang_timeout)
             for t in threads:
                 t.join()
@@ -173,9 +190,6 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port) -> Spaw
             torch.autograd.set_multithreading_enabled(multithreading)
             host.install()
             sys.excepthook = excepthook  # init_process_group prefixes it with "[rankN]"
-    result = SpawnResult(returns, cluster.trace, nprocs, seed, time.perf_counter() - t0)
-    _raise_outcome(sched, cluster, failures)
-    return result
 
 
 def _watch(sched: Scheduler, cluster: Cluster, hang_timeout: float) -> None:
@@ -256,75 +270,62 @@ def _destroy_quietly() -> None:
         c10d.destroy_process_group()
 
 
-class _Patches:
+def _patches(nprocs: int) -> contextlib.ExitStack:
     """torch.distributed entry points that must see the fake world while it runs."""
+    stack = contextlib.ExitStack()
+    init = _fake_init_process_group(nprocs)
+    for mod in (dist, c10d):
+        stack.enter_context(mock.patch.object(mod, "init_process_group", init))
+        stack.enter_context(mock.patch.object(mod, "monitored_barrier", _fake_monitored_barrier))
+    for name, original in (("wait_all", torch.futures.wait_all),
+                           ("collect_all", torch.futures.collect_all)):
+        stack.enter_context(mock.patch.object(torch.futures, name, _settling(original)))
+    return stack
 
-    def __init__(self, nprocs: int):
-        self.nprocs = nprocs
 
-    def __enter__(self):
-        nprocs = self.nprocs
+def _fake_init_process_group(nprocs: int) -> Callable[..., Any]:
+    @functools.wraps(_ORIGINAL_INIT)
+    def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1,
+                           rank=-1, store=None, group_name="", pg_options=None, device_id=None,
+                           **kwargs):
+        binding = current_cluster()
+        if binding is None:
+            return _ORIGINAL_INIT(backend, init_method, timeout, world_size, rank, store,
+                                  group_name, pg_options, device_id, **kwargs)
+        me = binding[1]
+        site = user_site()
+        if world_size not in (-1, None) and int(world_size) != nprocs:
+            raise ValueError(f"rank {me}: init_process_group(world_size={world_size}) at {site}, "
+                             f"but the fake cluster has {nprocs} ranks (nprocs={nprocs}); "
+                             f"make them agree")
+        if rank not in (-1, None) and int(rank) != me:
+            raise ValueError(f"rank {me}: init_process_group(rank={rank}) at {site} on the "
+                             f"thread of rank {me}")
+        if c10d.is_initialized():
+            return None  # already the fake world; any backend/init_method maps onto it
+        return _ORIGINAL_INIT(backend=BACKEND_NAME, rank=me, world_size=nprocs,
+                              store=dist.HashStore(), timeout=timeout or datetime.timedelta(minutes=30))
 
-        @functools.wraps(_ORIGINAL_INIT)
-        def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1,
-                               rank=-1, store=None, group_name="", pg_options=None, device_id=None,
-                               **kwargs):
-            binding = current_cluster()
-            if binding is None:
-                return _ORIGINAL_INIT(backend, init_method, timeout, world_size, rank, store,
-                                      group_name, pg_options, device_id, **kwargs)
-            me = binding[1]
-            site = user_site()
-            if world_size not in (-1, None) and int(world_size) != nprocs:
-                raise ValueError(f"rank {me}: init_process_group(world_size={world_size}) at {site}, "
-                                 f"but the fake cluster has {nprocs} ranks (nprocs={nprocs}); "
-                                 f"make them agree")
-            if rank not in (-1, None) and int(rank) != me:
-                raise ValueError(f"rank {me}: init_process_group(rank={rank}) at {site} on the "
-                                 f"thread of rank {me}")
-            if c10d.is_initialized():
-                return None  # already the fake world; any backend/init_method maps onto it
-            return _ORIGINAL_INIT(backend=BACKEND_NAME, rank=me, world_size=nprocs,
-                                  store=dist.HashStore(), timeout=timeout or datetime.timedelta(minutes=30))
+    return init_process_group
 
-        @functools.wraps(_ORIGINAL_MONITORED_BARRIER)
-        def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
-            if current_cluster() is None:
-                return _ORIGINAL_MONITORED_BARRIER(group, timeout, wait_all_ranks)
-            g = group or c10d._get_default_group()
-            return g.monitored_barrier(timeout, wait_all_ranks)
 
-        orig_wait_all, orig_collect_all = torch.futures.wait_all, torch.futures.collect_all
+@functools.wraps(_ORIGINAL_MONITORED_BARRIER)
+def _fake_monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+    if current_cluster() is None:
+        return _ORIGINAL_MONITORED_BARRIER(group, timeout, wait_all_ranks)
+    g = group or c10d._get_default_group()
+    return g.monitored_barrier(timeout, wait_all_ranks)
 
-        def _settle(futures):
-            # wait on fakepg futures where the scheduler can see it, before torch waits in C++
-            if current_cluster() is not None:
-                for f in futures:
-                    if isinstance(f, FakeFuture):
-                        f.wait()
 
-        @functools.wraps(orig_wait_all)
-        def wait_all(futures):
-            _settle(futures)
-            return orig_wait_all(futures)
+def _settling(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``torch.futures.wait_all``/``collect_all`` that first wait on fakepg futures where
+    the scheduler can see it, before torch waits in C++."""
+    @functools.wraps(original)
+    def wrapper(futures):
+        if current_cluster() is not None:
+            for f in futures:
+                if isinstance(f, FakeFuture):
+                    f.wait()
+        return original(futures)
 
-        @functools.wraps(orig_collect_all)
-        def collect_all(futures):
-            _settle(futures)
-            return orig_collect_all(futures)
-
-        self.saved = [(torch.futures, "wait_all", orig_wait_all),
-                      (torch.futures, "collect_all", orig_collect_all),
-                      (dist, "init_process_group", dist.init_process_group),
-                      (c10d, "init_process_group", c10d.init_process_group),
-                      (dist, "monitored_barrier", dist.monitored_barrier),
-                      (c10d, "monitored_barrier", c10d.monitored_barrier)]
-        torch.futures.wait_all, torch.futures.collect_all = wait_all, collect_all
-        dist.init_process_group = c10d.init_process_group = init_process_group
-        dist.monitored_barrier = c10d.monitored_barrier = monitored_barrier
-        return self
-
-    def __exit__(self, *exc):
-        for mod, name, value in self.saved:
-            setattr(mod, name, value)
-        return False
+    return wrapper

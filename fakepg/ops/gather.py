@@ -130,7 +130,7 @@ ALL_GATHER = register(AllGather(
 ALL_GATHER_INTO_TENSOR = register(AllGatherIntoTensor(
     "all_gather_into_tensor", "_all_gather_base", "_ALLGATHER_BASE", "all_gather",
     ("_allgather_base", "all_gather_single", "all_gather_tensor", "all_gather_tensor_autograd",
-     "all_gather_tensor_inplace")))
+     "all_gather_tensor_inplace", "all_gather_single_autograd")))
 ALL_GATHER_INTO_TENSOR_COALESCED = register(AllGatherIntoTensorCoalesced(
     "all_gather_into_tensor_coalesced", "all_gather_into_tensor_coalesced", "ALLGATHER_COALESCED",
     "all_gather", ("allgather_into_tensor_coalesced", "all_gather_single_coalesced")))

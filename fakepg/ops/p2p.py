@@ -36,9 +36,10 @@ class PointToPoint(Op):
 
 
 SEND = register(PointToPoint("send", "send", "SEND", "p2p",
-                             ("isend", "batch_isend_irecv", "send_object_list")))
+                             ("isend", "isend_inplace", "batch_isend_irecv",
+                              "batch_p2p_ops_inplace", "send_object_list")))
 RECV = register(PointToPoint("recv", "recv", "RECV", "p2p",
-                             ("irecv", "recv_anysource", "recv_object_list")))
+                             ("irecv", "irecv_inplace", "recv_anysource", "recv_object_list")))
 
 
 @c10d_method("send")

@@ -107,7 +107,7 @@ REDUCE_SCATTER = register(ReduceScatter(
 REDUCE_SCATTER_TENSOR = register(ReduceScatterTensor(
     "reduce_scatter_tensor", "_reduce_scatter_base", "_REDUCE_SCATTER_BASE", "reduce_scatter",
     ("_reduce_scatter_base", "reduce_scatter_single", "reduce_scatter_tensor_autograd",
-     "reduce_scatter_tensor_inplace")))
+     "reduce_scatter_tensor_inplace", "reduce_scatter_single_autograd")))
 REDUCE_SCATTER_TENSOR_COALESCED = register(ReduceScatterTensor(
     "reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced",
     "REDUCE_SCATTER_TENSOR_COALESCED", "reduce_scatter", ("reduce_scatter_single_coalesced",)))
