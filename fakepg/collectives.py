@@ -1,9 +1,10 @@
-"""Matching and execution of collectives across the ranks of a fake world.
+"""What matching works on: one rank's :class:`Call`, the :class:`PendingCollective` the
+members' calls form, and each group's :class:`GroupState`.
 
 The k-th collective each member of a group issues forms one :class:`PendingCollective`.
 When the last member issues it, the members' fingerprints are compared and, if they
-agree, the result is computed from all inputs in rank order and written to every
-member's output tensors. Each member's Work completes later, on that member's own
+agree, the op (:mod:`fakepg.ops`) computes the result from all inputs in rank order and
+writes every member's output tensors. Each member's Work completes later, on that member's own
 thread, so future callbacks always run in the owning rank's context.
 """
 

@@ -73,7 +73,7 @@ class FakeWork(dist.Work):
         super().__init__()
         self._cluster = cluster
         self._call = call
-        # Made on first use: the Reducer never asks for it (it gets the typed future).
+        # Made on first use: most works (the Reducer's, settled before it asks) never need one.
         self._fake_future: FakeFuture | None = None
         self._done = call is None
         self._error: BaseException | None = None
@@ -221,7 +221,11 @@ class PythonProcessGroup(dist.ProcessGroup):
 
 
 class FakeProcessGroup(PythonProcessGroup):
-    """One rank's handle on one group of the fake world."""
+    """One rank's handle on one group of the fake world.
+
+    Its collective methods (``allreduce``, ``_allgather_base``, ...) are the op registry's
+    (:func:`fakepg.ops.c10d_methods`); each parses c10d's arguments and calls :meth:`issue`.
+    """
 
     def __init__(self, cluster: Cluster, global_rank: int, rank: int, size: int,
                  timeout: datetime.timedelta | None = None):
