@@ -45,17 +45,17 @@ def _state(module: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _train(rank, sc: Scenario, ws: int, ddp=None, setup=None, per_step=None):
-    """The zoo's training loop; returns (final state, logging data, per-step results)."""
-    model = DDP(sc.build_model(), **{**sc.ddp_kwargs, **(ddp or {})})
+    """The zoo's training loop (no Join); returns (final state, logging data, per-step results)."""
+    loop = zoo.TrainLoop()
+    model = loop.build(sc, **(ddp or {}))
     extra = setup(model, rank) if setup else None
-    opt = sc.optimizer(model.parameters())
     steps = []
-    for batch in sc.inputs(rank, ws):
-        opt.zero_grad(set_to_none=True)
-        sc.step(model, batch).backward()
-        opt.step()
-        if per_step:
+
+    def after_step(event: str, i: int) -> None:
+        if event == "step" and per_step:
             steps.append(per_step(model, extra))
+
+    loop.run(model, sc, sc.inputs(rank, ws), on_event=after_step)
     return _state(model.module), model._get_ddp_logging_data(), steps
 
 
@@ -265,6 +265,26 @@ def test_join_training_on_uneven_inputs_matches_the_reference(divide):
     states = fakepg.spawn(body, nprocs=3).returns
     assert_same_on_all_ranks(states)  # Join's final model sync
     assert_states_equal(states[0], zoo.reference_train(sc, 3, divide_by_initial_world_size=divide))
+
+
+def test_zoo_train_loop_joins_uneven_inputs_reports_each_phase_and_matches_the_reference():
+    sc = zoo.get("uneven_inputs", base=2, depth=3, width=16)
+    counts = sc.batch_counts(3)
+    assert len(set(counts)) > 1
+    loop = zoo.TrainLoop()  # join=None: Join exactly when the counts differ
+    assert loop.joins(sc, 3) and not zoo.TrainLoop(join=False).joins(sc, 3)
+    assert not loop.joins(zoo.get("mlp"), 3)
+
+    def body(rank):
+        events = []
+        model = loop(sc, rank, 3, on_event=lambda event, i: events.append((event, i)))
+        return _state(model.module), events
+
+    out = fakepg.spawn(body, nprocs=3).returns
+    for rank, (_, events) in enumerate(out):
+        assert events == [(e, i) for i in range(counts[rank]) for e in ("start", "forward", "backward", "step")]
+    assert_same_on_all_ranks([state for state, _ in out])  # Join's final model sync
+    assert_states_equal(out[0][0], zoo.reference_train(sc, 3))
 
 
 @pytest.mark.parametrize("hook", ["fp16_compress_hook", "builtin FP16_COMPRESS", "powerSGD_hook"])

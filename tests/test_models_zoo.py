@@ -324,6 +324,40 @@ def test_reference_refuses_what_it_does_not_model() -> None:
         zoo.reference_train(zoo.get("mlp").with_(reference_ok=False), 2)
 
 
+# -- the training loop ---------------------------------------------------------------------------
+
+
+def test_run_iterations_steps_once_per_batch_and_reports_each_phase_in_order() -> None:
+    model = torch.nn.Linear(2, 1)
+    start = model.weight.detach().clone()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = [torch.ones(1, 2), 2 * torch.ones(1, 2)]
+    events: list[tuple[str, int, bool]] = []
+    zoo.run_iterations(opt, batches, loss=lambda x: model(x).sum(),
+                       on_event=lambda e, i: events.append((e, i, model.weight.grad is not None)))
+    # zero_grad(set_to_none) right after "start"; the gradient exists from "backward" on.
+    assert events == [(e, i, g) for i in range(2) for e, g in
+                      (("start", i > 0), ("forward", False), ("backward", True), ("step", True))]
+    # One SGD step per batch, each by d(w.x + b)/dw = x: w moved by -0.1 * (1 + 2).
+    assert torch.allclose(model.weight, start - 0.3)
+
+
+def test_run_iterations_takes_either_a_loss_or_a_gradient_rule() -> None:
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="exactly one of loss= and gradients="):
+        zoo.run_iterations(opt, [torch.ones(1, 2)])
+    with pytest.raises(ValueError, match="exactly one of loss= and gradients="):
+        zoo.run_iterations(opt, [], loss=lambda x: x.sum(), gradients=lambda x: None)
+    seen: list[tuple[str, int]] = []
+
+    def rule(x: torch.Tensor) -> None:  # sets .grad itself, as reference_train's rule does
+        model.weight.grad, model.bias.grad = torch.ones(1, 2), torch.zeros(1)
+
+    zoo.run_iterations(opt, [None], gradients=rule, on_event=lambda e, i: seen.append((e, i)))
+    assert seen == [("start", 0), ("backward", 0), ("step", 0)]  # no separate forward
+
+
 # -- packaging -----------------------------------------------------------------------------------
 
 
