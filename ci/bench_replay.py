@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 
-from fakepg import zoo
+from fakepg import zoo as models  # the scenario zoo, installed as fakepg.zoo
 from simddp import Compute, Network, Timing
 from simddp.replay import capture, replay, sweep, write_csv
 
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(a.out, exist_ok=True)
 
     net0 = Network.preset("100gbe")
-    sc = zoo.get("mlp", depth=8, width=1024, batch_size=32, iterations=3)
+    sc = models.get("mlp", depth=8, width=1024, batch_size=32, iterations=3)
     t = time.perf_counter()
     cap = capture(sc, 2, timing=Timing(network=net0, compute=Compute.roofline("a100")))
     t_cap = time.perf_counter() - t

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fakepg import zoo
+from fakepg import zoo as models  # the scenario zoo, installed as fakepg.zoo
 from simddp import Compute, Network, Timing
 from simddp.replay import CapturedIteration, capture, replay, sweep
 
@@ -20,7 +20,7 @@ TIMING = Timing(network=NET, compute=Compute.roofline("a100"))
 @pytest.fixture(scope="module")
 def cap() -> CapturedIteration:
     # 6 layers of 64×64 + biases, 20 KiB buckets: three buckets once DDP has rebuilt them
-    return capture(zoo.get("mlp", bucket_cap_mb=0.02), 2, timing=TIMING)
+    return capture(models.get("mlp", bucket_cap_mb=0.02), 2, timing=TIMING)
 
 
 def _bucket_all_reduces(res) -> int:
@@ -39,7 +39,7 @@ def _global_bytes(res) -> int:
 ])
 def test_replay_at_the_captured_world_size_reproduces_the_cosimulated_iteration(name, world, net):
     network = Network.preset(net)
-    c = capture(zoo.get(name), world, timing=Timing(network=network,
+    c = capture(models.get(name), world, timing=Timing(network=network,
                                                         compute=Compute.roofline("cpu")))
     res = replay(c, network=network)
     # Replay issues a bucket at the grad-ready time of its last parameter, measured after the
@@ -53,7 +53,7 @@ def test_replay_at_the_captured_world_size_reproduces_the_cosimulated_iteration(
 @pytest.mark.parametrize("world,speed", [(4, {1: 0.5}), (8, {3: 0.7})])
 def test_a_two_rank_capture_predicts_the_cosimulation_at_more_ranks_with_a_straggler(world, speed):
     network = Network.preset("gloo-loopback")
-    sc = zoo.get("many_small_few_large")
+    sc = models.get("many_small_few_large")
     small = capture(sc, 2, timing=Timing(network=network, compute=Compute.roofline("cpu")))
     big = capture(sc, world, timing=Timing(network=network, compute=Compute.roofline("cpu"),
                                            rank_speed=speed))
