@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 
-import models
+from fakepg import zoo as models  # the scenario zoo, installed as fakepg.zoo
 from simddp import Compute, Network, Timing
 from simddp.replay import capture, replay, sweep, write_csv
 

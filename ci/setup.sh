@@ -9,7 +9,7 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check "torch==${TORCH_VERSION:-2.13.0}"
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,plot]"
 # fairscale (SlowMo tests) is a source distribution that builds with the venv's setuptools
 # (Python 3.12 venvs have none by default).
 .venv/bin/python -m pip install -q --disable-pip-version-check setuptools wheel

@@ -38,16 +38,17 @@ import torch.distributed as dist  # noqa: E402
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: E402
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd  # noqa: E402
 
-import models  # noqa: E402
-from fakepg.conformance import (CollectiveTour, ScenarioOutcome, TrainLoop,  # noqa: E402
-                                compare, default_tolerance, run_scenario)
+from fakepg import zoo  # noqa: E402
+from fakepg.conformance import (CollectiveTour, ScenarioOutcome, compare,  # noqa: E402
+                                default_tolerance, run_scenario)
+from fakepg.zoo import TrainLoop  # noqa: E402
 
 
 @dataclass(frozen=True)
 class Case:
     label: str
     scenario: Any
-    train: Any = None  # None: fakepg.conformance's default loop
+    train: Any = None  # None: run_scenario's default, fakepg.zoo.TrainLoop()
     lossy: bool = False  # a comm hook that compresses: compare with float16 tolerance
 
     @property
@@ -63,17 +64,17 @@ def cases() -> list[Case]:
     # deadlock gloo's worker threads when several buckets are in flight.
     psgd = TrainLoop(comm_hook=powersgd.powerSGD_hook, hook_state=functools.partial(
         powersgd.PowerSGDState, matrix_approximation_rank=1, start_powerSGD_iter=2))
-    mlp = models.get("mlp", depth=4, width=32)
+    mlp = zoo.get("mlp", depth=4, width=32)
     return [
-        Case("grad_order_differs_per_rank", models.get("grad_order_differs_per_rank")),
-        Case("many_small_few_large", models.get("many_small_few_large", bucket_cap_mb=0.01)),
-        Case("rank_dependent_unused", models.get("rank_dependent_unused")),
-        Case("buffers", models.get("buffers")),
-        Case("uneven_inputs", models.get("uneven_inputs")),
+        Case("grad_order_differs_per_rank", zoo.get("grad_order_differs_per_rank")),
+        Case("many_small_few_large", zoo.get("many_small_few_large", bucket_cap_mb=0.01)),
+        Case("rank_dependent_unused", zoo.get("rank_dependent_unused")),
+        Case("buffers", zoo.get("buffers")),
+        Case("uneven_inputs", zoo.get("uneven_inputs")),
         Case("mlp+fp16_compress_hook", mlp.with_ddp(bucket_cap_mb=0.005).with_(name="mlp+fp16"), fp16, True),
         Case("mlp+powerSGD_hook", mlp.with_(name="mlp+powerSGD"), psgd, True),
         # Not DDP: every collective once (subgroup, p2p where the world allows), results kept.
-        Case("collective_tour", models.get("mlp", depth=2, width=8).with_(name="collective_tour"),
+        Case("collective_tour", zoo.get("mlp", depth=2, width=8).with_(name="collective_tour"),
              CollectiveTour()),
     ]
 
@@ -97,7 +98,7 @@ class Runner:
             for c in self.cases:
                 if c.reference_ok:
                     out[c.label] = _guard(lambda c=c: ScenarioOutcome.from_states(
-                        [models.reference_train(c.scenario, world, rank=r) for r in range(world)],
+                        [zoo.reference_train(c.scenario, world, rank=r) for r in range(world)],
                         scenario=c.scenario.name,
                         param_names=[n for n, _ in c.scenario.build_model().named_parameters()]))
         elif backend in ("fake", "fake-cuda"):

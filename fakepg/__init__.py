@@ -20,7 +20,6 @@ from .process_group import BACKEND_NAME, FakeProcessGroup, FakeWork, register_ba
 from .world import SpawnResult, spawn
 from . import compat  # fakepg.compat.cuda_synchronize_noop() and other CPU shims
 from .trace import CollectiveRecord, dump_flight_recorder, flight_recorder_dump, from_json, to_json
-from .conformance import ScenarioOutcome, TrainLoop, assert_conformant, compare, run_scenario
 
 register_backend()
 
@@ -30,5 +29,4 @@ __all__ = [
     "WorldAbortedError", "CollectiveTimeoutError",
     "FakeProcessGroup", "FakeWork", "WorldHooks",
     "to_json", "from_json", "flight_recorder_dump", "dump_flight_recorder",
-    "run_scenario", "ScenarioOutcome", "TrainLoop", "compare", "assert_conformant",
 ]

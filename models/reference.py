@@ -11,8 +11,8 @@ Buffers are modelled per rank, as DDP keeps them: with ``broadcast_buffers``/
 rank's (rank 0; under Join the highest still-active rank) before each forward, so gradients of
 models that *read* buffers match too.  Unequal batch counts follow ``Join``'s default semantics.
 
->>> import models
->>> state = models.reference_train(models.get("mlp", depth=2, iterations=2), world_size=2)
+>>> from fakepg import zoo
+>>> state = zoo.reference_train(zoo.get("mlp", depth=2, iterations=2), world_size=2)
 >>> sorted(state)[:2]
 ['l0.bias', 'l0.weight']
 """
@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from .scenario import Scenario
+from .training import run_iterations
 
 __all__ = ["reference_train"]
 
@@ -64,6 +65,40 @@ def _copy_into(tensors: list[Tensor], values: list[Tensor]) -> None:
         t.copy_(v)
 
 
+class _DataParallelGradients:
+    """The gradient rule of :func:`run_iterations` for the reference: one iteration's
+    ``(rank, batch)`` pairs in, the averaged gradient of every rank's loss in ``.grad``."""
+
+    def __init__(self, scenario: Scenario, model: torch.nn.Module, world_size: int, join: bool,
+                 divide_by_initial_world_size: bool):
+        self.scenario, self.model, self.world_size, self.join = scenario, model, world_size, join
+        self.divide_by_initial = divide_by_initial_world_size
+        # DDP reduces only parameters that require grad; parameters() already drops tied duplicates.
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.sync = _forward_sync_buffers(scenario.ddp_kwargs) and any(True for _ in model.buffers())
+        # Each rank's own copy of the buffers; model construction is identical on all ranks.
+        self.rank_buffers = [[b.detach().clone() for b in model.buffers()] for _ in range(world_size)]
+
+    def __call__(self, step: list[tuple[int, Any]]) -> None:
+        model, active = self.model, [r for r, _ in step]
+        if self.sync:
+            # DDP broadcasts buffers from the authoritative rank before forward: rank 0, or under
+            # Join the highest rank not yet joined (_find_common_rank takes a MAX).
+            src = max(active) if self.join else 0
+            self.rank_buffers = [[b.clone() for b in self.rank_buffers[src]]
+                                 for _ in range(self.world_size)]
+        per_rank: list[tuple[Tensor | None, ...]] = []
+        for r, batch in step:
+            _copy_into(list(model.buffers()), self.rank_buffers[r])
+            loss = self.scenario.step(model, batch)
+            per_rank.append(torch.autograd.grad(loss, self.params, allow_unused=True))
+            # Re-read: a forward may rebind a buffer attribute instead of updating it in place.
+            self.rank_buffers[r] = [b.detach().clone() for b in model.buffers()]
+        div = self.world_size if (not self.join or self.divide_by_initial) else len(active)
+        for j, p in enumerate(self.params):
+            p.grad = _average([g[j] for g in per_rank], div)
+
+
 def reference_train(
     scenario: Scenario,
     world_size: int,
@@ -84,10 +119,11 @@ def reference_train(
         ValueError: the scenario is not ``reference_ok``, its ``ddp_kwargs`` change the
             mathematics (comm hooks, mixed precision, ...), or counts differ with ``join=False``.
 
-    >>> import models, torch
-    >>> sc = models.get("mlp", depth=2, iterations=1)
-    >>> one = models.reference_train(sc, 1)
-    >>> torch.equal(one["l0.weight"], models.reference_train(sc, 1)["l0.weight"])
+    >>> import torch
+    >>> from fakepg import zoo
+    >>> sc = zoo.get("mlp", depth=2, iterations=1)
+    >>> one = zoo.reference_train(sc, 1)
+    >>> torch.equal(one["l0.weight"], zoo.reference_train(sc, 1)["l0.weight"])
     True
     """
     if not scenario.reference_ok:
@@ -107,36 +143,15 @@ def reference_train(
 
     model = scenario.build_model()
     model.train()
-    optimizer = scenario.optimizer(model.parameters())
-    # DDP reduces only parameters that require grad; parameters() already drops tied duplicates.
-    params = [p for p in model.parameters() if p.requires_grad]
-    sync = _forward_sync_buffers(scenario.ddp_kwargs) and any(True for _ in model.buffers())
-    # Each rank's own copy of the buffers; model construction is identical on all ranks.
-    rank_buffers = [[b.detach().clone() for b in model.buffers()] for _ in range(world_size)]
-
-    for i in range(max(counts, default=0)):
-        active = [r for r in range(world_size) if i < counts[r]]
-        if sync:
-            # DDP broadcasts buffers from the authoritative rank before forward: rank 0, or under
-            # Join the highest rank not yet joined (_find_common_rank takes a MAX).
-            src = max(active) if join else 0
-            rank_buffers = [[b.clone() for b in rank_buffers[src]] for _ in range(world_size)]
-        per_rank: list[tuple[Tensor | None, ...]] = []
-        for r in active:
-            _copy_into(list(model.buffers()), rank_buffers[r])
-            loss = scenario.step(model, inputs[r][i])
-            per_rank.append(torch.autograd.grad(loss, params, allow_unused=True))
-            # Re-read: a forward may rebind a buffer attribute instead of updating it in place.
-            rank_buffers[r] = [b.detach().clone() for b in model.buffers()]
-        div = world_size if (not join or divide_by_initial_world_size) else len(active)
-        for j, p in enumerate(params):
-            p.grad = _average([g[j] for g in per_rank], div)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    rule = _DataParallelGradients(scenario, model, world_size, join, divide_by_initial_world_size)
+    # Iteration i: the (rank, batch) pairs of the ranks that still have a batch i.
+    iterations = [[(r, inputs[r][i]) for r in range(world_size) if i < counts[r]]
+                  for i in range(max(counts, default=0))]
+    run_iterations(scenario.optimizer(model.parameters()), iterations, gradients=rule)
 
     final = rank
-    if join and sync:
+    if join and rule.sync:
         # Join's _sync_final_model broadcasts from the highest rank among the last to finish.
         final = max(r for r in range(world_size) if counts[r] == max(counts))
-    _copy_into(list(model.buffers()), rank_buffers[final])
+    _copy_into(list(model.buffers()), rule.rank_buffers[final])
     return {k: v.detach().clone() for k, v in model.state_dict().items()}

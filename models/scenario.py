@@ -1,12 +1,11 @@
 """The :class:`Scenario` record: one DDP training scenario, independent of any backend.
 
 A scenario says *what* is trained (model factory, per-rank data, loss, optimizer, DDP keyword
-arguments); a harness (fakepg, gloo, NCCL, the single-process reference) says *how*.  The
-training loop every harness runs is the same::
+arguments); a harness (fakepg, gloo, NCCL, the single-process reference) says *how*.  Every
+harness runs the same loop, :class:`fakepg.zoo.TrainLoop`::
 
-    sc = models.get("mlp")
-    torch.manual_seed(sc.seed)                  # or: model = sc.build_model()
-    model = DistributedDataParallel(sc.model(), **sc.ddp_kwargs)
+    sc = zoo.get("mlp")
+    model = DistributedDataParallel(sc.build_model(), **sc.ddp_kwargs)
     opt = sc.optimizer(model.parameters())
     for batch in sc.inputs(rank, world_size):   # this rank's batches, truncated to sc.iterations
         opt.zero_grad(set_to_none=True)
@@ -93,8 +92,11 @@ sgd: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] = functools.parti
 
 
 def _to(obj: Any, device: torch.device) -> Any:
+    """``obj`` with every tensor in it (nested tuples, named tuples, lists, dicts) on ``device``."""
     if isinstance(obj, Tensor):
         return obj.to(device)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(_to(o, device) for o in obj))
     if isinstance(obj, (tuple, list)):
         return type(obj)(_to(o, device) for o in obj)
     if isinstance(obj, dict):
@@ -126,11 +128,11 @@ class Scenario:
         description: one line for reports.
         features: tags: "bucketing", "rebuild", "unused", "tied", "buffers", "sparse",
             "mixed-dtype", "transformer", "param-order", "grad-order", "uneven", "rank-dependent".
-        reference_ok: whether :func:`models.reference_train` reproduces DDP's result for this
+        reference_ok: whether :func:`fakepg.zoo.reference_train` reproduces DDP's result for this
             scenario as declared (ddp_kwargs included), up to floating-point reduction order.
 
-    >>> import models
-    >>> sc = models.get("mlp", depth=2)
+    >>> from fakepg import zoo
+    >>> sc = zoo.get("mlp", depth=2)
     >>> len(sc.inputs(rank=0, world_size=2)) == sc.iterations
     True
     >>> sc.with_ddp(bucket_cap_mb=0.01).ddp_kwargs
@@ -158,8 +160,8 @@ class Scenario:
         Changing ``seed`` or ``iterations`` also reseeds/resizes the data when ``batches`` is a
         :class:`SeededBatches` (all zoo scenarios), unless ``batches`` itself is replaced.
 
-        >>> import models
-        >>> sc = models.get("mlp")
+        >>> from fakepg import zoo
+        >>> sc = zoo.get("mlp")
         >>> sc.with_(seed=1).inputs(0, 1)[0][0].equal(sc.inputs(0, 1)[0][0])
         False
         """
@@ -176,8 +178,8 @@ class Scenario:
     def with_ddp(self, **ddp_kwargs: Any) -> Scenario:
         """A copy whose ``ddp_kwargs`` are updated (merged) with ``ddp_kwargs``.
 
-        >>> import models
-        >>> models.get("rank_dependent_unused").with_ddp(static_graph=False).ddp_kwargs
+        >>> from fakepg import zoo
+        >>> zoo.get("rank_dependent_unused").with_ddp(static_graph=False).ddp_kwargs
         {'find_unused_parameters': True, 'static_graph': False}
         """
         return dataclasses.replace(self, ddp_kwargs={**self.ddp_kwargs, **ddp_kwargs})

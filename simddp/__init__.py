@@ -35,8 +35,9 @@ Example::
 Trace-driven replay at scale (:mod:`simddp.replay`): capture one DDP iteration of the fake
 cluster, then replay it at thousands of ranks with what-if knobs::
 
+    from fakepg import zoo
     from simddp.replay import capture, replay, sweep
-    cap = simddp.capture(models.get("transformer_block"), nprocs=2, timing=timing)
+    cap = simddp.capture(zoo.get("transformer_block"), nprocs=2, timing=timing)
     res = replay(cap, 4096, network=Network.preset("ib-ndr", gpus_per_node=8),
                  bucket_cap_mb=5, comm_hook="fp16")
     res.iteration_time, res.mean_exposed_comm, res.timeline(ranks=range(8)).plot("r.png")

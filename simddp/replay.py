@@ -2,11 +2,12 @@
 
 Two steps::
 
-    import models, simddp
+    import simddp
+    from fakepg import zoo
     from simddp import Network, Timing, Compute
     from simddp.replay import capture, replay, sweep
 
-    cap = capture(models.get("transformer_block"), nprocs=2,
+    cap = capture(zoo.get("transformer_block"), nprocs=2,
                   timing=Timing(network=Network.preset("100gbe"), compute=Compute.roofline("a100")))
     cap.save("cap.json")                                   # JSON; CapturedIteration.load(...)
     res = replay(cap, 4096, network=Network.preset("ib-ndr", gpus_per_node=8),

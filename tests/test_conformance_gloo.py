@@ -22,10 +22,10 @@ import pytest
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-import fakepg
-import models
-from fakepg.conformance import (CollectiveTour, ScenarioOutcome, TrainLoop, compare, default_tolerance,
-                                run_scenario)
+from fakepg import zoo
+from fakepg.conformance import (CollectiveTour, RecordedCollective, ScenarioOutcome, assert_conformant,
+                                compare, default_tolerance, run_scenario)
+from fakepg.zoo import TrainLoop
 
 pytestmark = pytest.mark.gloo
 
@@ -35,18 +35,18 @@ FP16 = TrainLoop(comm_hook=default_hooks.fp16_compress_hook)
 
 # name -> (scenario, train); the gloo run and the fake runs use exactly these.
 CASES = {
-    "grad_order_differs_per_rank": (models.get("grad_order_differs_per_rank"), None),
-    "many_small_few_large": (models.get("many_small_few_large", bucket_cap_mb=0.01), None),
-    "rank_dependent_unused": (models.get("rank_dependent_unused"), None),
-    "buffers": (models.get("buffers"), None),
-    "uneven_inputs": (models.get("uneven_inputs"), None),
-    "fp16_compress_hook": (models.get("mlp", depth=4, width=32, bucket_cap_mb=0.005).with_(
+    "grad_order_differs_per_rank": (zoo.get("grad_order_differs_per_rank"), None),
+    "many_small_few_large": (zoo.get("many_small_few_large", bucket_cap_mb=0.01), None),
+    "rank_dependent_unused": (zoo.get("rank_dependent_unused"), None),
+    "buffers": (zoo.get("buffers"), None),
+    "uneven_inputs": (zoo.get("uneven_inputs"), None),
+    "fp16_compress_hook": (zoo.get("mlp", depth=4, width=32, bucket_cap_mb=0.005).with_(
         name="mlp+fp16_compress_hook"), FP16),
 }
 
 
 # Not DDP: one call of every collective (subgroup and point-to-point included), results kept.
-TOUR = {"collective_tour": (models.get("mlp", depth=2, width=8).with_(name="collective_tour"), CollectiveTour())}
+TOUR = {"collective_tour": (zoo.get("mlp", depth=2, width=8).with_(name="collective_tour"), CollectiveTour())}
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +179,7 @@ def test_fake_matches_single_process_reference(name):
     scenario = CASES[name][0]
     f = fake(name)
     reference = ScenarioOutcome.from_states(
-        [models.reference_train(scenario, WORLD, rank=r) for r in range(WORLD)],
+        [zoo.reference_train(scenario, WORLD, rank=r) for r in range(WORLD)],
         scenario=scenario.name, param_names=sorted(f.param_names))
     diffs = compare(f, reference)
     assert diffs == [], "\n".join(diffs)
@@ -189,7 +189,7 @@ def test_fake_matches_single_process_reference(name):
 
 
 def test_compare_reports_a_planted_bucket_cap_difference_in_words(gloo):
-    planted = run_scenario(models.get("many_small_few_large", bucket_cap_mb=0.02), WORLD)
+    planted = run_scenario(zoo.get("many_small_few_large", bucket_cap_mb=0.02), WORLD)
     diffs = compare(planted, gloo["many_small_few_large"])
     assert diffs, "a different bucket_cap_mb must be reported"
     # The first difference is a collective, named by rank, index, op, shapes and dtype (here the
@@ -200,7 +200,7 @@ def test_compare_reports_a_planted_bucket_cap_difference_in_words(gloo):
     assert any(d.startswith("rank 0: rebuilt_bucket_sizes fake [") for d in diffs), diffs
     assert not any("parameter" in d for d in diffs), "bucketing must not change the parameters"
     with pytest.raises(AssertionError, match=r"fake and gloo differ .*\n  rank 0, collective #"):
-        fakepg.assert_conformant(planted, gloo["many_small_few_large"])
+        assert_conformant(planted, gloo["many_small_few_large"])
 
 
 def _states_outcome(states: list[dict[str, torch.Tensor]], backend: str) -> ScenarioOutcome:
@@ -228,7 +228,7 @@ def test_compare_tolerance_depends_on_dtype():
 
 
 def test_compare_reports_collective_sequences_of_different_length_and_world_size():
-    c = fakepg.conformance.Collective
+    c = RecordedCollective
     ar = c("all_reduce", (0, 1), ((90,),), ("float32",))
     a = ScenarioOutcome("s", "fake", 2, [[ar], [ar]], None, None)
     b = dataclasses.replace(a, backend="gloo", collectives=[[ar], [ar, c("broadcast", (0, 1), ((7,),), ("int64",))]])
@@ -255,14 +255,14 @@ def _leftover_dirs() -> set[str]:
 def test_gloo_rank_failure_is_reported_with_its_traceback_and_leaves_no_processes_or_files():
     before = _leftover_dirs()
     with pytest.raises(RuntimeError, match=r"(?s)gloo run of \[mlp\] on 2 ranks failed.*planted failure on rank 1"):
-        run_scenario(models.get("mlp", depth=2, width=8), 2, backend="gloo", train=fail_on_rank_1,
+        run_scenario(zoo.get("mlp", depth=2, width=8), 2, backend="gloo", train=fail_on_rank_1,
                      timeout=120)
     assert multiprocessing.active_children() == []
     assert _leftover_dirs() <= before
 
 
 def test_run_scenario_rejects_unknown_backend_and_mismatched_train_list():
-    sc = models.get("mlp", depth=2, width=8)
+    sc = zoo.get("mlp", depth=2, width=8)
     with pytest.raises(ValueError, match="unknown backend 'mpi'"):
         run_scenario(sc, 2, backend="mpi")
     with pytest.raises(ValueError, match="as many scenarios"):
@@ -272,6 +272,6 @@ def test_run_scenario_rejects_unknown_backend_and_mismatched_train_list():
 
 
 def test_unpicklable_scenario_is_refused_before_any_process_starts():
-    scenario = models.get("mlp", depth=2, width=8).with_(loss=lambda out, batch: out.sum())
+    scenario = zoo.get("mlp", depth=2, width=8).with_(loss=lambda out, batch: out.sum())
     with pytest.raises(TypeError, match="do not pickle"):
         run_scenario(scenario, 2, backend="gloo")

@@ -20,7 +20,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import fakepg
-import models
+from fakepg import zoo
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 
@@ -170,7 +170,7 @@ def test_output_left_out_of_the_loss_without_find_unused_parameters_raises_at_th
 
 
 def test_static_graph_with_rank_dependent_unused_parameters_reports_a_changed_graph():
-    sc = models.get("rank_dependent_unused", iterations=3).with_ddp(find_unused_parameters=False, static_graph=True)
+    sc = zoo.get("rank_dependent_unused", iterations=3).with_ddp(find_unused_parameters=False, static_graph=True)
 
     def body(rank):
         model = DDP(sc.build_model(), **sc.ddp_kwargs)

@@ -1,7 +1,7 @@
 """torch's real DDP features, specified on the fake cluster.
 
 Each test states what DDP does and checks it against the mathematics of data parallelism
-(``models.reference_train`` or a direct full-batch computation), against the bucket layout DDP
+(``zoo.reference_train`` or a direct full-batch computation), against the bucket layout DDP
 reports in ``_get_ddp_logging_data()``, or against the collective trace. Facts about torch 2.13
 on CPU (a hook that needs CUDA, a hook that is broken) are asserted as they are, so a change in
 torch shows up here.
@@ -29,8 +29,8 @@ from torch.distributed.algorithms.model_averaging import averagers
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import fakepg
-import models
-from models.scenario import Scenario, SeededBatches, rank_generator
+from fakepg import zoo
+from fakepg.zoo import Scenario, SeededBatches, rank_generator
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 
@@ -45,17 +45,17 @@ def _state(module: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _train(rank, sc: Scenario, ws: int, ddp=None, setup=None, per_step=None):
-    """The zoo's training loop; returns (final state, logging data, per-step results)."""
-    model = DDP(sc.build_model(), **{**sc.ddp_kwargs, **(ddp or {})})
+    """The zoo's training loop (no Join); returns (final state, logging data, per-step results)."""
+    loop = zoo.TrainLoop()
+    model = loop.build(sc, **(ddp or {}))
     extra = setup(model, rank) if setup else None
-    opt = sc.optimizer(model.parameters())
     steps = []
-    for batch in sc.inputs(rank, ws):
-        opt.zero_grad(set_to_none=True)
-        sc.step(model, batch).backward()
-        opt.step()
-        if per_step:
+
+    def after_step(event: str, i: int) -> None:
+        if event == "step" and per_step:
             steps.append(per_step(model, extra))
+
+    loop.run(model, sc, sc.inputs(rank, ws), on_event=after_step)
     return _state(model.module), model._get_ddp_logging_data(), steps
 
 
@@ -118,7 +118,7 @@ def local_grads(module, x, y, scale=1.0):
 
 
 def test_first_iteration_uses_one_bucket_then_buckets_are_rebuilt_in_grad_ready_order():
-    sc = models.get("grad_order_differs", iterations=3)
+    sc = zoo.get("grad_order_differs", iterations=3)
     result = run(sc, 2)
     state, log, _ = result.returns[0]
     assert log["has_rebuilt_buckets"] == 1
@@ -137,7 +137,7 @@ def test_first_iteration_uses_one_bucket_then_buckets_are_rebuilt_in_grad_ready_
     cap = int(sc.ddp_kwargs["bucket_cap_mb"] * MB)
     assert csv_ints(log["rebuilt_bucket_sizes"]) == bucket_sizes([params[i] for i in order], [cap])
     assert_same_on_all_ranks([r[0] for r in result.returns])
-    assert_states_equal(state, models.reference_train(sc, 2))
+    assert_states_equal(state, zoo.reference_train(sc, 2))
 
 
 def _ready_order(chain_order, rank, n_layers):
@@ -148,7 +148,7 @@ def _ready_order(chain_order, rank, n_layers):
 
 
 def test_when_ranks_see_different_grad_ready_orders_rank_0s_rebuilt_buckets_win():
-    sc = models.get("grad_order_differs_per_rank", iterations=3)
+    sc = zoo.get("grad_order_differs_per_rank", iterations=3)
     result = run(sc, 3)
     logs = [r[1] for r in result.returns]
     chain = sc.batches.kwargs["order"]
@@ -160,12 +160,12 @@ def test_when_ranks_see_different_grad_ready_orders_rank_0s_rebuilt_buckets_win(
     assert csv_ints(layouts.pop()) == own[0]  # ... and it is rank 0's
     assert len({log["rebuilt_bucket_sizes"] for log in logs}) == 1
     assert_same_on_all_ranks([r[0] for r in result.returns])
-    assert_states_equal(result.returns[0][0], models.reference_train(sc, 3))
+    assert_states_equal(result.returns[0][0], zoo.reference_train(sc, 3))
 
 
 def test_bucket_cap_mb_splits_buckets_at_the_cap_in_reverse_registration_order():
     # find_unused_parameters=True: no rebuild, the initial layout is used every iteration.
-    sc = models.get("many_small_few_large", iterations=2).with_ddp(find_unused_parameters=True)
+    sc = zoo.get("many_small_few_large", iterations=2).with_ddp(find_unused_parameters=True)
     result = run(sc, 2)
     log = result.returns[0][1]
     params = list(sc.build_model().parameters())
@@ -175,12 +175,12 @@ def test_bucket_cap_mb_splits_buckets_at_the_cap_in_reverse_registration_order()
     assert csv_ints(log["bucket_sizes"]) == expected
     per_iteration = [s // 4 for s in expected]
     assert grad_allreduces(result.trace[0]) == per_iteration * 2
-    assert_states_equal(result.returns[0][0], models.reference_train(sc, 2))
+    assert_states_equal(result.returns[0][0], zoo.reference_train(sc, 2))
 
 
 def test_bucket_cap_mb_list_gives_each_bucket_its_own_cap_before_and_after_the_rebuild():
     caps = [0.002, 0.005, 0.01]
-    sc = models.get("mlp", depth=4, width=32, iterations=3).with_ddp(bucket_cap_mb_list=caps)
+    sc = zoo.get("mlp", depth=4, width=32, iterations=3).with_ddp(bucket_cap_mb_list=caps)
     result = run(sc, 2)
     log = result.returns[0][1]
     params = list(sc.build_model().parameters())
@@ -192,12 +192,12 @@ def test_bucket_cap_mb_list_gives_each_bucket_its_own_cap_before_and_after_the_r
     rebuilt = bucket_sizes([params[i] for i in order], limits)
     assert csv_ints(log["rebuilt_bucket_sizes"]) == rebuilt
     assert grad_allreduces(result.trace[0]) == [s // 4 for s in initial] + [s // 4 for s in rebuilt] * 2
-    assert_states_equal(result.returns[0][0], models.reference_train(sc, 2))
+    assert_states_equal(result.returns[0][0], zoo.reference_train(sc, 2))
 
 
 def test_default_cap_puts_the_first_defined_parameters_in_a_small_first_bucket(monkeypatch):
     monkeypatch.setattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 4096)  # as torch's own tests do
-    sc = models.get("mlp", depth=4, width=32, iterations=3)
+    sc = zoo.get("mlp", depth=4, width=32, iterations=3)
     params = list(sc.build_model().parameters())
     limits = [4096, 25 * MB]
     # Initial layout (kept with find_unused_parameters=True): the small bucket holds the
@@ -250,7 +250,7 @@ def test_join_scales_gradients_by_the_initial_or_the_active_world_size(divide):
 
 @pytest.mark.parametrize("divide", [True, False])
 def test_join_training_on_uneven_inputs_matches_the_reference(divide):
-    sc = models.get("uneven_inputs", base=2, depth=3, width=16)
+    sc = zoo.get("uneven_inputs", base=2, depth=3, width=16)
 
     def body(rank):
         model = DDP(sc.build_model())
@@ -264,12 +264,32 @@ def test_join_training_on_uneven_inputs_matches_the_reference(divide):
 
     states = fakepg.spawn(body, nprocs=3).returns
     assert_same_on_all_ranks(states)  # Join's final model sync
-    assert_states_equal(states[0], models.reference_train(sc, 3, divide_by_initial_world_size=divide))
+    assert_states_equal(states[0], zoo.reference_train(sc, 3, divide_by_initial_world_size=divide))
+
+
+def test_zoo_train_loop_joins_uneven_inputs_reports_each_phase_and_matches_the_reference():
+    sc = zoo.get("uneven_inputs", base=2, depth=3, width=16)
+    counts = sc.batch_counts(3)
+    assert len(set(counts)) > 1
+    loop = zoo.TrainLoop()  # join=None: Join exactly when the counts differ
+    assert loop.joins(sc, 3) and not zoo.TrainLoop(join=False).joins(sc, 3)
+    assert not loop.joins(zoo.get("mlp"), 3)
+
+    def body(rank):
+        events = []
+        model = loop(sc, rank, 3, on_event=lambda event, i: events.append((event, i)))
+        return _state(model.module), events
+
+    out = fakepg.spawn(body, nprocs=3).returns
+    for rank, (_, events) in enumerate(out):
+        assert events == [(e, i) for i in range(counts[rank]) for e in ("start", "forward", "backward", "step")]
+    assert_same_on_all_ranks([state for state, _ in out])  # Join's final model sync
+    assert_states_equal(out[0][0], zoo.reference_train(sc, 3))
 
 
 @pytest.mark.parametrize("hook", ["fp16_compress_hook", "builtin FP16_COMPRESS", "powerSGD_hook"])
 def test_joined_ranks_shadow_the_comm_hooks_all_reduces_until_the_last_rank_finishes(hook):
-    sc = models.get("uneven_inputs", base=1, depth=3, width=16)
+    sc = zoo.get("uneven_inputs", base=1, depth=3, width=16)
 
     def body(rank):
         model = DDP(sc.build_model())
@@ -385,11 +405,11 @@ def test_no_sync_accumulation_equals_the_big_batch_gradient_with_one_all_reduce(
 
 
 def test_find_unused_parameters_with_rank_dependent_unused_sets_matches_the_reference():
-    sc = models.get("rank_dependent_unused", iterations=3)
+    sc = zoo.get("rank_dependent_unused", iterations=3)
     result = run(sc, 3)
     states = [r[0] for r in result.returns]
     assert_same_on_all_ranks(states)
-    assert_states_equal(states[0], models.reference_train(sc, 3))
+    assert_states_equal(states[0], zoo.reference_train(sc, 3))
     # The never-used layer is never touched; each iteration all-reduces the used-parameter map.
     assert torch.equal(states[0]["dead.weight"], sc.build_model().dead.weight.detach())
     used_maps = [r for r in result.trace[0] if r.op == "all_reduce" and r.dtypes == ("int32",)]
@@ -401,11 +421,11 @@ def test_find_unused_parameters_with_rank_dependent_unused_sets_matches_the_refe
 
 
 def test_static_graph_matches_the_reference_and_set_static_graph_is_the_same_thing():
-    sc = models.get("grad_order_differs", iterations=3)
+    sc = zoo.get("grad_order_differs", iterations=3)
     ctor = run(sc.with_ddp(static_graph=True), 2)
     late = run(sc, 2, setup=lambda m, r: m._set_static_graph())
     assert ctor.returns[0][1]["static_graph"] == 1 == late.returns[0][1]["static_graph"]
-    assert_states_equal(ctor.returns[0][0], models.reference_train(sc, 2))
+    assert_states_equal(ctor.returns[0][0], zoo.reference_train(sc, 2))
     assert_states_equal(late.returns[0][0], ctor.returns[0][0])
     assert [(r.op, r.shapes) for r in late.trace[0]] == [(r.op, r.shapes) for r in ctor.trace[0]]
 
@@ -422,7 +442,7 @@ class _WithDeadLayer(nn.Module):
 
 def _dead_scenario(**ddp):
     return Scenario(name="dead", model=_WithDeadLayer, ddp_kwargs=ddp, iterations=3,
-                    batches=SeededBatches(models.zoo._regression, 0, dict(
+                    batches=SeededBatches(zoo.catalog._regression, 0, dict(
                         iterations=3, batch_size=6, in_shape=(16,), out_features=8)))
 
 
@@ -432,7 +452,7 @@ def test_static_graph_finds_parameters_unused_in_every_iteration_without_find_un
     state, log, dead_grads = result.returns[0]
     assert dead_grads == [None] * 3
     assert log["unused_parameter_size"] == (16 * 8 + 8) * 4
-    assert_states_equal(state, models.reference_train(sc, 2))
+    assert_states_equal(state, zoo.reference_train(sc, 2))
 
 
 def test_delay_all_reduce_named_params_are_reduced_apart_from_the_buckets():
@@ -715,7 +735,7 @@ def _buffers_at_forward(sc, ws, **ddp):
 
 @pytest.mark.parametrize("broadcast", [True, False])
 def test_broadcast_buffers_syncs_buffers_from_rank_0_before_each_forward_or_lets_them_diverge(broadcast):
-    sc = models.get("buffers", iterations=3)
+    sc = zoo.get("buffers", iterations=3)
     out = _buffers_at_forward(sc, 3, broadcast_buffers=broadcast)
     for i in range(3):
         same = all(torch.equal(out[r][0][i][k], out[0][0][i][k]) for r in range(3) for k in out[0][0][i])
@@ -725,7 +745,7 @@ def test_broadcast_buffers_syncs_buffers_from_rank_0_before_each_forward_or_lets
     assert_same_on_all_ranks([s for _, s in out], keys=params)
     ref_sc = sc.with_ddp(broadcast_buffers=broadcast)
     for r in range(3):
-        assert_states_equal(out[r][1], models.reference_train(ref_sc, 3, rank=r))
+        assert_states_equal(out[r][1], zoo.reference_train(ref_sc, 3, rank=r))
 
 
 def test_buffer_comm_hook_replaces_the_broadcast_with_an_averaging_all_reduce():
@@ -819,12 +839,12 @@ def test_remove_autograd_hooks_stops_gradient_synchronization():
 
 
 def test_sparse_embedding_gradients_are_all_reduced_as_sparse_tensors():
-    sc = models.get("sparse_embedding", iterations=3)
+    sc = zoo.get("sparse_embedding", iterations=3)
     result = run(sc, 3, per_step=lambda m, _: m.module.embed.weight.grad.is_sparse)
     states = [r[0] for r in result.returns]
     assert all(r[2] == [True] * 3 for r in result.returns)
     assert_same_on_all_ranks(states)
-    assert_states_equal(states[0], models.reference_train(sc, 3), exact=False)
+    assert_states_equal(states[0], zoo.reference_train(sc, 3), exact=False)
     sparse = [r for r in result.trace[0] if r.op == "all_reduce" and r.shapes == ((100, 16),)]
     assert len(sparse) == 3 and all(r.bytes < 100 * 16 * 4 for r in sparse)  # values only
 
@@ -937,10 +957,10 @@ def test_any_model_bucket_cap_world_size_and_unused_pattern_matches_the_referenc
     sc = Scenario(
         name="branchy", model=functools.partial(_Branchy, tuple(widths), n_branches),
         batches=SeededBatches(_branchy_batches, 0, dict(in_features=widths[0], iterations=3, patterns=patterns)),
-        forward=models.zoo.forward_with_extra, ddp_kwargs=ddp, iterations=3)
+        forward=zoo.catalog.forward_with_extra, ddp_kwargs=ddp, iterations=3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = run(sc, ws)
     states = [r[0] for r in result.returns]
     assert_same_on_all_ranks(states)
-    assert_states_equal(states[0], models.reference_train(sc, ws))
+    assert_states_equal(states[0], zoo.reference_train(sc, ws))

@@ -1,4 +1,4 @@
-"""Specs for the scenario zoo (``models/``): determinism, the DDP feature each scenario claims to
+"""Specs for the scenario zoo (``fakepg.zoo``, the repository's ``models/``): determinism, the DDP feature each scenario claims to
 exercise, and the single-process reference.  No process group is created here: everything is
 checked with plain autograd, so the file runs in a few seconds.
 """
@@ -20,14 +20,11 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import models
-import models.reference
-import models.scenario
-import models.zoo
-from models import Scenario
+from fakepg import zoo
+from fakepg.zoo import Scenario
 
 ROOT = Path(__file__).resolve().parent.parent
-NAMES = sorted(models.SCENARIOS)
+NAMES = sorted(zoo.SCENARIOS)
 
 
 def same(a: Any, b: Any) -> bool:
@@ -65,7 +62,7 @@ def buckets(params: list[torch.Tensor], cap_mb: float, order: list[int] | None =
 
 @pytest.mark.parametrize("name", NAMES)
 def test_every_scenario_builds_the_same_model_for_the_same_seed(name: str) -> None:
-    sc = models.get(name)
+    sc = zoo.get(name)
     torch.manual_seed(sc.seed)
     a = sc.model().state_dict()
     rng = torch.random.get_rng_state()
@@ -78,7 +75,7 @@ def test_every_scenario_builds_the_same_model_for_the_same_seed(name: str) -> No
 
 @pytest.mark.parametrize("name", NAMES)
 def test_batches_are_deterministic_per_rank_and_differ_between_ranks(name: str) -> None:
-    sc = models.get(name)
+    sc = zoo.get(name)
     rng = torch.random.get_rng_state()
     torch.manual_seed(123)  # the global RNG must play no part in the data
     first = [sc.inputs(r, 3) for r in range(3)]
@@ -94,7 +91,7 @@ def test_batches_are_deterministic_per_rank_and_differ_between_ranks(name: str) 
 
 
 def test_inputs_move_to_a_device_without_changing_values() -> None:
-    sc = models.get("rank_dependent_unused")
+    sc = zoo.get("rank_dependent_unused")
     moved = sc.inputs(1, 2, device="meta")
     assert all(b[0].device.type == "meta" and isinstance(b[2], int) for b in moved)
     assert same(sc.inputs(1, 2, device="cpu"), sc.inputs(1, 2))
@@ -103,13 +100,13 @@ def test_inputs_move_to_a_device_without_changing_values() -> None:
 def test_batches_do_not_touch_the_global_rng() -> None:
     state = torch.random.get_rng_state()
     for name in NAMES:
-        models.get(name).inputs(0, 2)
+        zoo.get(name).inputs(0, 2)
     assert torch.equal(torch.random.get_rng_state(), state)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_every_scenario_trains_a_step_on_one_rank_and_pickles(name: str) -> None:
-    sc = models.get(name)
+    sc = zoo.get(name)
     model = sc.build_model()
     opt = sc.optimizer(model.parameters())
     loss = sc.step(model, sc.inputs(0, 2)[0])
@@ -129,37 +126,37 @@ def test_registry_has_the_promised_scenarios_and_get_routes_overrides() -> None:
         "transformer_block", "param_order", "uneven_inputs",
     }
     for name in NAMES:
-        assert models.get(name).name == name
-    sc = models.get("mlp", depth=3, width=16, ddp_kwargs={"static_graph": True}, iterations=2)
+        assert zoo.get(name).name == name
+    sc = zoo.get("mlp", depth=3, width=16, ddp_kwargs={"static_graph": True}, iterations=2)
     assert sum(1 for k in sc.build_model().state_dict() if k.endswith("weight")) == 3
     assert sc.ddp_kwargs == {"static_graph": True} and len(sc.inputs(0, 1)) == 2
     with pytest.raises(KeyError, match="known"):
-        models.get("nope")
+        zoo.get("nope")
 
 
 def test_with_reseeds_data_resizes_it_and_with_ddp_merges() -> None:
-    sc = models.get("mlp", iterations=3)
+    sc = zoo.get("mlp", iterations=3)
     assert not same(sc.with_(seed=9).inputs(0, 1), sc.inputs(0, 1))
     longer = sc.with_(iterations=5).inputs(0, 1)
     assert len(longer) == 5 and same(longer[:3], sc.inputs(0, 1)), "batch i must not depend on count"
     assert len(sc.with_(iterations=1).inputs(0, 1)) == 1
-    merged = models.get("rank_dependent_unused").with_ddp(gradient_as_bucket_view=True)
+    merged = zoo.get("rank_dependent_unused").with_ddp(gradient_as_bucket_view=True)
     assert merged.ddp_kwargs == {"find_unused_parameters": True, "gradient_as_bucket_view": True}
-    assert models.get("rank_dependent_unused").ddp_kwargs == {"find_unused_parameters": True}
+    assert zoo.get("rank_dependent_unused").ddp_kwargs == {"find_unused_parameters": True}
 
 
 # -- the feature each scenario exercises --------------------------------------------------------
 
 
 def test_uneven_inputs_gives_different_batch_counts() -> None:
-    sc = models.get("uneven_inputs", base=2)
+    sc = zoo.get("uneven_inputs", base=2)
     assert sc.iterations is None
     assert sc.batch_counts(4) == [2, 3, 4, 5]
-    assert models.get("mlp").batch_counts(4) == [5, 5, 5, 5]
+    assert zoo.get("mlp").batch_counts(4) == [5, 5, 5, 5]
 
 
 def test_grad_order_differs_from_registration_order() -> None:
-    sc = models.get("grad_order_differs")
+    sc = zoo.get("grad_order_differs")
     n = len(list(sc.build_model().parameters()))
     order = ready_order(sc, sc.inputs(0, 1)[0])
     assert sorted(order) == list(range(n))
@@ -173,15 +170,15 @@ def test_grad_order_differs_from_registration_order() -> None:
 
 
 def test_per_rank_variant_gives_each_rank_its_own_grad_order_with_rank_0_as_the_plain_one() -> None:
-    plain = models.get("grad_order_differs")
-    sc = models.get("grad_order_differs_per_rank")
+    plain = zoo.get("grad_order_differs")
+    sc = zoo.get("grad_order_differs_per_rank")
     orders = [ready_order(sc, sc.inputs(r, 3)[0]) for r in range(3)]
     assert orders[0] == ready_order(plain, plain.inputs(0, 1)[0])
     assert len({tuple(o) for o in orders}) == 3
 
 
 def test_rank_dependent_unused_parameters_differ_between_ranks() -> None:
-    sc = models.get("rank_dependent_unused")
+    sc = zoo.get("rank_dependent_unused")
     assert sc.ddp_kwargs.get("find_unused_parameters") is True
     used: list[set[str]] = []
     for r in range(2):
@@ -194,7 +191,7 @@ def test_rank_dependent_unused_parameters_differ_between_ranks() -> None:
 
 
 def test_tied_weights_share_one_parameter() -> None:
-    model = models.get("tied_weights").build_model()
+    model = zoo.get("tied_weights").build_model()
     assert model.embed.weight is model.proj.weight
     names = [k for k, _ in model.named_parameters()]
     assert "proj.weight" not in names, "parameters() yields the tied tensor once"
@@ -202,7 +199,7 @@ def test_tied_weights_share_one_parameter() -> None:
 
 
 def test_buffers_change_in_a_training_forward() -> None:
-    sc = models.get("buffers")
+    sc = zoo.get("buffers")
     model = sc.build_model()
     before = {k: v.clone() for k, v in model.named_buffers()}
     sc.step(model, sc.inputs(0, 1)[0])
@@ -213,14 +210,14 @@ def test_buffers_change_in_a_training_forward() -> None:
 
 
 def test_sparse_embedding_produces_sparse_grads() -> None:
-    sc = models.get("sparse_embedding")
+    sc = zoo.get("sparse_embedding")
     model = sc.build_model()
     sc.step(model, sc.inputs(0, 1)[0]).backward()
     assert model.embed.weight.grad.is_sparse and not model.head.weight.grad.is_sparse
 
 
 def test_mixed_dtypes_splits_buckets_by_dtype() -> None:
-    params = list(models.get("mixed_dtypes").build_model().parameters())
+    params = list(zoo.get("mixed_dtypes").build_model().parameters())
     assert {p.dtype for p in params} == {torch.float32, torch.float64}
     indices, _ = dist._compute_bucket_assignment_by_size(params, [2**62])
     assert len(indices) == 2, "even an unlimited first bucket splits by dtype"
@@ -228,7 +225,7 @@ def test_mixed_dtypes_splits_buckets_by_dtype() -> None:
 
 
 def test_many_small_few_large_forms_several_buckets_of_uneven_size() -> None:
-    sc = models.get("many_small_few_large")
+    sc = zoo.get("many_small_few_large")
     params = list(sc.build_model().parameters())
     sizes = sorted(p.numel() for p in params)
     assert len(params) >= 30 and sizes[-1] > 50 * sizes[0]
@@ -236,7 +233,7 @@ def test_many_small_few_large_forms_several_buckets_of_uneven_size() -> None:
 
 
 def test_transformer_block_has_no_dropout() -> None:
-    sc = models.get("transformer_block")
+    sc = zoo.get("transformer_block")
     model = sc.build_model()
     batch = sc.inputs(0, 1)[0]
     assert torch.equal(sc.step(model, batch), sc.step(model, batch)), "training forward is deterministic"
@@ -244,8 +241,8 @@ def test_transformer_block_has_no_dropout() -> None:
 
 
 def test_param_order_changes_registration_but_not_values() -> None:
-    fwd = models.get("param_order", order="forward").build_model()
-    rev = models.get("param_order", order="reversed").build_model()
+    fwd = zoo.get("param_order", order="forward").build_model()
+    rev = zoo.get("param_order", order="reversed").build_model()
     fwd_names = [k for k, _ in fwd.named_parameters()]
     rev_names = [k for k, _ in rev.named_parameters()]
     assert fwd_names != rev_names and sorted(fwd_names) == sorted(rev_names)
@@ -258,8 +255,8 @@ def test_param_order_changes_registration_but_not_values() -> None:
 def test_reference_matches_manual_two_rank_average() -> None:
     """DDP's gradient is the mean of per-rank mean-losses' gradients; with equal per-rank batch
     sizes that is also the gradient of the mean loss over the concatenated global batch."""
-    sc = models.get("mlp", depth=3, width=16, iterations=1)
-    ref = models.reference_train(sc, world_size=2)
+    sc = zoo.get("mlp", depth=3, width=16, iterations=1)
+    ref = zoo.reference_train(sc, world_size=2)
     (x0, y0), (x1, y1) = sc.inputs(0, 2)[0], sc.inputs(1, 2)[0]
     assert x0.shape == x1.shape
 
@@ -279,59 +276,94 @@ def test_reference_matches_manual_two_rank_average() -> None:
 @settings(max_examples=8, deadline=None)
 @given(seed=st.integers(0, 2**31), depth=st.integers(1, 4), iterations=st.integers(1, 3))
 def test_reference_on_one_rank_is_plain_training(seed: int, depth: int, iterations: int) -> None:
-    sc = models.get("mlp", seed=seed, depth=depth, width=8, batch_size=4, iterations=iterations)
+    sc = zoo.get("mlp", seed=seed, depth=depth, width=8, batch_size=4, iterations=iterations)
     model = sc.build_model()
     opt = sc.optimizer(model.parameters())
     for batch in sc.inputs(0, 1):
         opt.zero_grad(set_to_none=True)
         sc.step(model, batch).backward()
         opt.step()
-    ref = models.reference_train(sc, 1)
+    ref = zoo.reference_train(sc, 1)
     assert all(torch.equal(ref[k], v) for k, v in model.state_dict().items())
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_reference_is_deterministic_and_runs_every_reference_ok_scenario(name: str) -> None:
-    sc = models.get(name)
+    sc = zoo.get(name)
     assert sc.reference_ok
-    a, b = models.reference_train(sc, 3), models.reference_train(sc, 3)
+    a, b = zoo.reference_train(sc, 3), zoo.reference_train(sc, 3)
     assert a.keys() == sc.build_model().state_dict().keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_reference_keeps_buffers_per_rank_and_parameters_shared() -> None:
-    sc = models.get("buffers")
-    r0, r1 = models.reference_train(sc, 2, rank=0), models.reference_train(sc, 2, rank=1)
+    sc = zoo.get("buffers")
+    r0, r1 = zoo.reference_train(sc, 2, rank=0), zoo.reference_train(sc, 2, rank=1)
     params = {k for k, _ in sc.build_model().named_parameters()}
     assert all(torch.equal(r0[k], r1[k]) for k in params)
     assert not torch.equal(r0["bn.running_mean"], r1["bn.running_mean"])
     # Without the per-forward broadcast the buffer the forward reads diverges, and so do params.
-    nosync = models.reference_train(sc.with_ddp(broadcast_buffers=False), 2)
+    nosync = zoo.reference_train(sc.with_ddp(broadcast_buffers=False), 2)
     assert not torch.equal(nosync["out.weight"], r0["out.weight"])
 
 
 def test_reference_applies_join_semantics_only_to_uneven_inputs() -> None:
-    sc = models.get("uneven_inputs")
-    initial = models.reference_train(sc, 3)  # counts differ: Join is implied
-    assert all(torch.equal(initial[k], v) for k, v in models.reference_train(sc, 3, join=True).items())
-    active = models.reference_train(sc, 3, divide_by_initial_world_size=False)
+    sc = zoo.get("uneven_inputs")
+    initial = zoo.reference_train(sc, 3)  # counts differ: Join is implied
+    assert all(torch.equal(initial[k], v) for k, v in zoo.reference_train(sc, 3, join=True).items())
+    active = zoo.reference_train(sc, 3, divide_by_initial_world_size=False)
     assert not torch.equal(initial["l0.weight"], active["l0.weight"])
     with pytest.raises(ValueError, match="Join"):
-        models.reference_train(sc, 3, join=False)
+        zoo.reference_train(sc, 3, join=False)
 
 
 def test_reference_refuses_what_it_does_not_model() -> None:
     with pytest.raises(ValueError, match="mixed_precision"):
-        models.reference_train(models.get("mlp").with_ddp(mixed_precision=object()), 2)
+        zoo.reference_train(zoo.get("mlp").with_ddp(mixed_precision=object()), 2)
     with pytest.raises(ValueError, match="reference_ok"):
-        models.reference_train(models.get("mlp").with_(reference_ok=False), 2)
+        zoo.reference_train(zoo.get("mlp").with_(reference_ok=False), 2)
+
+
+# -- the training loop ---------------------------------------------------------------------------
+
+
+def test_run_iterations_steps_once_per_batch_and_reports_each_phase_in_order() -> None:
+    model = torch.nn.Linear(2, 1)
+    start = model.weight.detach().clone()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = [torch.ones(1, 2), 2 * torch.ones(1, 2)]
+    events: list[tuple[str, int, bool]] = []
+    zoo.run_iterations(opt, batches, loss=lambda x: model(x).sum(),
+                       on_event=lambda e, i: events.append((e, i, model.weight.grad is not None)))
+    # zero_grad(set_to_none) right after "start"; the gradient exists from "backward" on.
+    assert events == [(e, i, g) for i in range(2) for e, g in
+                      (("start", i > 0), ("forward", False), ("backward", True), ("step", True))]
+    # One SGD step per batch, each by d(w.x + b)/dw = x: w moved by -0.1 * (1 + 2).
+    assert torch.allclose(model.weight, start - 0.3)
+
+
+def test_run_iterations_takes_either_a_loss_or_a_gradient_rule() -> None:
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="exactly one of loss= and gradients="):
+        zoo.run_iterations(opt, [torch.ones(1, 2)])
+    with pytest.raises(ValueError, match="exactly one of loss= and gradients="):
+        zoo.run_iterations(opt, [], loss=lambda x: x.sum(), gradients=lambda x: None)
+    seen: list[tuple[str, int]] = []
+
+    def rule(x: torch.Tensor) -> None:  # sets .grad itself, as reference_train's rule does
+        model.weight.grad, model.bias.grad = torch.ones(1, 2), torch.zeros(1)
+
+    zoo.run_iterations(opt, [None], gradients=rule, on_event=lambda e, i: seen.append((e, i)))
+    assert seen == [("start", 0), ("backward", 0), ("step", 0)]  # no separate forward
 
 
 # -- packaging -----------------------------------------------------------------------------------
 
 
-def test_models_package_imports_only_torch() -> None:
-    # Statically: every import in models/ names the standard library, torch, or models itself.
+def test_zoo_imports_only_torch_and_itself() -> None:
+    # Statically: every import in models/ names the standard library or torch; the zoo's own
+    # modules are imported relatively (it is installed as fakepg.zoo, not as `models`).
     for path in (ROOT / "models").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
@@ -342,18 +374,19 @@ def test_models_package_imports_only_torch() -> None:
                 continue
             for top in tops:
                 assert top in sys.stdlib_module_names or top in {"torch", "__future__"}, (path, top)
-    # Dynamically, in a fresh interpreter: importing models after torch loads no other package.
+    # Dynamically, in a fresh interpreter: importing fakepg.zoo after fakepg loads nothing but
+    # the zoo's modules, the standard library and torch.
     code = (
-        "import sys, torch; before = {m.split('.')[0] for m in sys.modules}; import models; "
-        "new = {m.split('.')[0] for m in sys.modules} - before - set(sys.stdlib_module_names); "
-        "bad = new - {'models'} | {m for m in ('fakepg', 'simddp', 'tests', 'ci') if m in sys.modules}; "
-        "print(sorted(bad)); sys.exit(1 if bad else 0)"
+        "import sys, torch, fakepg; before = set(sys.modules); import fakepg.zoo; "
+        "bad = sorted(m for m in set(sys.modules) - before if not m.startswith('fakepg.zoo') "
+        "and m.split('.')[0] not in set(sys.stdlib_module_names) | {'torch'}); "
+        "print(bad); sys.exit(1 if bad else 0)"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("module", [models, models.scenario, models.zoo, models.reference])
+@pytest.mark.parametrize("module", [zoo, zoo.scenario, zoo.catalog, zoo.reference, zoo.training])
 def test_docstring_examples_run(module: Any) -> None:
     failures, _ = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert failures == 0

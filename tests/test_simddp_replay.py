@@ -9,7 +9,7 @@ import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import models
+from fakepg import zoo as models  # the scenario zoo, installed as fakepg.zoo
 from simddp import Compute, Network, Timing
 from simddp.replay import CapturedIteration, capture, replay, sweep
 

@@ -7,7 +7,7 @@ from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import fakepg
-import models
+from fakepg import zoo as models  # the scenario zoo, installed as fakepg.zoo
 import simddp
 from simddp import Timing
 

@@ -1,13 +1,13 @@
 """The scenario zoo: one factory per DDP feature, plus the registry ``SCENARIOS`` and ``get``.
 
-Each factory returns a :class:`~models.scenario.Scenario`; keyword arguments size the model and
+Each factory returns a :class:`~fakepg.zoo.scenario.Scenario`; keyword arguments size the model and
 data.  All data come from ``rank_generator(seed, rank)``: rank r's batches do not depend on the
 world size, and batch i does not depend on how many batches are drawn.
 
->>> import models
->>> sorted(models.SCENARIOS)[:3]
+>>> from fakepg import zoo
+>>> sorted(zoo.SCENARIOS)[:3]
 ['buffers', 'grad_order_differs', 'grad_order_differs_per_rank']
->>> models.get("mlp", width=16, bucket_cap_mb=None).name
+>>> zoo.get("mlp", width=16, bucket_cap_mb=None).name
 'mlp'
 """
 
