@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import bisect
+from operator import itemgetter
 from typing import Iterable
 
 __all__ = ["union", "clip", "measure", "intersection"]
 
 Intervals = list[tuple[float, float]]
+_end = itemgetter(1)
 
 
 def union(ivals: Iterable[tuple[float, float]]) -> Intervals:
@@ -24,13 +26,17 @@ def union(ivals: Iterable[tuple[float, float]]) -> Intervals:
     return out
 
 
-def clip(merged: Intervals, ends: list[float], lo: float, hi: float) -> Intervals:
-    """The part of ``merged`` (a union; ``ends`` its end times) inside ``[lo, hi]``."""
-    i = bisect.bisect_right(ends, lo)
-    out = []
+def clip(merged: Intervals, lo: float, hi: float) -> Intervals:
+    """The part of ``merged`` (a union) inside ``[lo, hi]``."""
     n = len(merged)
-    while i < n and merged[i][0] < hi:
+    i = 0
+    if n and merged[0][1] <= lo:  # the window starts past the first interval: bisect to it
+        i = bisect.bisect_right(merged, lo, key=_end)
+    out = []
+    while i < n:
         s, e = merged[i]
+        if s >= hi:
+            break
         if s < lo:
             s = lo
         if e > hi:

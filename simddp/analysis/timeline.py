@@ -131,7 +131,7 @@ class Lane:
         self.comms = comms
         self.boundaries = boundaries
         self.end_time = end_time
-        self._unions: dict[Any, tuple[list[tuple[float, float]], list[float]]] = {}
+        self._unions: dict[Any, list[tuple[float, float]]] = {}
 
     def comm_intervals(self) -> Iterable[tuple[float, float]]:
         """``(start, end)`` of every collective that ran."""
@@ -141,17 +141,17 @@ class Lane:
         """The collectives as :class:`CommSpan` objects of rank ``rank``."""
         return [c if c.rank == rank else dataclasses.replace(c, rank=rank) for c in self.comms]
 
-    def union(self, what: str | tuple[str, ...]) -> tuple[list[tuple[float, float]], list[float]]:
-        """The union of the spans of kind(s) ``what`` ("comm": the collectives), with its
-        end times (for bisection); cached."""
+    def union(self, what: str | tuple[str, ...]) -> list[tuple[float, float]]:
+        """The union of the spans of kind(s) ``what`` ("comm": the collectives); cached."""
         got = self._unions.get(what)
         if got is None:
             if what == "comm":
-                ivals = union(self.comm_intervals())
+                got = union(self.comm_intervals())
+            elif isinstance(what, str):
+                got = union([(s, e) for k, s, e, _ in self.spans if k == what])
             else:
-                kinds = (what,) if isinstance(what, str) else what
-                ivals = union((s, e) for k, s, e, _ in self.spans if k in kinds)
-            got = self._unions[what] = (ivals, [e for _, e in ivals])
+                got = union([(s, e) for k, s, e, _ in self.spans if k in what])
+            self._unions[what] = got
         return got
 
     def windows(self) -> list[tuple[float, float]]:
@@ -160,22 +160,24 @@ class Lane:
 
     def clipped(self, what: str | tuple[str, ...], lo: float, hi: float
                 ) -> list[tuple[float, float]]:
-        ivals, ends = self.union(what)
-        return clip(ivals, ends, lo, hi)
+        return clip(self.union(what), lo, hi)
 
     def exposed(self) -> list[float]:
         """Per iteration: communication not overlapped by compute."""
+        comm = self.union("comm")
+        if not comm:
+            return [0.0] * len(self.boundaries)
+        compute = self.union(COMPUTE_KINDS)
         out = []
         for lo, hi in self.windows():
-            comm = self.clipped("comm", lo, hi)
-            x = 0.0
-            if comm:
-                x = measure(comm) - intersection(comm, self.clipped(COMPUTE_KINDS, lo, hi))
+            cw = clip(comm, lo, hi)
+            x = measure(cw) - intersection(cw, clip(compute, lo, hi)) if cw else 0.0
             out.append(x if x > 0.0 else 0.0)
         return out
 
     def durations(self) -> list[float]:
-        return [hi - lo for lo, hi in self.windows()]
+        b = self.boundaries
+        return [b[i] - (b[i - 1] if i else 0.0) for i in range(len(b))]
 
     def waits(self) -> list[float]:
         return [measure(self.clipped("wait", lo, hi)) for lo, hi in self.windows()]

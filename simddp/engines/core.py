@@ -71,7 +71,7 @@ import math
 from typing import Any, Hashable, Iterable, Sequence
 
 import simpy
-from simpy.events import Event
+from simpy.events import Event, Timeout
 
 __all__ = ["Fabric", "Channel", "CollectiveProcess", "at"]
 
@@ -79,12 +79,13 @@ _inf = math.inf
 _nextafter = math.nextafter
 
 
-def at(env: simpy.Environment, t: float, value: Any = None) -> simpy.Timeout:
+def at(env: simpy.Environment, t: float, value: Any = None) -> Event:
     """An event processed at absolute virtual time ``t`` (≥ ``env.now``), exactly.
 
-    ``env.timeout(t - env.now)`` lands at ``now + (t - now)``, which can differ from ``t`` in
-    the last bit; the delay is nudged by ulps until ``now + delay == t`` (every float ≥ now is
-    reachable so), keeping simpy's public API and its event order (one Timeout, as before).
+    simpy's public API schedules by delay, and ``now + (t - now)`` can differ from ``t`` in
+    the last bit. So the delay is nudged by ulps until ``now + delay == t``; when no delay lands
+    on ``t`` (``now``'s low bits make the rounded sums skip it), the event comes from two hops
+    (:func:`_two_hops`).
     """
     now = env.now
     if t < now:
@@ -92,11 +93,27 @@ def at(env: simpy.Environment, t: float, value: Any = None) -> simpy.Timeout:
     delay = t - now
     if now + delay != t:
         step = _inf if now + delay < t else -_inf
-        for _ in range(8):  # one or two ulps in practice
+        for _ in range(4):  # one ulp away in practice, or never
             delay = _nextafter(delay, step)
             if now + delay == t:
                 break
-    return env.timeout(delay, value)
+        else:
+            return env.process(_two_hops(env, t, value))
+    return Timeout(env, delay, value)
+
+
+def _two_hops(env: simpy.Environment, t: float, value: Any) -> Any:
+    """Reach ``t`` via ``m``: the largest time ≤ ``t`` a delay reaches from now, within a few
+    ulps of ``t``; from ``m``, ``t - m`` is exact (Sterbenz: t/2 ≤ m ≤ t), so ``m + (t - m)``
+    is ``t``. (Its final event is scheduled at ``m``, so among events due at exactly ``t`` it
+    runs after those scheduled before ``m``: deterministic, and rare.)"""
+    now = env.now
+    delay = t - now
+    while now + delay > t:
+        delay = _nextafter(delay, -_inf)
+    yield Timeout(env, delay)
+    yield Timeout(env, t - env.now)
+    return value
 
 
 class CollectiveProcess:
@@ -165,7 +182,7 @@ class CollectiveProcess:
                 self.start = start = env.now
                 end = start + self.duration
                 if end > start:
-                    yield at(env, end)
+                    yield env.timeout(self.duration)  # lands on now + duration: end, exactly
                 self.end = end
             finally:
                 for link, lreq in held:

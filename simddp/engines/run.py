@@ -169,7 +169,7 @@ class _Replay:
     def compute(self, r: int, kind: str, seconds: float, label: str | None = None):
         if seconds > 0:
             start = self.env.now
-            yield at(self.env, start + seconds)
+            yield self.env.timeout(seconds)  # lands on start + seconds exactly
             self._span(r, kind, start, self.env.now, label or kind)
 
     def _span(self, r: int, kind: str, s: float, e: float, label: str) -> None:
@@ -277,7 +277,7 @@ class _Replay:
                 yield at(env, t)
             if plan.pre > 0:
                 pre = plan.pre * scale
-                yield at(env, env.now + pre)
+                yield env.timeout(pre)
                 shift += pre
             self.issue_bucket(r, it, k, plan, scale, scope, pending)
         for k, bc in enumerate(self.cap.backward_collectives):
@@ -334,22 +334,26 @@ class _Replay:
             if self.bounds[r]:
                 self.bounds[r][-1] = self.env.now
 
-    def run(self) -> None:
+    def run(self) -> Timeline:
+        """Run every rank to its end; returns the timeline, its figures computed."""
         # The cyclic garbage collector would rescan the many live events and generators of a
         # large world again and again (2-3x the run time at 4096 ranks); it is paused while the
-        # simulation runs and restored after.
+        # simulation runs and the timeline computes its figures, and restored after.
         was_enabled = gc.isenabled()
         gc.disable()
         try:
             for r in range(self.world):
                 self.env.process(self.rank(r))
             self.env.run()
+            unfinished = [r for r in range(self.world) if len(self.bounds[r]) < self.iterations]
+            if unfinished:  # pragma: no cover - a bug in the model, not a user error
+                raise RuntimeError(f"replay deadlocked: ranks {unfinished[:8]} did not finish")
+            timeline = self.timeline()
+            timeline.iteration_times(), timeline.exposed_comm()  # (cached)
         finally:
             if was_enabled:
                 gc.enable()
-        unfinished = [r for r in range(self.world) if len(self.bounds[r]) < self.iterations]
-        if unfinished:  # pragma: no cover - a bug in the model, not a user error
-            raise RuntimeError(f"replay deadlocked: ranks {unfinished[:8]} did not finish")
+        return timeline
 
     def timeline(self) -> Timeline:
         return Timeline.from_lanes([
@@ -385,7 +389,7 @@ def replay(captured: CapturedIteration, world_size: int | None = None, *,
                   jitter=jitter, seed=seed, period=period, slowmo=slowmo_period is not None,
                   uneven=uneven, iterations=iterations, groups=groups, shared_nic=shared_nic,
                   costs=costs)
-    sim.run()
+    timeline = sim.run()
     knobs = {**net.describe(), "bucket_cap_mb": bucket_cap_mb,
              "first_bucket_mb": first_bucket_mb, "comm_hook": comm_hook,
              "powersgd_rank": powersgd_rank if comm_hook == "powersgd" else None,
@@ -397,8 +401,6 @@ def replay(captured: CapturedIteration, world_size: int | None = None, *,
     colls = [{"name": c.info["name"], "op": c.info["op"], "group": c.info["group"],
               "members": len(c.info["members"]), "seq": c.info["seq"],
               "bytes": c.info["bytes"], "start": c.start, "end": c.end} for c in sim.order]
-    timeline = sim.timeline()
-    timeline.iteration_times(), timeline.exposed_comm()  # (cached) part of the replay's cost
     return ReplayResult(
         world_size=world, iterations=iterations, knobs=knobs, buckets=buckets,
         bucket_bytes=[[b for _, b, _ in p.stages] for p in bucket_plans], collectives=colls,
