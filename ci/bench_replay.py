@@ -5,11 +5,12 @@
    reproduces the co-simulated iteration time.
 2. Replay it at 512, 1024 and 4096 ranks (best of --rounds, side by side in one run): wall time
    and wall time per simulated rank, plain DDP and with PowerSGD (3 collectives per bucket and
-   a callback process per rank and bucket: the heaviest knob).
+   a callback process per rank and bucket: the heaviest knob); then once at --scale ranks
+   (default 65,536) with plain DDP.
 3. A what-if table: world size × network × bucket_cap_mb × fp16 hook → iteration time and
    exposed communication; written as CSV and a PNG under --out (default /tmp/simddp_sweep).
 
-    python ci/bench_replay.py [--rounds 3] [--out /tmp/simddp_sweep]
+    python ci/bench_replay.py [--rounds 3] [--out /tmp/simddp_sweep] [--scale 65536]
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", default="/tmp/simddp_sweep")
+    p.add_argument("--scale", type=int, default=65536,
+                   help="one plain-DDP replay at this many ranks (0: skip)")
     a = p.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
 
@@ -66,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"{best / n * 1e6:8.1f} {res.iteration_time * 1e3:13.3f} "
                   f"{ncoll / best:9.0f}")
     print("  (events/s: rank-collective participations simulated per wall second)")
+    if a.scale:
+        res = replay(cap, a.scale, network=net, jitter=0.02)
+        ncoll = sum(res.rank_collectives)
+        print(f"  {a.scale:>6} {'None':>9} {res.wall_time:8.3f} {'(1 run)':>9} "
+              f"{res.wall_time / a.scale * 1e6:8.1f} {res.iteration_time * 1e3:13.3f} "
+              f"{ncoll / res.wall_time:9.0f}")
 
     grid = dict(world_size=[64, 512, 4096],
                 network=[Network.preset("100gbe", gpus_per_node=8),
@@ -87,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     _plot(rows, png_path)
     tl_path = os.path.join(a.out, "replay_timeline.png")
     replay(cap, 512, network=net, bucket_cap_mb=5, comm_hook="fp16",
-           rank_speed={3: 0.8}).timeline(ranks=range(6)).plot(
+           rank_speed={3: 0.8}).timeline.subset(range(6)).plot(
         tl_path, title="replay: 512 ranks, ib-ndr, 5 MB buckets, fp16, rank 3 at 0.8 (ranks 0-5)")
     print(f"\nwrote {csv_path}, {png_path}, {tl_path}, {os.path.join(a.out, 'capture.json')}")
     return 0

@@ -3,7 +3,13 @@
 :func:`simulate` runs a function on fakepg's in-process ranks, exactly as
 :func:`fakepg.spawn` does, while a virtual clock per rank charges every aten op to a
 :class:`Compute` model and every collective to a :class:`Network` model (see
-:mod:`simddp.cosim` for the rules: waits, stream semantics, races, timeouts).
+:mod:`simddp.engines.simulate` for the rules: waits, stream semantics, races, timeouts).
+
+Three parts: :mod:`simddp.models` (network, compute and noise models, and the protocols
+:class:`NetworkModel` and :class:`ComputeModel` both engines accept), :mod:`simddp.engines`
+(co-simulation, trace-driven replay, the simpy core) and :mod:`simddp.analysis` (the
+:class:`Timeline` and the results, which share one shape: ``result.timeline``,
+``result.iteration_times``, ``result.exposed_comm``, ``result.summary()``).
 
 Example::
 
@@ -40,10 +46,10 @@ cluster, then replay it at thousands of ranks with what-if knobs::
     cap = simddp.capture(zoo.get("transformer_block"), nprocs=2, timing=timing)
     res = replay(cap, 4096, network=Network.preset("ib-ndr", gpus_per_node=8),
                  bucket_cap_mb=5, comm_hook="fp16")
-    res.iteration_time, res.mean_exposed_comm, res.timeline(ranks=range(8)).plot("r.png")
+    res.iteration_time, res.mean_exposed_comm, res.timeline.plot("r.png", ranks=range(8))
 
 (The function is ``simddp.replay.replay``; the package attribute ``simddp.replay`` stays the
-module.) Both co-simulation and replay run on the simpy engine of :mod:`simddp.engine`.
+module.) Both co-simulation and replay run on the simpy core of :mod:`simddp.engines.core`.
 
 Errors: :class:`CollectiveRaceError` (an async collective's tensor touched before its
 wait) and :class:`CollectiveTimeoutError` (a wait past the group's timeout, in virtual
@@ -54,21 +60,22 @@ import os as _os
 
 from fakepg.sites import skip_package as _skip_package
 
-from .compute import Compute, DevicePreset
-from .cosim import SimResult, mark_iteration, now, simulate
-from .engine import Channel, Collective, Fabric
+from . import replay
+from .analysis import (CommSpan, IterationStats, ReplayResult, RunResult, SimResult, Span,
+                       Timeline)
+from .engines import (CapturedIteration, Channel, CollectiveProcess, Fabric, Observer, capture,
+                      mark_iteration, now, simulate, sweep)
 from .errors import CollectiveRaceError, CollectiveTimeoutError
-from .network import Network
-from .replay import CapturedIteration, ReplayResult, Workload, capture, sweep
-from .timeline import CommSpan, IterationStats, Span, Timeline
+from .models import Compute, ComputeModel, DevicePreset, Network, NetworkModel
 from .timing import Timing
 
 _skip_package(_os.path.dirname(_os.path.abspath(__file__)))  # user_site() skips simddp frames
 
 __all__ = [
     "simulate", "SimResult", "Timing", "Network", "Compute", "DevicePreset",
-    "Timeline", "Span", "CommSpan", "IterationStats",
+    "NetworkModel", "ComputeModel", "Observer",
+    "Timeline", "Span", "CommSpan", "IterationStats", "RunResult",
     "CollectiveRaceError", "CollectiveTimeoutError", "now", "mark_iteration",
-    "Fabric", "Channel", "Collective",
-    "capture", "sweep", "CapturedIteration", "ReplayResult", "Workload",
+    "Fabric", "Channel", "CollectiveProcess",
+    "capture", "sweep", "CapturedIteration", "ReplayResult",
 ]

@@ -7,8 +7,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .compute import Compute
-from .network import Network
+from fakepg.arguments import integer, number
+
+from .models import Compute, ComputeModel, Network, NetworkModel
 
 __all__ = ["Timing"]
 
@@ -25,10 +26,12 @@ def _default_compute() -> Compute:
 class Timing:
     """How long things take in a simulated run.
 
-    network: a :class:`~simddp.Network` (default ``Network.preset("gloo-loopback")``); a
-        collective lasts ``network.collective_time(op, bytes, group size)``.
-    compute: a :class:`~simddp.Compute` (default ``Compute.roofline("cpu")``); every aten op
-        a rank runs costs ``compute.op_time(func, args, kwargs, out)``.
+    network: a :class:`~simddp.models.NetworkModel` such as :class:`~simddp.Network` (default
+        ``Network.preset("gloo-loopback")``); a collective lasts
+        ``network.collective_time(op, bytes, group size)``.
+    compute: a :class:`~simddp.models.ComputeModel` such as :class:`~simddp.Compute` (default
+        ``Compute.roofline("cpu")``); every aten op a rank runs costs
+        ``compute.op_time(func, args, kwargs, out)``.
     rank_speed: ``{rank: factor}``; a rank at 0.5 runs at half speed (its ops take twice as
         long). Ranks not named run at 1.0. Collectives are not affected.
     jitter: relative standard deviation of the noise on each op's time and on each
@@ -41,42 +44,38 @@ class Timing:
         also seeds the ranks' RNGs). Set it to vary the noise alone.
     """
 
-    network: Network = field(default_factory=_default_network)
-    compute: Compute = field(default_factory=_default_compute)
+    network: NetworkModel = field(default_factory=_default_network)
+    compute: ComputeModel = field(default_factory=_default_compute)
     rank_speed: Mapping[int, float] = field(default_factory=dict)
     jitter: float = 0.0
     timeout: float | datetime.timedelta | None = None
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not hasattr(self.network, "collective_time"):
-            raise TypeError(f"Timing.network must be a simddp.Network (something with "
-                            f"collective_time(op, nbytes, nranks)), got {self.network!r}")
-        if not hasattr(self.compute, "op_time"):
+        if not isinstance(self.network, NetworkModel):
+            raise TypeError(f"Timing.network must be a network model: a simddp.Network, or "
+                            f"anything with name, gpus_per_node, collective_time(op, nbytes, "
+                            f"nranks) and describe() (simddp.models.NetworkModel), "
+                            f"got {self.network!r}")
+        if not isinstance(self.compute, ComputeModel):
             raise TypeError(f"Timing.compute must be a simddp.Compute (something with "
                             f"op_time(func, args, kwargs, out)), got {self.compute!r}; "
                             f"e.g. Compute.roofline('cpu') or Compute.constant(1e-5)")
         speeds = dict(self.rank_speed or {})
         for rank, factor in speeds.items():
-            if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-                raise ValueError(f"Timing.rank_speed keys must be ranks (ints >= 0), got {rank!r}")
-            if isinstance(factor, bool) or not isinstance(factor, (int, float)) \
-                    or not math.isfinite(factor) or factor <= 0:
-                raise ValueError(f"Timing.rank_speed[{rank}] must be a finite speed factor > 0 "
-                                 f"(0.5 = half speed), got {factor!r}")
+            integer("Timing.rank_speed: a key", rank, minimum=0, hint="keys are ranks")
+            number(f"Timing.rank_speed[{rank}]", factor, positive=True,
+                   hint="a speed factor, 0.5 = half speed")
         self.rank_speed = speeds
-        if isinstance(self.jitter, bool) or not isinstance(self.jitter, (int, float)) \
-                or not math.isfinite(self.jitter) or self.jitter < 0:
-            raise ValueError(f"Timing.jitter must be a relative standard deviation >= 0 "
-                             f"(e.g. 0.05 for 5 %), got {self.jitter!r}")
+        number("Timing.jitter", self.jitter, minimum=0,
+               hint="a relative standard deviation, e.g. 0.05 for 5 %")
         if self.timeout is not None:
             secs = self.timeout_seconds
             if not math.isfinite(secs) or secs <= 0:
                 raise ValueError(f"Timing.timeout must be > 0 seconds (or a timedelta), "
                                  f"got {self.timeout!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
-                                      or self.seed < 0):
-            raise ValueError(f"Timing.seed must be an int >= 0 or None, got {self.seed!r}")
+        if self.seed is not None:
+            integer("Timing.seed", self.seed, minimum=0, hint="or None: simulate's seed")
 
     @property
     def timeout_seconds(self) -> float | None:
@@ -86,9 +85,7 @@ class Timing:
             return None
         if isinstance(t, datetime.timedelta):
             return t.total_seconds()
-        if isinstance(t, bool) or not isinstance(t, (int, float)):
-            raise ValueError(f"Timing.timeout must be seconds or a timedelta, got {t!r}")
-        return float(t)
+        return number("Timing.timeout", t, positive=True, hint="seconds, or a timedelta")
 
     def speed(self, rank: int) -> float:
         return float(self.rank_speed.get(rank, 1.0))

@@ -1,4 +1,4 @@
-"""Specification of simddp.compute: roofline, constant and profile-calibrated op costs."""
+"""Specification of simddp.models.compute: roofline, constant and profile-calibrated op costs."""
 
 import pytest
 import torch
@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from simddp.compute import DEVICES, Compute, DevicePreset
+from simddp.models.compute import DEVICES, Compute, DevicePreset
 
 aten = torch.ops.aten
 

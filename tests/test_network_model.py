@@ -1,4 +1,4 @@
-"""Specification of simddp.network: NCCL's α–β cost model, hierarchy, presets, calibration."""
+"""Specification of simddp.models.network: NCCL's α–β cost model, hierarchy, presets, calibration."""
 
 import math
 import random
@@ -6,10 +6,12 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from simddp.network import OP_KINDS, PRESETS, Network
+from fakepg import ops
+from simddp.models.network import PRESETS, Network
 
-COLLECTIVES = sorted(op for op, kind in OP_KINDS.items() if kind != "p2p")
-ALL_OPS = sorted(OP_KINDS)
+# every name fakepg's op registry knows: trace names and their torch/c10d aliases
+ALL_OPS = sorted({a for name in ops.names() for a in (name, *ops.get(name).aliases)})
+COLLECTIVES = [op for op in ALL_OPS if ops.cost_kind(op) != "p2p"]
 
 bandwidths = st.floats(min_value=0.1, max_value=1000.0)
 latencies = st.floats(min_value=0.0, max_value=100.0)
@@ -68,7 +70,7 @@ def test_tree_wins_for_small_messages_at_scale_and_ring_for_large_ones():
     assert ring.collective_time("all_reduce", 1 << 30, 512) < tree.collective_time("all_reduce", 1 << 30, 512)
 
 
-@pytest.mark.parametrize("op", [op for op in ALL_OPS if OP_KINDS[op] not in ("all_reduce", "barrier")])
+@pytest.mark.parametrize("op", [op for op in ALL_OPS if ops.cost_kind(op) not in ("all_reduce", "barrier")])
 def test_tree_changes_only_all_reduce_and_barrier_as_in_nccl(op):
     ring, tree = Network(25.0, 5.0), Network(25.0, 5.0, algorithm="tree")
     assert tree.collective_time(op, 12345678, 64) == ring.collective_time(op, 12345678, 64)
@@ -298,5 +300,5 @@ def test_invalid_parameters_raise_errors_that_say_what_to_do(kw, message):
 def test_unknown_collective_error_lists_known_ones():
     with pytest.raises(ValueError, match="unknown collective 'allreduce_sum'.*all_reduce"):
         Network(1.0, 1.0).collective_time("allreduce_sum", 1, 2)
-    with pytest.raises(ValueError, match="nranks must be an int >= 1"):
+    with pytest.raises(ValueError, match="nranks must be an integer >= 1"):
         Network(1.0, 1.0).collective_time("all_reduce", 1, 0)

@@ -195,7 +195,7 @@ def test_a_joined_rank_shadows_every_bucket_all_reduce_and_the_join_all_reduce(c
         assert f"dp0/join/{it}" in names
         assert sum(1 for n in names if n.startswith(f"dp0/b/{it}/")) == len(res.buckets)
     assert names[-2:] == ["dp0/join/final", "dp0/final"]
-    tl = res.timeline()
+    tl = res.timeline
     bounds = tl.boundaries[1]
     assert not [s for s in tl.rank_spans(1, ("backward", "optimizer")) if s.start >= bounds[0]]
 
@@ -209,7 +209,7 @@ def test_shared_nic_contention_slows_two_groups_in_replay(cap):
 
 def test_the_replay_timeline_agrees_with_the_result(cap, tmp_path):
     res = replay(cap, 8, network=NET, comm_hook="fp16", iterations=2, jitter=0.05)
-    tl = res.timeline()
+    tl = res.timeline
     assert tl.iteration_times() == pytest.approx(res.iteration_times, rel=1e-12)
     assert tl.exposed_comm() == pytest.approx(res.exposed_comm, rel=1e-9, abs=1e-15)
     doc = tl.to_chrome_trace(tmp_path / "t.json")

@@ -21,13 +21,14 @@ Thread-safe for concurrent readers (caches only ever gain entries).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils.flop_counter import flop_registry, shape_wrapper
+
+from fakepg.arguments import number
 
 __all__ = ["Compute", "DevicePreset", "DEVICES", "RooflineCompute", "ConstantCompute",
            "ProfileCompute"]
@@ -162,20 +163,6 @@ def _bytes_and_dtype(args: Any, kwargs: Mapping[str, Any], out: Any) -> tuple[in
     return total, dtype
 
 
-def _positive(name: str, value: Any, hint: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}; {hint}")
-    return float(value)
-
-
-def _non_negative(name: str, value: Any, hint: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}; {hint}")
-    return float(value)
-
-
 class Compute:
     """A compute cost model. Build one with :meth:`roofline`, :meth:`constant` or
     :meth:`from_profile`; the simulator calls :meth:`op_time` for every aten op."""
@@ -219,8 +206,8 @@ class Compute:
 
 class ConstantCompute(Compute):
     def __init__(self, seconds_per_op: float) -> None:
-        self.seconds_per_op = _non_negative("seconds_per_op", seconds_per_op,
-                                            "give the cost of one op in seconds, e.g. 1e-5")
+        self.seconds_per_op = number("seconds_per_op", seconds_per_op, minimum=0,
+                                    hint="give the cost of one op in seconds, e.g. 1e-5")
 
     def op_time(self, func: Any, args: tuple, kwargs: Mapping[str, Any], out: Any) -> float:
         return self.seconds_per_op
@@ -240,20 +227,21 @@ class RooflineCompute(Compute):
                 raise ValueError(f"unknown device preset {device!r}; known: "
                                  f"{', '.join(DEVICES)}, or pass a DevicePreset(...)") from None
         self.device = device
-        self.peak_tflops = None if peak_tflops is None else _positive(
-            "peak_tflops", peak_tflops, "give the device's peak in TFLOP/s, e.g. 19.5")
-        self.mem_bandwidth_GBps = _positive(
+        self.peak_tflops = None if peak_tflops is None else number(
+            "peak_tflops", peak_tflops, positive=True,
+            hint="give the device's peak in TFLOP/s, e.g. 19.5")
+        self.mem_bandwidth_GBps = number(
             "mem_bandwidth_GBps",
             device.mem_bandwidth_GBps if mem_bandwidth_GBps is None else mem_bandwidth_GBps,
-            "give the memory bandwidth in GB/s, e.g. 2039")
-        self.efficiency = _positive("efficiency", efficiency,
-                                    "give the achieved fraction of peak, in (0, 1]")
+            positive=True, hint="give the memory bandwidth in GB/s, e.g. 2039")
+        self.efficiency = number("efficiency", efficiency, positive=True,
+                                 hint="give the achieved fraction of peak, in (0, 1]")
         if self.efficiency > 1:
             raise ValueError(f"efficiency must be in (0, 1], got {efficiency!r}: it is the "
                              "fraction of peak FLOP/s and bandwidth that ops achieve")
-        self.op_overhead_us = _non_negative(
+        self.op_overhead_us = number(
             "op_overhead_us", device.op_overhead_us if op_overhead_us is None else op_overhead_us,
-            "give the fixed cost per op in microseconds, e.g. 5")
+            minimum=0, hint="give the fixed cost per op in microseconds, e.g. 5")
         self._overhead_s = self.op_overhead_us * 1e-6
         self._s_per_byte = 1.0 / (self.mem_bandwidth_GBps * 1e9 * self.efficiency)
         self._flops_per_s: dict[Any, float] = {}
@@ -329,7 +317,8 @@ def _mean_times(profile: Any) -> dict[str, float]:
     if isinstance(profile, Mapping):
         table = {}
         for name, seconds in profile.items():
-            table[str(name)] = _non_negative(f"profile[{name!r}]", seconds, "give seconds per call")
+            table[str(name)] = number(f"profile[{name!r}]", seconds, minimum=0,
+                                        hint="give seconds per call")
         return table
     # a profile object averages itself; an EventList (key_averages() or events()) is used as is
     events = profile if isinstance(profile, list) or not hasattr(profile, "key_averages") \

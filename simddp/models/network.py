@@ -61,45 +61,23 @@ treated as full (an approximation).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable
 
 import numpy as np
 
-__all__ = ["Network", "OP_KINDS", "PRESETS"]
+from fakepg import ops
+from fakepg.arguments import integer, number
 
-# torch.distributed API names, c10d ProcessGroup method names and DDP-replay names -> cost kind.
-OP_KINDS: dict[str, str] = {
-    **dict.fromkeys(
-        ["all_reduce", "allreduce", "all_reduce_coalesced", "allreduce_coalesced"], "all_reduce"),
-    **dict.fromkeys(
-        ["all_gather", "allgather", "all_gather_into_tensor", "_allgather_base",
-         "all_gather_coalesced", "allgather_coalesced", "allgather_into_tensor_coalesced",
-         "all_gather_into_tensor_coalesced", "all_gather_object"], "all_gather"),
-    **dict.fromkeys(
-        ["reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base",
-         "reduce_scatter_tensor_coalesced"], "reduce_scatter"),
-    **dict.fromkeys(["broadcast", "broadcast_object_list"], "broadcast"),
-    "reduce": "reduce",
-    **dict.fromkeys(["gather", "gather_object"], "gather"),
-    **dict.fromkeys(["scatter", "scatter_object_list"], "scatter"),
-    **dict.fromkeys(["all_to_all", "all_to_all_single", "alltoall", "alltoall_base"], "all_to_all"),
-    **dict.fromkeys(["barrier", "monitored_barrier"], "barrier"),
-    **dict.fromkeys(["send", "recv", "isend", "irecv", "batch_isend_irecv"], "p2p"),
-}
+__all__ = ["Network", "PRESETS"]
 
 _ALGORITHMS = ("ring", "tree")
 _TREE_BUS_BW_FRACTION = 0.9  # NCCL tuning.cc: `if (a == NCCL_ALGO_TREE) busBw = ... busBw*.9`
 
 
 def _kind(op: str) -> str:
-    try:
-        return OP_KINDS[op]
-    except KeyError:
-        raise ValueError(
-            f"unknown collective {op!r}; use a torch.distributed name, one of: "
-            f"{', '.join(sorted(OP_KINDS))}") from None
+    """The cost formula of ``op`` (fakepg's registry; ValueError naming the known ops)."""
+    return ops.cost_kind(op)
 
 
 def _log2_ceil(n: int) -> int:
@@ -120,7 +98,7 @@ def _flat_coefficients(kind: str, n: int, algorithm: str) -> tuple[int, float]:
         return n - 1, 1.0
     if kind == "p2p":
         return 1, 1.0
-    raise AssertionError(kind)  # pragma: no cover - OP_KINDS and this function agree
+    raise AssertionError(kind)  # pragma: no cover - every ops.COST_KINDS is handled
 
 
 def _flat_time(kind: str, nbytes: float, n: int, alpha: float, bw: float, algorithm: str) -> float:
@@ -131,10 +109,10 @@ def _flat_time(kind: str, nbytes: float, n: int, alpha: float, bw: float, algori
 
 
 def _check_number(field: str, value: Any, *, allow_zero: bool, hint: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"Network.{field} must be a finite number {bound}, got {value!r}; {hint}")
+    if allow_zero:
+        number(f"Network.{field}", value, minimum=0, hint=hint)
+    else:
+        number(f"Network.{field}", value, positive=True, hint=hint)
 
 
 @dataclass(frozen=True)
@@ -174,10 +152,8 @@ class Network:
                         f"Network.{field} describes the link inside a node, so it needs "
                         f"gpus_per_node; pass gpus_per_node=8 (say) as well, or drop {field}")
             return
-        if isinstance(self.gpus_per_node, bool) or not isinstance(self.gpus_per_node, int) \
-                or self.gpus_per_node < 1:
-            raise ValueError(f"Network.gpus_per_node must be an int >= 1 or None (flat), "
-                             f"got {self.gpus_per_node!r}")
+        integer("Network.gpus_per_node", self.gpus_per_node, minimum=1,
+                hint="ranks per node, or None for one flat fabric")
         if self.intra_bandwidth_GBps is not None:
             _check_number("intra_bandwidth_GBps", self.intra_bandwidth_GBps, allow_zero=False,
                           hint="give the intra-node bandwidth in GB/s, e.g. 450 for NVLink4, "
@@ -186,6 +162,12 @@ class Network:
             _check_number("intra_latency_us", self.intra_latency_us, allow_zero=True,
                           hint="give the intra-node per-step latency in µs, or None to use "
                                "latency_us")
+
+    def describe(self) -> dict[str, Any]:
+        """The parameters a sweep table shows (:class:`~simddp.models.NetworkModel`)."""
+        return {"network": self.name, "bandwidth_GBps": self.bandwidth_GBps,
+                "latency_us": self.latency_us, "gpus_per_node": self.gpus_per_node,
+                "algorithm": self.algorithm}
 
     # ---- derived parameters -------------------------------------------------------------------
 
@@ -217,10 +199,10 @@ class Network:
         3.0
         """
         kind = _kind(op)
-        if isinstance(nranks, bool) or not isinstance(nranks, int) or nranks < 1:
-            raise ValueError(f"nranks must be an int >= 1, got {nranks!r}")
+        if nranks.__class__ is not int or nranks < 1:  # the common case checked cheaply
+            nranks = integer("nranks", nranks, minimum=1)
         if not nbytes >= 0:
-            raise ValueError(f"nbytes must be >= 0, got {nbytes!r}")
+            number("nbytes", nbytes, minimum=0)
         n, S = nranks, nbytes
         G = self.gpus_per_node
         if G is None:

@@ -1,10 +1,10 @@
-"""The simpy core of simddp: communicators, shared links and collectives as simpy processes.
+"""The simpy core of simddp (``simddp.engine``): communicators, shared links and collectives as simpy processes.
 
 Both ways simddp keeps time run on this module:
 
-* **co-simulation** (:mod:`simddp.cosim`): a live fake cluster, whose collectives' times are
+* **co-simulation** (:mod:`simddp.engines.simulate`): a live fake cluster, whose collectives' times are
   decided here through :class:`Channel`;
-* **trace-driven replay** (:mod:`simddp.replay`): a captured DDP iteration replayed at any world
+* **trace-driven replay** (:mod:`simddp.engines.run`): a captured DDP iteration replayed at any world
   size, each rank a simpy process on one :class:`Fabric`.
 
 The model (simddp's promised semantics 2)
@@ -17,7 +17,7 @@ collectives one after another, in issue order. A **collective** is a simpy proce
 1. it requests its communicator when its first member issues it (so requests, and therefore
    grants, come in sequence-number order: whoever issues collective *k* first has issued
    *k − 1* before);
-2. holding the communicator, it waits until every member has arrived (:meth:`Collective.arrive`:
+2. holding the communicator, it waits until every member has arrived (:meth:`CollectiveProcess.arrive`:
    at an issue event in replay, or at a known issue time in co-simulation);
 3. it requests the shared **links** it crosses (each a ``simpy.Resource(capacity=1)``, e.g.
    a node's NIC used by several groups), always in one global order, so two collectives that
@@ -67,38 +67,56 @@ several milliseconds of the ranks' own compute per collective in ``ci/bench_simd
 
 from __future__ import annotations
 
-from heapq import heappush
+import math
 from typing import Any, Hashable, Iterable, Sequence
 
 import simpy
-from simpy.core import NORMAL
-from simpy.events import Event
+from simpy.events import Event, Timeout
 
-__all__ = ["Fabric", "Channel", "Collective", "at"]
+__all__ = ["Fabric", "Channel", "CollectiveProcess", "at"]
+
+_inf = math.inf
+_nextafter = math.nextafter
 
 
 def at(env: simpy.Environment, t: float, value: Any = None) -> Event:
     """An event processed at absolute virtual time ``t`` (≥ ``env.now``), exactly.
 
-    ``env.timeout(t - env.now)`` would land at ``now + (t - now)``, which can differ from ``t``
-    in the last bit; this pushes ``t`` itself onto the environment's queue.
+    simpy's public API schedules by delay, and ``now + (t - now)`` can differ from ``t`` in
+    the last bit. So the delay is nudged by ulps until ``now + delay == t``; when no delay lands
+    on ``t`` (``now``'s low bits make the rounded sums skip it), the event comes from two hops
+    (:func:`_two_hops`).
     """
     now = env.now
     if t < now:
         raise ValueError(f"cannot schedule at t={t!r}: the environment is already at {now!r}")
-    ev = Event(env)
-    ev._ok = True
-    ev._value = value
-    queue = getattr(env, "_queue", None)
-    eid = getattr(env, "_eid", None)
-    if queue is None or eid is None:  # pragma: no cover - a simpy without these internals
-        env.schedule(ev, NORMAL, t - now)
-    else:
-        heappush(queue, (t, NORMAL, next(eid), ev))
-    return ev
+    delay = t - now
+    if now + delay != t:
+        step = _inf if now + delay < t else -_inf
+        for _ in range(4):  # one ulp away in practice, or never
+            delay = _nextafter(delay, step)
+            if now + delay == t:
+                break
+        else:
+            return env.process(_two_hops(env, t, value))
+    return Timeout(env, delay, value)
 
 
-class Collective:
+def _two_hops(env: simpy.Environment, t: float, value: Any) -> Any:
+    """Reach ``t`` via ``m``: the largest time ≤ ``t`` a delay reaches from now, within a few
+    ulps of ``t``; from ``m``, ``t - m`` is exact (Sterbenz: t/2 ≤ m ≤ t), so ``m + (t - m)``
+    is ``t``. (Its final event is scheduled at ``m``, so among events due at exactly ``t`` it
+    runs after those scheduled before ``m``: deterministic, and rare.)"""
+    now = env.now
+    delay = t - now
+    while now + delay > t:
+        delay = _nextafter(delay, -_inf)
+    yield Timeout(env, delay)
+    yield Timeout(env, t - env.now)
+    return value
+
+
+class CollectiveProcess:
     """One collective on one communicator: a simpy process plus what it records.
 
     ``members``: how many arrivals it waits for; ``duration``: seconds it holds its
@@ -164,7 +182,7 @@ class Collective:
                 self.start = start = env.now
                 end = start + self.duration
                 if end > start:
-                    yield at(env, end)
+                    yield env.timeout(self.duration)  # lands on now + duration: end, exactly
                 self.end = end
             finally:
                 for link, lreq in held:
@@ -215,17 +233,17 @@ class Fabric:
         return at(self.env, t, value)
 
     def collective(self, comm: Hashable, members: int, duration: float, *,
-                   links: Iterable[Hashable] = (), info: Any = None) -> Collective:
+                   links: Iterable[Hashable] = (), info: Any = None) -> CollectiveProcess:
         """Start a collective's process on communicator ``comm`` (created on first use).
 
         Call it when the collective's first member issues it (so that collectives request
-        their communicator in sequence order), then :meth:`Collective.arrive` once per member.
+        their communicator in sequence order), then :meth:`CollectiveProcess.arrive` once per member.
         ``links``: keys of shared links it crosses (acquired in one global order, by key of
         creation)."""
         resources = [self.link(k) for k in links]
         if len(resources) > 1:
             resources = sorted(set(resources), key=lambda r: self._link_order[id(r)])
-        return Collective(self, self.communicator(comm), members, duration, resources, info)
+        return CollectiveProcess(self, self.communicator(comm), members, duration, resources, info)
 
     def run(self, until: Any = None) -> Any:
         return self.env.run(until)
@@ -254,23 +272,11 @@ class Channel:
 
         Its process requests the channel's communicator, waits for the latest issue time,
         holds for ``duration`` and releases; the channel's environment runs until it ends."""
-        c = Collective(self.fabric, self.comm, len(issues), duration, (), self.count)
+        c = CollectiveProcess(self.fabric, self.comm, len(issues), duration, (), self.count)
         c.arrived = len(issues)  # every member has issued it: co-simulation matches it now
         c.last_issue = max(issues)
         self.count += 1
         self.env.run(until=c.done)
         return c.start, c.end  # type: ignore[return-value]
 
-    @property
-    def busy_until(self) -> float:
-        """The channel's clock: the end of its last collective (0 before any)."""
-        return self.env.now
-
-
-def collective_time(network: Any, op: str, nbytes: int, nranks: int) -> float:
-    """``network.collective_time``, costing an op the model does not know as an all_reduce."""
-    try:
-        return network.collective_time(op, nbytes, nranks)
-    except ValueError:
-        return network.collective_time("all_reduce", nbytes, nranks)
 

@@ -1,0 +1,162 @@
+"""What a run leaves behind: one result shape for co-simulation and replay.
+
+Both :class:`SimResult` (:func:`simddp.simulate`) and :class:`ReplayResult`
+(:func:`simddp.replay.replay`) carry a :class:`~simddp.Timeline` as ``.timeline`` and read
+their figures from it (:class:`RunResult`): ``iteration_times``, ``exposed_comm`` and
+``slowest_rank`` per iteration, ``iteration_time`` and ``mean_exposed_comm`` their means,
+``summary()``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import fakepg
+
+from .export import write_csv
+from .timeline import Timeline
+
+__all__ = ["RunResult", "SimResult", "ReplayResult"]
+
+
+class RunResult:
+    """The accessors both results share; a subclass has a ``timeline`` attribute."""
+
+    timeline: Timeline
+
+    @property
+    def iteration_times(self) -> list[float]:
+        """Per iteration: the slowest rank's duration, seconds (:meth:`Timeline.iteration_times`)."""
+        return self.timeline.iteration_times()
+
+    @property
+    def exposed_comm(self) -> list[float]:
+        """Per iteration: the largest exposed communication over ranks, seconds."""
+        return self.timeline.exposed_comm()
+
+    @property
+    def slowest_rank(self) -> list[int]:
+        """Per iteration: the rank with the longest duration."""
+        return self.timeline.slowest_ranks()
+
+    @property
+    def iteration_time(self) -> float:
+        """Mean of :attr:`iteration_times` (0 without iterations)."""
+        t = self.iteration_times
+        return sum(t) / len(t) if t else 0.0
+
+    @property
+    def mean_exposed_comm(self) -> float:
+        """Mean of :attr:`exposed_comm` (0 without iterations)."""
+        x = self.exposed_comm
+        return sum(x) / len(x) if x else 0.0
+
+    def summary(self) -> str:
+        return self.timeline.summary()
+
+
+@dataclass
+class SimResult(RunResult):
+    """What a simulated world leaves behind.
+
+    returns: each rank's return value, in rank order. trace: fakepg's per-rank collective
+    records, with ``issue``, ``start`` and ``end`` in virtual seconds. timeline: the
+    :class:`Timeline` (spans, iterations, exports). wall_time: real seconds the run took.
+    """
+
+    returns: list[Any]
+    trace: list[list[fakepg.CollectiveRecord]]
+    timeline: Timeline
+    nprocs: int
+    seed: int
+    timing: Any
+    wall_time: float = 0.0
+    spawn_result: Any = field(default=None, repr=False)
+
+    @property
+    def world_size(self) -> int:
+        return self.nprocs
+
+    def to_json(self, path: Any = None) -> str:
+        """The collective trace (with virtual times) as fakepg's JSON."""
+        return fakepg.to_json(self.trace, path)
+
+
+@dataclass
+class ReplayResult(RunResult):
+    """What :func:`simddp.replay.replay` found. Times in virtual seconds.
+
+    timeline: every rank's spans and collectives (``timeline.subset(range(8))`` for a chart of
+    a few). buckets: the layout replayed (parameter indices per bucket); bucket_bytes: bytes
+    each bucket's collectives carried (per stage). collectives: every collective (name, op,
+    group, members, bytes, start, end). rank_collectives / rank_comm_bytes: per rank, the
+    collectives it took part in and their bytes. knobs: the keywords it ran with.
+    """
+
+    world_size: int
+    iterations: int
+    knobs: dict[str, Any]
+    buckets: list[list[int]]
+    bucket_bytes: list[list[int]]
+    collectives: list[dict[str, Any]]
+    rank_collectives: list[int]
+    rank_comm_bytes: list[int]
+    timeline: Timeline = field(repr=False)
+    wall_time: float = 0.0
+
+    @property
+    def collectives_per_iteration(self) -> float:
+        """Collectives rank 0 took part in, per iteration."""
+        return self.rank_collectives[0] / self.iterations
+
+    @property
+    def comm_bytes_per_iteration(self) -> float:
+        """Bytes of the collectives rank 0 took part in (nccl-tests' convention), per
+        iteration."""
+        return self.rank_comm_bytes[0] / self.iterations
+
+    def row(self) -> dict[str, Any]:
+        """One flat row for a sweep table: knobs, then results."""
+        return {**self.knobs, "world_size": self.world_size, "iterations": self.iterations,
+                "iteration_time_s": self.iteration_time,
+                "exposed_comm_s": self.mean_exposed_comm,
+                "buckets": len(self.buckets),
+                "collectives_per_iteration": self.collectives_per_iteration,
+                "comm_bytes_per_iteration": self.comm_bytes_per_iteration}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"world_size": self.world_size, "iterations": self.iterations,
+                "knobs": self.knobs, "iteration_time": self.iteration_time,
+                "iteration_times": self.iteration_times, "exposed_comm": self.exposed_comm,
+                "slowest_rank": self.slowest_rank, "buckets": self.buckets,
+                "bucket_bytes": self.bucket_bytes, "rank_collectives": self.rank_collectives,
+                "rank_comm_bytes": self.rank_comm_bytes, "collectives": self.collectives}
+
+    def to_json(self, path: str | os.PathLike | None = None) -> str:
+        """Everything but the wall time (so equal inputs give identical text)."""
+        text = json.dumps(self.to_dict(), sort_keys=True)
+        if path is not None:
+            with open(path, "w") as f:
+                f.write(text)
+        return text
+
+    def to_csv(self, path: str | os.PathLike | None = None) -> str:
+        """One row per iteration: the knobs, the iteration, its time, exposed comm, slowest
+        rank."""
+        rows = [{**self.knobs, "world_size": self.world_size, "iteration": i,
+                 "iteration_time_s": t, "exposed_comm_s": x, "slowest_rank": s}
+                for i, (t, x, s) in enumerate(zip(self.iteration_times, self.exposed_comm,
+                                                  self.slowest_rank))]
+        return write_csv(rows, path)
+
+    def summary(self) -> str:
+        k = ", ".join(f"{a}={b}" for a, b in self.knobs.items() if b not in (None, 0.0, 1, False))
+        return (f"replay: {self.world_size} ranks, {len(self.buckets)} buckets, {k}\n"
+                f"  iteration {self.iteration_time * 1e3:.3f} ms, exposed comm "
+                f"{self.mean_exposed_comm * 1e3:.3f} ms, "
+                f"{self.collectives_per_iteration:g} collectives and "
+                f"{self.comm_bytes_per_iteration / 1e6:.3f} MB per iteration (rank 0); "
+                f"simulated in {self.wall_time:.3f} s")

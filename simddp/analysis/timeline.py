@@ -1,0 +1,361 @@
+"""The timeline of a simulated run: per-rank spans, collectives, iterations, and exports.
+
+Spans per rank (virtual seconds):
+
+* compute: ``"forward"``, ``"backward"``, ``"optimizer"`` (consecutive ops of one phase merged);
+* ``"wait"``: the rank's clock jumped to a collective's end (``Work.wait``, a synchronous call,
+  the end-of-backward wait for the DDP Reducer's buckets, or a stream wait of an op);
+* ``"callback"``: future callbacks (comm hooks' post-processing), on their side stream;
+* collectives (:class:`CommSpan`): issued, started, ended, one per rank and collective.
+
+Iteration *i* of a rank runs from the end of its iteration *i−1* (its clock at 0 for the
+first, which therefore includes setup such as DDP's construction) to the end of its *i*-th
+optimizer step (or :func:`simddp.mark_iteration`). Per rank and iteration
+(:meth:`Timeline.breakdown`):
+
+* comm = time during which at least one of the rank's collectives runs (union of
+  ``[start, end]``), overlap = the part of it during which the rank also computes,
+  exposed comm = comm − overlap;
+* wait = time the rank spent blocked in waits (exposed comm plus waiting for slower ranks).
+
+``iteration_times()`` and ``exposed_comm()`` give, per iteration, the maximum over ranks.
+This module is the one place that computes them: co-simulation and replay both hand their
+records over as per-rank :class:`Lane` objects, and their results read these figures from
+here. The figures are computed per lane on first use (a replay of 65,536 ranks asks for
+iteration times and exposed communication, never for every span as an object).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from . import export
+from .intervals import clip, intersection, measure, union
+
+__all__ = ["Timeline", "Lane", "Span", "CommSpan", "IterationStats", "COMPUTE_KINDS"]
+
+SpanRow = tuple[str, float, float, str]  # (kind, start, end, name) of one rank's span
+
+COMPUTE_KINDS = ("forward", "backward", "optimizer")
+
+
+@dataclass(frozen=True)
+class Span:
+    """A stretch of one rank's time: kind is forward/backward/optimizer/wait/callback."""
+
+    rank: int
+    kind: str
+    start: float
+    end: float
+    name: str
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class CommSpan:
+    """One rank's part of one collective (start/end are None if it never matched)."""
+
+    rank: int
+    op: str
+    group: str
+    group_ranks: tuple[int, ...]
+    seq: int
+    bytes: int
+    issue: float
+    start: float | None
+    end: float | None
+    site: str
+    in_backward: bool
+    p2p: bool = False
+    peer: int | None = None
+
+    @property
+    def duration(self) -> float:
+        return 0.0 if self.start is None or self.end is None else self.end - self.start
+
+    @property
+    def name(self) -> str:
+        if self.p2p:
+            arrow = "→" if self.op == "send" else "←"
+            return f"{self.op} {arrow}{self.peer} #{self.seq}"
+        return f"{self.op} #{self.seq}"
+
+
+@dataclass(frozen=True)
+class IterationStats:
+    """One rank's iteration, in seconds."""
+
+    iteration: int
+    rank: int
+    start: float
+    end: float
+    forward: float
+    backward: float
+    optimizer: float
+    wait: float
+    comm: float
+    overlap: float
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+    @property
+    def compute(self) -> float:
+        return self.forward + self.backward + self.optimizer
+
+    @property
+    def exposed_comm(self) -> float:
+        return max(0.0, self.comm - self.overlap)
+
+
+class Lane:
+    """One rank's part of a timeline: ``spans`` as ``(kind, start, end, name)`` rows in time
+    order per kind, its collectives, its iteration ends (``boundaries``) and its final clock.
+
+    ``comms`` holds :class:`CommSpan` objects here; an engine with a cheaper record of its
+    collectives subclasses Lane and overrides :meth:`comm_intervals` and :meth:`comm_spans`.
+    """
+
+    __slots__ = ("spans", "comms", "boundaries", "end_time", "_unions")
+
+    def __init__(self, spans: list[SpanRow], comms: Sequence[Any], boundaries: list[float],
+                 end_time: float) -> None:
+        self.spans = spans
+        self.comms = comms
+        self.boundaries = boundaries
+        self.end_time = end_time
+        self._unions: dict[Any, list[tuple[float, float]]] = {}
+
+    def comm_intervals(self) -> Iterable[tuple[float, float]]:
+        """``(start, end)`` of every collective that ran."""
+        return [(c.start, c.end) for c in self.comms if c.start is not None and c.end is not None]
+
+    def comm_spans(self, rank: int) -> list[CommSpan]:
+        """The collectives as :class:`CommSpan` objects of rank ``rank``."""
+        return [c if c.rank == rank else dataclasses.replace(c, rank=rank) for c in self.comms]
+
+    def union(self, what: str | tuple[str, ...]) -> list[tuple[float, float]]:
+        """The union of the spans of kind(s) ``what`` ("comm": the collectives); cached."""
+        got = self._unions.get(what)
+        if got is None:
+            if what == "comm":
+                got = union(self.comm_intervals())
+            elif isinstance(what, str):
+                got = union([(s, e) for k, s, e, _ in self.spans if k == what])
+            else:
+                got = union([(s, e) for k, s, e, _ in self.spans if k in what])
+            self._unions[what] = got
+        return got
+
+    def windows(self) -> list[tuple[float, float]]:
+        b = self.boundaries
+        return [(b[i - 1] if i else 0.0, b[i]) for i in range(len(b))]
+
+    def clipped(self, what: str | tuple[str, ...], lo: float, hi: float
+                ) -> list[tuple[float, float]]:
+        return clip(self.union(what), lo, hi)
+
+    def exposed(self) -> list[float]:
+        """Per iteration: communication not overlapped by compute."""
+        comm = self.union("comm")
+        if not comm:
+            return [0.0] * len(self.boundaries)
+        compute = self.union(COMPUTE_KINDS)
+        out = []
+        for lo, hi in self.windows():
+            cw = clip(comm, lo, hi)
+            x = measure(cw) - intersection(cw, clip(compute, lo, hi)) if cw else 0.0
+            out.append(x if x > 0.0 else 0.0)
+        return out
+
+    def durations(self) -> list[float]:
+        b = self.boundaries
+        return [b[i] - (b[i - 1] if i else 0.0) for i in range(len(b))]
+
+    def waits(self) -> list[float]:
+        return [measure(self.clipped("wait", lo, hi)) for lo, hi in self.windows()]
+
+
+class Timeline:
+    """Per-rank spans and collectives of one simulated run, with iteration statistics and
+    exports (:meth:`to_chrome_trace`, :meth:`plot`, :meth:`summary`, :meth:`to_csv`).
+
+    Build one from records (``Timeline(nranks, spans, comms, boundaries, end_times)``) or from
+    per-rank lanes (:meth:`from_lanes`, what the engines do).
+    """
+
+    def __init__(self, nranks: int, spans: Iterable[Span] = (), comms: Iterable[CommSpan] = (),
+                 boundaries: Sequence[Sequence[float]] | None = None,
+                 end_times: Sequence[float] | None = None) -> None:
+        rows: list[list[SpanRow]] = [[] for _ in range(nranks)]
+        for s in spans:
+            rows[s.rank].append((s.kind, s.start, s.end, s.name))
+        cs: list[list[CommSpan]] = [[] for _ in range(nranks)]
+        for c in comms:
+            cs[c.rank].append(c)
+        bounds = [list(b) for b in boundaries] if boundaries is not None else [[]] * nranks
+        ends = list(end_times) if end_times is not None else [0.0] * nranks
+        self._init([Lane(rows[r], cs[r], bounds[r], ends[r]) for r in range(nranks)])
+
+    @classmethod
+    def from_lanes(cls, lanes: Sequence[Lane]) -> Timeline:
+        """A timeline whose rank ``r`` is ``lanes[r]``."""
+        tl = cls.__new__(cls)
+        tl._init(list(lanes))
+        return tl
+
+    def _init(self, lanes: list[Lane]) -> None:
+        self.lanes = lanes
+        self.nranks = len(lanes)
+        self._cache: dict[Any, Any] = {}
+
+    def subset(self, ranks: Iterable[int]) -> Timeline:
+        """A timeline of ``ranks`` only, renumbered 0..k−1 in the order given."""
+        return Timeline.from_lanes([self.lanes[r] for r in ranks])
+
+    # -- records -------------------------------------------------------------------------------
+    @property
+    def boundaries(self) -> list[list[float]]:
+        """Per rank: the clock at each iteration's end."""
+        return [lane.boundaries for lane in self.lanes]
+
+    @property
+    def end_times(self) -> list[float]:
+        """Per rank: the clock when the rank's function returned."""
+        return [lane.end_time for lane in self.lanes]
+
+    @property
+    def spans(self) -> list[Span]:
+        """Every rank's spans, rank by rank."""
+        got = self._cache.get("spans")
+        if got is None:
+            got = self._cache["spans"] = [s for r in range(self.nranks) for s in self.rank_spans(r)]
+        return got
+
+    @property
+    def comms(self) -> list[CommSpan]:
+        """Every rank's collectives, rank by rank."""
+        got = self._cache.get("comms")
+        if got is None:
+            got = self._cache["comms"] = [c for r in range(self.nranks) for c in self.rank_comms(r)]
+        return got
+
+    @property
+    def makespan(self) -> float:
+        """The latest rank's final clock."""
+        return max(self.end_times, default=0.0)
+
+    def rank_spans(self, rank: int, kinds: Sequence[str] | None = None) -> list[Span]:
+        return [Span(rank, k, s, e, name) for k, s, e, name in self.lanes[rank].spans
+                if kinds is None or k in kinds]
+
+    def rank_comms(self, rank: int) -> list[CommSpan]:
+        return self.lanes[rank].comm_spans(rank)
+
+    def num_iterations(self) -> int:
+        """Iterations completed by every rank."""
+        return min((len(lane.boundaries) for lane in self.lanes), default=0)
+
+    def windows(self, rank: int) -> list[tuple[float, float]]:
+        return self.lanes[rank].windows()
+
+    # -- statistics ------------------------------------------------------------------------------
+    def breakdown(self) -> list[IterationStats]:
+        """One :class:`IterationStats` per (iteration, rank), iteration-major."""
+        rows = self._cache.get("breakdown")
+        if rows is None:
+            rows = self._cache["breakdown"] = self._breakdown()
+        return list(rows)
+
+    def _breakdown(self) -> list[IterationStats]:
+        rows: list[IterationStats] = []
+        per_rank = [lane.windows() for lane in self.lanes]
+        for i in range(max((len(w) for w in per_rank), default=0)):
+            for r, lane in enumerate(self.lanes):
+                if i >= len(per_rank[r]):
+                    continue
+                lo, hi = per_rank[r][i]
+                phases = {k: measure(lane.clipped(k, lo, hi)) for k in COMPUTE_KINDS}
+                comm = lane.clipped("comm", lo, hi)
+                rows.append(IterationStats(
+                    iteration=i, rank=r, start=lo, end=hi, forward=phases["forward"],
+                    backward=phases["backward"], optimizer=phases["optimizer"],
+                    wait=measure(lane.clipped("wait", lo, hi)), comm=measure(comm),
+                    overlap=intersection(comm, lane.clipped(COMPUTE_KINDS, lo, hi))))
+        return rows
+
+    def _per_rank(self, metric: str) -> list[list[float]]:
+        got = self._cache.get(metric)
+        if got is None:
+            got = self._cache[metric] = [getattr(lane, metric)() for lane in self.lanes]
+        return got
+
+    def _per_iteration(self, metric: str, rank: int | None) -> list[float]:
+        per_rank = self._per_rank(metric)
+        if rank is not None:
+            return list(per_rank[rank])
+        out: list[float] = []
+        for values in per_rank:
+            for i, v in enumerate(values):
+                if i == len(out):
+                    out.append(v)
+                elif v > out[i]:
+                    out[i] = v
+        return out
+
+    def iteration_times(self, rank: int | None = None) -> list[float]:
+        """Per iteration: the longest rank's duration (or ``rank``'s), in seconds."""
+        return self._per_iteration("durations", rank)
+
+    def exposed_comm(self, rank: int | None = None) -> list[float]:
+        """Per iteration: the largest exposed communication over ranks (or ``rank``'s)."""
+        return self._per_iteration("exposed", rank)
+
+    def waits(self, rank: int | None = None) -> list[float]:
+        """Per iteration: the largest time blocked in waits over ranks (or ``rank``'s)."""
+        return self._per_iteration("waits", rank)
+
+    def slowest_ranks(self) -> list[int]:
+        """Per iteration: the rank with the longest duration (the lowest such rank)."""
+        best: list[tuple[float, int]] = []
+        for r, values in enumerate(self._per_rank("durations")):
+            for i, v in enumerate(values):
+                if i == len(best):
+                    best.append((v, r))
+                elif v > best[i][0]:
+                    best[i] = (v, r)
+        return [r for _, r in best]
+
+    # -- exports ---------------------------------------------------------------------------------
+    def to_chrome_trace(self, path: str | os.PathLike | None = None) -> dict[str, Any]:
+        """Chrome trace-event JSON (opens in Perfetto / chrome://tracing): one process per
+        rank; a "compute" thread (forward/backward/optimizer spans and waits), a "callbacks"
+        thread, and one "comm" thread per process group (and one for its point-to-point
+        transfers) with a span per collective and an instant event where it was issued.
+        Timestamps are virtual microseconds. Returns the document; writes it to ``path``."""
+        return export.chrome_trace(self, path)
+
+    def plot(self, path: str | os.PathLike, *, ranks: Sequence[int] | None = None,
+             title: str | None = None, dpi: int = 110) -> str:
+        """A PNG Gantt chart: per rank a compute lane (forward, backward, optimizer, waits,
+        callbacks) and a comm lane (each collective), iteration ends as ticks. Needs
+        matplotlib (``pip install 'fakepg-simddp[plot]'``)."""
+        from .plot import plot
+
+        return plot(self, path, ranks=ranks, title=title, dpi=dpi)
+
+    def to_csv(self, path: str | os.PathLike | None = None) -> str:
+        """:meth:`breakdown` as CSV (one row per iteration and rank, seconds)."""
+        return export.breakdown_csv(self, path)
+
+    def summary(self, max_rows: int = 12) -> str:
+        """A text table per iteration: time (longest rank), compute, comm, exposed comm and
+        overlap (largest over ranks), waits, and the rank with the most compute."""
+        return export.summary(self, max_rows)

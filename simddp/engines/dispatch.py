@@ -1,0 +1,111 @@
+"""The per-rank dispatch mode that charges every aten op to the rank's virtual clock.
+
+The hot path of co-simulation: it runs for every op every rank executes, so it reads the
+clock's fields directly (see :class:`~simddp.engines.clock.RankClock`) and finds an op's cost
+without calling the compute model whenever it can (:func:`classify`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..models.compute import ConstantCompute, RooflineCompute, _moves_no_data
+from .clock import (_CALL, _EMPTY, _FREE, _MEMO, _TICK, BWD, FWD, RankClock, _floor, _gtid,
+                    _FREE_PACKETS)
+
+__all__ = ["ClockMode", "classify"]
+
+_Tensor = torch.Tensor
+
+
+def classify(compute: Any, func: Any) -> Any:
+    """How the per-op path finds ``func``'s cost without calling the model when it can:
+    a constant (ConstantCompute; data-free ops under the roofline), a memo keyed by the
+    shapes and dtypes of the output and tensor arguments and the other arguments (the
+    roofline's cost is a function of those alone; ops with list arguments or kwargs fall
+    back), or a call of ``op_time`` (other models, which may depend on anything)."""
+    if getattr(func, "_overloadpacket", None) in _FREE_PACKETS:
+        return _FREE
+    c = compute
+    if type(c) is ConstantCompute:
+        return float(c.seconds_per_op)
+    if type(c) is RooflineCompute:
+        if _moves_no_data(func):
+            return float(c.op_time(func, (), {}, None))
+        return _MEMO  # a function of argument shapes, dtypes and scalars
+    return _CALL
+
+
+class ClockMode(TorchDispatchMode):
+    """Charges every aten op to its rank's virtual clock. Kept lean: it runs for every op."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:  # no torch._disable_dynamo wrapper per call (~3 µs)
+        return False
+
+    def __init__(self, r: RankClock) -> None:
+        super().__init__()
+        self.r = r
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        r = self.r
+        side = r.access(func, args, kwargs or _EMPTY) if r.watched else None
+        if kwargs:
+            out = func._op(*args, **kwargs)
+        else:
+            kwargs = _EMPTY
+            out = func._op(*args)
+        cost = r.costs.get(func)
+        if cost is None:
+            cost = r.costs[func] = r.const_entry(func, classify(r.sim.timing.compute, func))
+        if cost.__class__ is not str:  # a constant's entry
+            q = cost
+        elif cost is _MEMO and not kwargs:
+            try:
+                key = (func, out.shape, out.dtype,
+                       *[(a.shape, a.dtype) if isinstance(a, _Tensor) else a for a in args])
+                q = r.memo[key]
+            except KeyError:
+                q = r.memo_entry(key, func, args, out)
+            except (TypeError, AttributeError):  # unhashable args, non-tensor out: never again
+                r.costs[func] = _CALL
+                q = r.call_entry(func, r.cost(func, args, kwargs, out))
+        elif cost is _FREE:
+            return out
+        else:
+            q = r.cost(func, args, kwargs, out)
+            if r.noise is None:
+                try:
+                    q = _floor(q * r.per_s)
+                except (TypeError, ValueError, OverflowError):
+                    raise r.bad_cost(func, q) from None
+            else:
+                try:
+                    q = r.call_entries[(func, q)]
+                except (KeyError, TypeError):
+                    q = r.call_entry(func, q)
+        noise = r.noise
+        if noise is not None:  # q is (ticks, stream, stride): take the stream's next factor
+            q, st, k = q
+            i = st[0]
+            st[0] = (i + k) & 0xFFFF  # _OP_NOISE_MASK
+            q = _floor(q * noise[i])
+        if side is not None:
+            r.side_op(side, q * _TICK)
+            return out
+        ph = r.override
+        if ph is None:
+            g = _gtid()
+            if g == -1:
+                ph = FWD
+            else:
+                ph = BWD
+                if g != r.gtid:
+                    r.new_graph_task(g)
+        if ph != r.phase:
+            r.switch(ph)
+        r.ticks += q  # the clock advances (exactly: see _PER_S)
+        return out

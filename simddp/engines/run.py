@@ -1,0 +1,410 @@
+"""Replay's engine: a captured DDP iteration replayed on one simpy environment.
+
+:func:`replay` checks its knobs, plans each bucket (:mod:`~simddp.engines.plan`) and runs
+:class:`_Replay`: every rank a simpy process on one :class:`~simddp.engines.core.Fabric`,
+every collective a process on its communicator. The model and every knob are described in
+:mod:`simddp.replay`. The result's figures come from its :class:`~simddp.Timeline`.
+"""
+
+from __future__ import annotations
+
+import gc
+import time as _time
+from typing import Any, Mapping
+
+from fakepg.arguments import integer
+
+from ..analysis import CommSpan, Lane, ReplayResult, Timeline
+from ..models import Network, NetworkModel, collective_time, noise
+from .core import CollectiveProcess, Fabric, at
+from .plan import BucketPlan, CapturedIteration, Costs, check_knobs, plans
+
+__all__ = ["replay"]
+
+
+class _ReplayLane(Lane):
+    """A replayed rank's lane: its collectives are the engine's processes (shared by every
+    member) with this rank's issue time, turned into CommSpans only when asked."""
+
+    __slots__ = ()
+
+    def comm_intervals(self) -> list[tuple[float, float]]:
+        return [(c.start, c.end) for c, _ in self.comms
+                if c.start is not None and c.end is not None]
+
+    def comm_spans(self, rank: int) -> list[CommSpan]:
+        out = []
+        for c, issue in self.comms:
+            info = c.info
+            members = info["members"]
+            out.append(CommSpan(
+                rank=rank, op=info["op"], group=info["group"],
+                group_ranks=tuple(members) if len(members) <= 64 else (),  # no 4096-tuples
+                seq=info["seq"], bytes=info["bytes"], issue=issue, start=c.start, end=c.end,
+                site=info["name"], in_backward=info["in_backward"]))
+        return out
+
+
+def _network(network: Any, cap: CapturedIteration) -> NetworkModel:
+    if network is None:
+        net = cap.network_model()
+        if net is None:
+            raise ValueError("replay(network=...) is needed: the capture's network was not a "
+                             "simddp.Network")
+        return net
+    if isinstance(network, str):
+        return Network.preset(network)
+    if not isinstance(network, NetworkModel):
+        raise TypeError(f"network must be a preset name or a network model (simddp.Network, or "
+                        f"anything with name, gpus_per_node, collective_time(op, nbytes, "
+                        f"nranks) and describe(): simddp.models.NetworkModel), got {network!r}")
+    return network
+
+
+class _Replay:
+    """One replay: every rank a simpy process on one :class:`Fabric`."""
+
+    def __init__(self, cap: CapturedIteration, world: int, net: NetworkModel, *, buckets, plans,
+                 speeds, jitter, seed, period, slowmo, uneven, iterations, groups,
+                 shared_nic, costs: Costs) -> None:
+        self.cap, self.world, self.net = cap, world, net
+        self.fabric = Fabric()
+        self.env = self.fabric.env
+        self.plans: list[BucketPlan] = plans
+        self.period, self.slowmo = period, slowmo
+        self.iterations = iterations
+        self.costs = costs
+        self.groups = groups
+        self.nprof = len(cap.profiles)
+        self.slow = [1.0 / speeds.get(r, 1.0) for r in range(world)]
+        self.counts = [uneven.get(r, iterations) for r in range(world)] if uneven else None
+        self.join = bool(uneven)
+        # per rank and iteration, one factor per compute segment; one per collective
+        self.noise = None
+        self.net_noise: noise.Stream | None = None
+        if jitter > 0:
+            self.noise = noise.lognormal(noise.generator(seed, 0), jitter,
+                                         (world, iterations, 4)).tolist()
+            self.net_noise = noise.Stream(noise.generator(seed, 1), jitter)
+        # per profile: forward collectives' issues (0) and waits (1) by compute offset
+        self.forward_events = []
+        for prof in cap.profiles:
+            ev = []
+            for k, fc in enumerate(prof.forward_collectives):
+                ev.append((float(fc["offset"]), 0, k))
+                if fc.get("wait_at") is not None:
+                    ev.append((float(fc["wait_at"]), 1, k))
+            self.forward_events.append(sorted(ev))
+        # per profile: when each bucket is ready, relative to backward start (speed 1)
+        self.ready = []
+        for prof in cap.profiles:
+            rd = [0.0 if t is None else float(t) for t in prof.ready]
+            self.ready.append([max((rd[i] for i in p.params), default=0.0) for p in plans])
+        gpn = net.gpus_per_node or 1
+        self.gpn = gpn
+        ng = world // groups
+        self.group_size = ng
+        self.node_of = [r // gpn for r in range(world)]
+        self.node_members: dict[tuple[int, int], list[int]] = {}
+        for r in range(world):
+            self.node_members.setdefault((r % groups, self.node_of[r]), []).append(r)
+        self.group_links: list[list[tuple[str, int]]] = []
+        for g in range(groups):
+            nodes = sorted({self.node_of[r] for r in range(g, world, groups)})
+            self.group_links.append([("nic", n) for n in nodes]
+                                    if shared_nic and len(nodes) > 1 else [])
+        self.colls: dict[tuple, CollectiveProcess] = {}
+        self.order: list[CollectiveProcess] = []
+        self.seq: dict[Any, int] = {}
+        self.side = [0.0] * world
+        self.spans: list[list[tuple[str, float, float, str]]] = [[] for _ in range(world)]
+        self.comms: list[list[tuple[CollectiveProcess, float]]] = [[] for _ in range(world)]
+        self.bounds: list[list[float]] = [[] for _ in range(world)]
+        self.param_bytes = cap.param_bytes
+
+    # -- collectives -----------------------------------------------------------------------
+    def _net_factor(self) -> float:
+        return 1.0 if self.net_noise is None else self.net_noise.next()
+
+    def comm_of(self, r: int, scope: str) -> tuple[Any, list[int] | range, list]:
+        """(communicator key, members, shared links) of rank r's DDP group or node subgroup."""
+        g = r % self.groups
+        if scope == "node":
+            node = self.node_of[r]
+            return ("node", g, node), self.node_members[(g, node)], []
+        return ("dp", g), range(g, self.world, self.groups), self.group_links[g]
+
+    def enqueue(self, r: int, tag: tuple, scope: str, op: str, nbytes: int,
+                in_backward: bool = False) -> CollectiveProcess:
+        """The collective ``tag`` on rank r's communicator, created (taking the communicator's
+        next sequence number, queued behind everything enqueued before it) by its first
+        member to enqueue it; no member has arrived at it yet (see :meth:`arrive`)."""
+        key, members, links = self.comm_of(r, scope)
+        name = (key, *tag)
+        c = self.colls.get(name)
+        if c is None:
+            n = len(members)
+            dur = collective_time(self.net, op, nbytes, n) * self._net_factor() if n > 1 else 0.0
+            seq = self.seq.get(key, 0)
+            self.seq[key] = seq + 1
+            group = f"dp{key[1]}" if key[0] == "dp" else f"dp{key[1]}/node{key[2]}"
+            info = {"name": "/".join(str(x) for x in (group, *tag)), "op": op, "group": group,
+                    "members": members, "seq": seq, "bytes": int(nbytes),
+                    "in_backward": in_backward}
+            c = self.colls[name] = self.fabric.collective(key, n, dur, links=links, info=info)
+            self.order.append(c)
+        return c
+
+    def arrive(self, r: int, c: CollectiveProcess) -> CollectiveProcess:
+        """Rank r issues ``c`` now: its data is ready, the collective may start."""
+        c.arrive()
+        self.comms[r].append((c, self.env.now))
+        return c
+
+    def issue(self, r: int, tag: tuple, scope: str, op: str, nbytes: int,
+              in_backward: bool = False) -> CollectiveProcess:
+        return self.arrive(r, self.enqueue(r, tag, scope, op, nbytes, in_backward))
+
+    # -- rank processes ----------------------------------------------------------------------
+    def compute(self, r: int, kind: str, seconds: float, label: str | None = None):
+        if seconds > 0:
+            start = self.env.now
+            yield self.env.timeout(seconds)  # lands on start + seconds exactly
+            self._span(r, kind, start, self.env.now, label or kind)
+
+    def _span(self, r: int, kind: str, s: float, e: float, label: str) -> None:
+        if e > s:
+            self.spans[r].append((kind, s, e, label))
+
+    def wait(self, r: int, c: CollectiveProcess, label: str):
+        if c.end is None:
+            start = self.env.now
+            yield c.done
+            self._span(r, "wait", start, self.env.now, label)
+
+    def wait_all(self, r: int, pending: list, label: str):
+        env = self.env
+        start = env.now
+        target = start
+        for item in pending:
+            if isinstance(item, tuple):
+                c, cb = item
+                if c.end is None:
+                    yield c.done
+                end = c.end
+                if cb > 0:
+                    s = max(self.side[r], end)
+                    self.side[r] = end = s + cb
+                    self._span(r, "callback", s, end, "callback (side stream)")
+            else:
+                if item.callbacks is not None:  # a chain process still running
+                    yield item
+                end = item.value
+            if end > target:
+                target = end
+        if target > env.now:
+            yield at(env, target)
+        self._span(r, "wait", start, env.now, label)
+
+    def chain(self, r: int, plan: BucketPlan, colls: list[CollectiveProcess], scale: float):
+        """A multi-stage comm hook's future chain (PowerSGD) on rank r's side stream: each
+        stage's callback runs after its collective, and issues (arrives at) the next stage's
+        collective, which :meth:`issue_bucket` already enqueued in program order."""
+        env = self.env
+        for j, ((_, _, cb), c) in enumerate(zip(plan.stages, colls)):
+            if j:
+                self.arrive(r, c)
+            if c.end is None:
+                yield c.done
+            s = max(env.now, self.side[r])
+            e = self.side[r] = s + cb * scale
+            self._span(r, "callback", s, e, "callback (side stream)")
+            if e > env.now:
+                yield at(env, e)
+        return env.now
+
+    def issue_bucket(self, r: int, it: int, k: int, plan: BucketPlan, scale: float, scope: str,
+                     pending: list) -> None:
+        # The Reducer runs bucket k's comm hook when it issues the bucket, and with NCCL the
+        # hook's futures complete as soon as their collectives are enqueued, so the whole
+        # then-chain (PowerSGD: the P and Q all_reduces) is enqueued on the communicator right
+        # away, before bucket k + 1's all_reduce; on the device each stage still waits for the
+        # previous stage's callback (stream dependency). So every stage takes its sequence
+        # number now, and arrives when its callback has run: bucket k + 1's collectives can
+        # never overtake bucket k's P/Q all_reduces on the communicator (co-simulation, where
+        # fakepg runs the callbacks inline, gives the same order).
+        colls = [self.enqueue(r, ("b", it, k, j), scope, op, nbytes, True)
+                 for j, (op, nbytes, _) in enumerate(plan.stages)]
+        first = self.arrive(r, colls[0])
+        if len(plan.stages) > 1:
+            pending.append(self.env.process(self.chain(r, plan, colls, scale)))
+        else:
+            pending.append((first, plan.stages[0][2] * scale))
+
+    def train(self, r: int, it: int):
+        env = self.env
+        prof = self.cap.profiles[r % self.nprof]
+        s = self.slow[r]
+        f = self.noise[r][it] if self.noise is not None else (1.0, 1.0, 1.0, 1.0)
+        pending: list = []
+        if self.join:  # Join.notify_join_context and DDP's requires-grad-sync, async
+            pending.append((self.issue(r, ("join", it), "dp", "all_reduce", 4), 0.0))
+            pending.append((self.issue(r, ("sync", it), "dp", "all_reduce", 4), 0.0))
+        # forward, with the captured forward collectives at their offsets
+        scale = s * f[0]
+        done = 0.0
+        issued: dict[int, CollectiveProcess] = {}
+        for offset, what, k in self.forward_events[r % self.nprof]:
+            dt = offset * scale - done
+            if dt > 0:
+                yield from self.compute(r, "forward", dt)
+                done += dt
+            fc = prof.forward_collectives[k]
+            if what == 0:
+                issued[k] = self.issue(r, ("fwd", it, k), "dp", fc["op"], int(fc["bytes"]))
+            else:
+                yield from self.wait(r, issued[k], f"wait: {fc['op']}")
+        yield from self.compute(r, "forward", prof.forward * scale - done)
+        # backward: buckets issued in order, each when its last parameter is ready
+        scope = "node" if self.period else "dp"
+        t_b = env.now
+        scale = s * f[1]
+        shift = 0.0
+        ready = self.ready[r % self.nprof]
+        for k, plan in enumerate(self.plans):
+            t = t_b + ready[k] * scale + shift
+            if t > env.now:
+                yield at(env, t)
+            if plan.pre > 0:
+                pre = plan.pre * scale
+                yield env.timeout(pre)
+                shift += pre
+            self.issue_bucket(r, it, k, plan, scale, scope, pending)
+        for k, bc in enumerate(self.cap.backward_collectives):
+            pending.append((self.issue(r, ("bwd", it, k), scope, bc["op"], int(bc["bytes"])),
+                            0.0))
+        end = t_b + prof.backward * scale + shift
+        if end > env.now:
+            yield at(env, end)
+        self._span(r, "backward", t_b, env.now, "backward")
+        yield from self.wait_all(r, pending, "wait: collectives of backward")
+        yield from self.compute(r, "backward", prof.post_backward * s * f[2])
+        yield from self.compute(r, "forward", prof.before_step * s * f[2])
+        yield from self.compute(r, "optimizer", prof.optimizer * s * f[3])
+        if self.period and it % self.period == 0:
+            yield from self.average(r, it, s)
+
+    def average(self, r: int, it: int, s: float):
+        """PeriodicModelAverager (LocalSGD) / SlowMo: all_reduce of all parameters."""
+        pb = self.param_bytes
+        yield from self.compute(r, "optimizer", self.costs.op(2 * pb) * s, "flatten")
+        c = self.issue(r, ("avg", it), "dp", "all_reduce", pb)
+        yield from self.wait(r, c, "wait: model averaging")
+        post = self.costs.op(2 * pb) + self.costs.op(2 * pb)  # divide, unflatten
+        if self.slowmo:
+            post += 4 * self.costs.op(3 * pb)  # slow momentum: diff, momentum, update, copy
+        yield from self.compute(r, "optimizer", post * s, "model averaging")
+
+    def shadow(self, r: int, it: int):
+        """A joined rank's shadow of iteration ``it`` (Join's DDP hook)."""
+        c = self.issue(r, ("join", it), "dp", "all_reduce", 4)
+        yield from self.wait(r, c, "wait: join")
+        c = self.issue(r, ("sync", it), "dp", "all_reduce", 4)
+        yield from self.wait(r, c, "wait: join")
+        pending: list = []
+        s = self.slow[r]
+        for k, plan in enumerate(self.plans):
+            if plan.pre > 0:
+                yield from self.compute(r, "backward", plan.pre * s, "comm hook")
+            self.issue_bucket(r, it, k, plan, s, "dp", pending)
+        yield from self.wait_all(r, pending, "wait: join shadow all_reduces")
+
+    def rank(self, r: int):
+        for it in range(self.iterations):
+            if self.counts is None or it < self.counts[r]:
+                yield from self.train(r, it)
+            else:
+                yield from self.shadow(r, it)
+            self.bounds[r].append(self.env.now)
+        if self.join:  # the last Join all_reduce (nobody left), DDP's final broadcast
+            c = self.issue(r, ("join", "final"), "dp", "all_reduce", 4)
+            yield from self.wait(r, c, "wait: join")
+            c = self.issue(r, ("final",), "dp", "broadcast", self.param_bytes)
+            yield from self.wait(r, c, "wait: final broadcast")
+            if self.bounds[r]:
+                self.bounds[r][-1] = self.env.now
+
+    def run(self) -> Timeline:
+        """Run every rank to its end; returns the timeline, its figures computed."""
+        # The cyclic garbage collector would rescan the many live events and generators of a
+        # large world again and again (2-3x the run time at 4096 ranks); it is paused while the
+        # simulation runs and the timeline computes its figures, and restored after.
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            for r in range(self.world):
+                self.env.process(self.rank(r))
+            self.env.run()
+            unfinished = [r for r in range(self.world) if len(self.bounds[r]) < self.iterations]
+            if unfinished:  # pragma: no cover - a bug in the model, not a user error
+                raise RuntimeError(f"replay deadlocked: ranks {unfinished[:8]} did not finish")
+            timeline = self.timeline()
+            timeline.iteration_times(), timeline.exposed_comm()  # (cached)
+        finally:
+            if was_enabled:
+                gc.enable()
+        return timeline
+
+    def timeline(self) -> Timeline:
+        return Timeline.from_lanes([
+            _ReplayLane(self.spans[r], self.comms[r], self.bounds[r],
+                        self.bounds[r][-1] if self.bounds[r] else 0.0)
+            for r in range(self.world)])
+
+
+def replay(captured: CapturedIteration, world_size: int | None = None, *,
+           network: NetworkModel | str | None = None, bucket_cap_mb: float | None = None,
+           first_bucket_mb: float | None = None, comm_hook: str | None = None,
+           powersgd_rank: int = 1, rank_speed: Mapping[int, float] | None = None,
+           jitter: float = 0.0, seed: int = 0, localsgd_period: int | None = None,
+           slowmo_period: int | None = None, uneven: Mapping[int, int] | None = None,
+           iterations: int | None = None, groups: int = 1,
+           shared_nic: bool = False) -> ReplayResult:
+    """Replay ``captured`` on ``world_size`` ranks (default: the captured world size) with one
+    global simpy environment. See :mod:`simddp.replay` for the model and every knob."""
+    t_wall = _time.perf_counter()
+    cap = captured
+    world = integer("world_size", cap.world_size if world_size is None else world_size,
+                    minimum=1)
+    net = _network(network, cap)
+    period = localsgd_period if localsgd_period is not None else slowmo_period
+    speeds, uneven, iterations = check_knobs(
+        world, net, comm_hook=comm_hook, powersgd_rank=powersgd_rank, rank_speed=rank_speed,
+        jitter=jitter, localsgd_period=localsgd_period, slowmo_period=slowmo_period,
+        uneven=uneven, iterations=iterations, groups=groups, shared_nic=shared_nic)
+    buckets = cap.buckets(bucket_cap_mb, first_bucket_mb)
+    costs = Costs(cap.costs)
+    bucket_plans = plans(cap, buckets, comm_hook, powersgd_rank, costs)
+    sim = _Replay(cap, world, net, buckets=buckets, plans=bucket_plans, speeds=speeds,
+                  jitter=jitter, seed=seed, period=period, slowmo=slowmo_period is not None,
+                  uneven=uneven, iterations=iterations, groups=groups, shared_nic=shared_nic,
+                  costs=costs)
+    timeline = sim.run()
+    knobs = {**net.describe(), "bucket_cap_mb": bucket_cap_mb,
+             "first_bucket_mb": first_bucket_mb, "comm_hook": comm_hook,
+             "powersgd_rank": powersgd_rank if comm_hook == "powersgd" else None,
+             "rank_speed": {str(k): v for k, v in sorted(speeds.items())} or None,
+             "jitter": float(jitter), "seed": seed, "localsgd_period": localsgd_period,
+             "slowmo_period": slowmo_period,
+             "uneven": {str(k): v for k, v in sorted(uneven.items())} or None,
+             "groups": groups, "shared_nic": shared_nic}
+    colls = [{"name": c.info["name"], "op": c.info["op"], "group": c.info["group"],
+              "members": len(c.info["members"]), "seq": c.info["seq"],
+              "bytes": c.info["bytes"], "start": c.start, "end": c.end} for c in sim.order]
+    return ReplayResult(
+        world_size=world, iterations=iterations, knobs=knobs, buckets=buckets,
+        bucket_bytes=[[b for _, b, _ in p.stages] for p in bucket_plans], collectives=colls,
+        rank_collectives=[len(x) for x in sim.comms],
+        rank_comm_bytes=[sum(c.info["bytes"] for c, _ in x) for x in sim.comms],
+        timeline=timeline, wall_time=_time.perf_counter() - t_wall)
+

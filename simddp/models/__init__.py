@@ -1,0 +1,17 @@
+"""Timing models: what a collective and an op cost, and the noise on those costs.
+
+* :class:`NetworkModel` / :class:`ComputeModel`: the protocols both engines accept;
+* :class:`Network`: NCCL's α–β model (flat or two-level), with presets and calibration;
+* :class:`Compute`: roofline, per-op constant and profile-based compute models;
+* :mod:`simddp.models.noise`: the seeded log-normal jitter both engines draw.
+"""
+
+from . import noise
+from .compute import (DEVICES, Compute, ConstantCompute, DevicePreset, ProfileCompute,
+                      RooflineCompute)
+from .network import PRESETS, Network
+from .protocols import ComputeModel, NetworkModel, collective_time
+
+__all__ = ["NetworkModel", "ComputeModel", "collective_time", "Network", "PRESETS", "Compute",
+           "DevicePreset", "DEVICES", "RooflineCompute", "ConstantCompute", "ProfileCompute",
+           "noise"]

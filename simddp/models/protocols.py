@@ -1,0 +1,50 @@
+"""What the engines require of a network or compute model.
+
+Co-simulation (:func:`simddp.simulate`) and replay (:func:`simddp.replay.replay`) accept any
+object that satisfies these protocols, checked with ``isinstance`` (runtime-checkable): a
+network model written for one engine works in the other.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol, runtime_checkable
+
+from fakepg import ops
+
+__all__ = ["NetworkModel", "ComputeModel", "collective_time"]
+
+
+@runtime_checkable
+class NetworkModel(Protocol):
+    """How long collectives take on a fabric.
+
+    ``name``: a short label for tables. ``gpus_per_node``: ranks per node, or None for one
+    flat fabric (replay uses it for node-local subgroups and shared NICs).
+    ``collective_time(op, nbytes, nranks)``: seconds, ``op`` a name of fakepg's op registry
+    (:mod:`fakepg.ops`), ``nbytes`` as :class:`simddp.Network` documents. ``describe()``: the
+    model's parameters as a flat dict of JSON values (columns of sweep tables).
+    """
+
+    name: str
+    gpus_per_node: int | None
+
+    def collective_time(self, op: str, nbytes: int, nranks: int) -> float: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class ComputeModel(Protocol):
+    """How long one aten op takes: ``op_time(func, args, kwargs, out)`` in seconds."""
+
+    def op_time(self, func: Any, args: tuple, kwargs: Mapping[str, Any], out: Any) -> float: ...
+
+
+def collective_time(network: NetworkModel, op: str, nbytes: int, nranks: int) -> float:
+    """``network.collective_time``; an op fakepg's registry does not know (a name a layer
+    above invented) is costed as an all_reduce of its bytes."""
+    try:
+        ops.cost_kind(op)
+    except ValueError:
+        op = "all_reduce"
+    return network.collective_time(op, nbytes, nranks)
