@@ -80,7 +80,7 @@ class ProcessState:
         if np is not None:
             self.np_rng = np.random.get_state()
         environ = os.environ
-        self.env = {k: environ.get(k) for k in ENV_KEYS}
+        self.env = {k: environ.get(k) for k in (self.env or ENV_KEYS)}  # the keys it swaps
         self.c10d = capture_c10d_globals()
 
     def install(self) -> None:

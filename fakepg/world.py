@@ -11,7 +11,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 from unittest import mock
 
 import torch
@@ -73,7 +73,8 @@ class SpawnResult:
 
 def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, seed: int = 0,
           hooks: WorldHooks | None = None, hang_timeout: float = 1.0,
-          master_port: int = 29500) -> SpawnResult:
+          master_port: int = 29500,
+          env: Callable[[int], Mapping[str, str]] | Mapping[str, str] | None = None) -> SpawnResult:
     """Run ``fn(rank, *args)`` on ``nprocs`` ranks of a deterministic in-process cluster.
 
     Inside ``fn``, torch.distributed is already initialised with the ``"fakepg"`` backend
@@ -83,6 +84,8 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
 
     ``seed`` fixes each rank's initial torch/Python/numpy RNG state (a function of seed
     and rank). ``hang_timeout`` bounds the inactivity fallback for waits hidden in C++.
+    ``env`` adds environment variables for every rank (a mapping) or per rank (a function
+    of the rank), over the launcher's RANK/WORLD_SIZE/...; each rank sees its own values.
 
     Example::
 
@@ -106,19 +109,22 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
         raise FakePGError("another fakepg world is running in this process; worlds run one "
                           "after another (use pytest-xdist for parallelism)")
     try:
-        return _run_world(fn, tuple(args), nprocs, seed, hooks, hang_timeout, master_port)
+        return _run_world(fn, tuple(args), nprocs, seed, hooks, hang_timeout, master_port, env)
     finally:
         _SPAWN_LOCK.release()
 
 
-def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port) -> SpawnResult:
+def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_env) -> SpawnResult:
     register_backend()
     t0 = time.perf_counter()
     cluster = Cluster(nprocs, seed, hooks)
-    host = ProcessState()
-    host.save()
-    processes = [ProcessState.for_rank(r, nprocs, seed, _rank_env(r, nprocs, master_port))
+    extra = extra_env if callable(extra_env) else (lambda r: extra_env or {})  # noqa: E731
+    processes = [ProcessState.for_rank(r, nprocs, seed,
+                                       {**_rank_env(r, nprocs, master_port), **_str_env(extra(r))})
                  for r in range(nprocs)]
+    host = ProcessState()
+    host.env = dict.fromkeys(k for p in processes for k in p.env)  # restore every key ranks set
+    host.save()
     sched = Scheduler(processes, cluster.hang_report)
     cluster.scheduler = sched
     store = dist.HashStore()
@@ -190,6 +196,13 @@ def _run_threads(threads: list[threading.Thread], sched: Scheduler, cluster: Clu
             torch.autograd.set_multithreading_enabled(multithreading)
             host.install()
             sys.excepthook = excepthook  # init_process_group prefixes it with "[rankN]"
+
+
+def _str_env(env: Mapping[str, str]) -> dict[str, str]:
+    bad = {k: v for k, v in env.items() if not (isinstance(k, str) and isinstance(v, str))}
+    if bad:
+        raise TypeError(f"fakepg.spawn: env names and values must be strings, got {bad!r}")
+    return dict(env)
 
 
 def _watch(sched: Scheduler, cluster: Cluster, hang_timeout: float) -> None:

@@ -82,7 +82,7 @@ def test_fakerun_runs_an_unmodified_torchrun_script(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "fakepg.launcher", "--standalone", "--nnodes", "1",
                            "--nproc-per-node", "3", str(script)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert sorted(proc.stdout.split("\n")[:3]) == ["ok rank 0 of 3", "ok rank 1 of 3", "ok rank 2 of 3"]
+    assert sorted(proc.stdout.splitlines()) == [f"[rank{r}]:ok rank {r} of 3" for r in range(3)]
 
 
 def test_fakerun_exits_nonzero_with_the_hang_report_on_stderr(tmp_path):
