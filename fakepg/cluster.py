@@ -13,6 +13,7 @@ from .collectives import (Call, Collective, GroupState, _flatten, check_match, e
 from .errors import (CollectiveHangError, CollectiveMismatchError, FakePGError, RankFailedError,
                      WorldAbortedError)
 from .hooks import WorldHooks
+from .profiling import unrecorded
 from .scheduler import BLOCKED, DONE, NEW, Scheduler
 from .trace import CollectiveRecord
 
@@ -170,7 +171,7 @@ class Cluster:
     def _run(self, coll: Collective) -> None:
         # The data movement is the network's work, not the issuing rank's: keep it out of
         # any per-rank dispatch mode (simddp charges compute time through one).
-        with _disable_current_modes():
+        with _disable_current_modes(), unrecorded():
             execute(coll)
         coll.matched = True
         for c in coll.members():

@@ -23,6 +23,7 @@ from .errors import CollectiveHangError, CollectiveMismatchError, FakePGError, R
 from .hooks import WorldHooks
 from .isolation import ProcessState
 from .process_group import BACKEND_NAME, FakeFuture, register_backend
+from .profiling import world_profilers
 from .scheduler import Scheduler
 from .sites import _short, user_site
 from .trace import CollectiveRecord
@@ -158,7 +159,7 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port) -> Spaw
         sched.slots[r].thread = t
     multithreading = torch.autograd.is_multithreading_enabled()
     excepthook = sys.excepthook
-    with patches:
+    with patches, world_profilers():
         torch.autograd.set_multithreading_enabled(False)  # backward runs on the rank's thread
         torch._C._distributed_c10d._set_thread_isolation_mode(True)
         try:
