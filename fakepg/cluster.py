@@ -14,6 +14,7 @@ from .ops.p2p import SEND
 from .errors import (CollectiveHangError, CollectiveMismatchError, FakePGError, RankFailedError,
                      WorldAbortedError)
 from .hooks import WorldHooks
+from .profiling import unrecorded
 from .scheduler import BLOCKED, DONE, NEW, Scheduler
 from .trace import CollectiveRecord
 
@@ -154,10 +155,11 @@ class Cluster:
         if torch._C._len_torch_dispatch_stack() or _len_pre_dispatch_stack():
             # The data movement is the network's work, not the issuing rank's: keep it out
             # of any per-rank dispatch mode (a timing layer charges compute through one).
-            with _disable_current_modes():
+            with _disable_current_modes(), unrecorded():
                 coll.spec.execute(calls)
         else:
-            coll.spec.execute(calls)
+            with unrecorded():  # nor in the rank's profile
+                coll.spec.execute(calls)
         coll.matched = True
         g = coll.group
         for c in calls:

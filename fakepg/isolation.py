@@ -1,10 +1,14 @@
 """Per-rank process state, swapped in and out at the hand-offs between rank threads.
 
 Ranks run one at a time, so a rank's "process-global" state (torch's default CPU
-generator, Python's and numpy's RNGs, the torch.distributed world, the launcher's
-environment variables) can live in the real globals while the rank runs and be saved
-when it yields. Hand-offs are rare (a rank runs until it blocks), so this costs far
-less than intercepting every random op.
+generator, Python's and numpy's RNGs, the torch.distributed world, the whole of
+``os.environ``, torch's global switches and print options) can live in the real globals
+while the rank runs and be saved when it yields. Hand-offs are rare (a rank runs until it
+blocks), so this costs far less than intercepting every access; and each piece is only
+written back when it differs from what is live (a snapshot compare), because most
+hand-offs change nothing but the RNG streams.
+
+What is per rank, what cannot be, and what fakepg does about each: see ``ISOLATION``.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import hashlib
 import os
 import random
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed.distributed_c10d as c10d
@@ -25,6 +29,37 @@ ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK"
 _C10D_GLOBALS = ("_world", "_pg_map", "_pg_names", "_pg_group_ranks", "_pg_backend_config",
                  "_group_count", "_tags_to_pg", "_pg_to_tag", "_backend",
                  "_default_pg_init_method")
+
+ISOLATION = """\
+Per rank (saved when a rank yields, installed when it resumes; the caller's own values are
+saved before spawn and put back after it):
+  - torch's default CPU generator, Python's `random`, numpy's global RandomState
+  - all of os.environ (each rank starts from the caller's environment plus its launcher
+    variables and spawn's extra per-rank variables); C code reading getenv sees it too
+  - torch.distributed's default group and group registry
+  - torch.set_default_dtype; torch.use_deterministic_algorithms (and warn_only);
+    torch.utils.deterministic.fill_uninitialized_memory; torch.set_warn_always
+  - torch.backends switches: cudnn enabled/benchmark/deterministic, TF32 and fp32_precision
+    (cuda/cudnn/mkldnn, torch.set_float32_matmul_precision), cuBLAS reduced-precision
+    reductions, scaled-dot-product-attention backends, mkldnn, nnpack, opt_einsum,
+    preferred linalg/BLAS backends
+  - torch.autograd.set_detect_anomaly (a process-global switch in torch)
+  - torch.set_printoptions
+  - torch.set_num_threads: the value each rank asked for is put back when it resumes
+    (the intra-op pool itself is one per process: ranks never run concurrently, so each
+    rank's ops run with the thread count it asked for)
+Per rank already, because torch keeps it per thread and each rank is a thread:
+  grad mode (torch.no_grad, set_grad_enabled), inference mode, autocast, the default
+  device (torch.set_default_device), torch.set_flush_denormal, CUDA's current device.
+  A rank starts with torch's defaults for these, as a new process does.
+Not isolated (one per process; a rank that changes it changes it for all):
+  - module globals of user libraries (and of torch outside the list above)
+  - the current directory (os.chdir), signal handlers, sys.path, sys.modules, open files
+  - the inter-op thread pool size (torch refuses to change it once work has run)
+  - CUDA generators and CUDA caching-allocator settings
+  - numpy's print options are per thread (a context variable): a rank starts from numpy's
+    defaults, not the caller's
+"""
 
 
 def derive_seed(seed: int, rank: int, stream: str = "torch") -> int:
@@ -48,40 +83,196 @@ def install_c10d_globals(values: dict[str, Any]) -> None:
     vars(c10d).update(values)
 
 
+# -- os.environ ---------------------------------------------------------------------------
+# os.environ keeps its encoded contents in ``_data`` (what putenv was given); copying and
+# comparing that dict runs at C speed, where dict(os.environ) decodes every entry.
+
+def _environ_data() -> dict:
+    return os.environ._data  # type: ignore[attr-defined]
+
+
+def _install_environ(target: dict) -> None:
+    data = _environ_data()
+    for key in [k for k in data if k not in target]:
+        os.unsetenv(key)
+        del data[key]
+    for key, value in target.items():
+        if data.get(key) != value:
+            os.putenv(key, value)
+            data[key] = value
+
+
+def environ_with(overrides: dict[str, str | None]) -> dict:
+    """The live environment plus ``overrides`` (None unsets), in os.environ's encoding."""
+    env = dict(_environ_data())
+    encode_key, encode_value = os.environ.encodekey, os.environ.encodevalue  # type: ignore[attr-defined]
+    for key, value in overrides.items():
+        if value is None:
+            env.pop(encode_key(key), None)
+        else:
+            env[encode_key(key)] = encode_value(str(value))
+    return env
+
+
+# -- torch's process-global switches --------------------------------------------------------
+
+def _switches() -> list[tuple[str, Callable[[], Any], Callable[[Any], None]]]:
+    """(name, getter, setter) for each process-global torch switch this build has."""
+    C = torch._C
+    out: list[tuple[str, Callable[[], Any], Callable[[Any], None]]] = [
+        ("default_dtype", torch.get_default_dtype, torch.set_default_dtype),
+        ("deterministic", lambda: (torch.are_deterministic_algorithms_enabled(),
+                                   torch.is_deterministic_algorithms_warn_only_enabled()),
+         lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1])),
+        ("anomaly", lambda: (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()),
+         lambda v: torch.set_anomaly_enabled(*v)),
+        # Before the fp32_precision entries: it sets some of them as a side effect.
+        ("float32_matmul_precision", torch.get_float32_matmul_precision,
+         torch.set_float32_matmul_precision),
+    ]
+    if hasattr(C, "_get_fp32_precision_getter"):
+        # The fp32_precision table is the truth behind every TF32 switch; the legacy
+        # allow_tf32 getters raise once the new API has been used, so they are not read.
+        for backend in ("generic", "cuda", "mkldnn"):
+            for op in ("all", "matmul", "conv", "rnn"):
+                try:
+                    C._get_fp32_precision_getter(backend, op)
+                except Exception:  # noqa: BLE001 - not a valid pair in this build
+                    continue
+                out.append((f"fp32_precision.{backend}.{op}",
+                            lambda b=backend, o=op: C._get_fp32_precision_getter(b, o),
+                            lambda v, b=backend, o=op: C._set_fp32_precision_setter(b, o, v)))
+    else:  # pragma: no cover - torch before the fp32_precision API
+        out += [("cublas_allow_tf32", C._get_cublas_allow_tf32, C._set_cublas_allow_tf32),
+                ("cudnn_allow_tf32", C._get_cudnn_allow_tf32, C._set_cudnn_allow_tf32)]
+    plain = ["cudnn_enabled", "cudnn_benchmark", "cudnn_deterministic", "mkldnn_enabled",
+             "nnpack_enabled", "mkldnn_deterministic", "miopen_immediate",
+             "cublas_allow_fp16_reduced_precision_reduction",
+             "cublas_allow_bf16_reduced_precision_reduction", "cublas_allow_fp16_accumulation",
+             "cpu_allow_fp16_reduced_precision_reduction", "math_sdp_allow_fp16_bf16_reduction",
+             "deterministic_fill_uninitialized_memory", "warnAlways",
+             "linalg_preferred_backend", "blas_preferred_backend", "rocm_fa_preferred_backend",
+             "sm_carveout_experimental"]
+    for name in plain:
+        get, put = getattr(C, f"_get_{name}", None), getattr(C, f"_set_{name}", None)
+        if get is not None and put is not None and _readable(get):
+            out.append((name, get, (lambda v, put=put: put(*v)) if isinstance(get(), tuple) else put))
+    for kind in ("flash", "mem_efficient", "math", "cudnn", "overrideable"):
+        get, put = getattr(C, f"_get_{kind}_sdp_enabled", None), getattr(C, f"_set_sdp_use_{kind}", None)
+        if get is not None and put is not None and _readable(get):
+            out.append((f"{kind}_sdp", get, put))
+    einsum = sys.modules.get("torch.backends.opt_einsum")
+    if einsum is not None:
+        # Its properties cost ~10 us a read; the module behind them holds the same values.
+        g = vars(getattr(einsum, "m", einsum))
+        if "enabled" in g and "strategy" in g:
+            out.append(("opt_einsum", lambda: (g["enabled"], g["strategy"]), _set_opt_einsum))
+        else:  # pragma: no cover - another layout of torch.backends.opt_einsum
+            out.append(("opt_einsum", lambda: (einsum.enabled, einsum.strategy), _set_opt_einsum))
+    return out
+
+
+def _readable(get: Callable[[], Any]) -> bool:
+    try:
+        get()
+        return True
+    except Exception:  # noqa: BLE001 - a switch this build cannot report is left alone
+        return False
+
+
+def _set_opt_einsum(value: tuple[bool, Any]) -> None:
+    import torch.backends.opt_einsum as einsum
+    einsum.enabled = value[0]
+    if value[0] and value[1] is not None:
+        einsum.strategy = value[1]
+
+
+_SWITCHES = _switches()
+_GETTERS = tuple(get for _, get, _ in _SWITCHES)
+_PRINT_OPTS = torch._tensor_str.PRINT_OPTS
+
+
+def capture_switches() -> tuple:
+    return tuple(get() for get in _GETTERS)
+
+
+def install_switches(target: tuple) -> None:
+    # Some setters move others (the matmul precision sets fp32_precision entries): a
+    # second pass puts back what the first one moved.
+    for _ in range(3):
+        live = capture_switches()
+        if live == target:
+            return
+        for (_, _, put), have, want in zip(_SWITCHES, live, target):
+            if have != want:
+                put(want)
+
+
+# torch.set_num_threads stores a process-wide count (read by threads that have not yet run
+# parallel work) and the calling thread's OpenMP count. This is the process-wide one as
+# fakepg last left it, so a rank that resumes puts back both.
+_process_threads: int | None = None
+
+
+def _install_num_threads(want: int) -> None:
+    global _process_threads
+    if want != _process_threads or want != torch.get_num_threads():
+        torch.set_num_threads(want)
+    _process_threads = want
+
+
 class ProcessState:
     """Everything a separate process would own, for one rank (or for the host)."""
 
-    __slots__ = ("torch_rng", "py_rng", "np_rng", "env", "c10d")
+    __slots__ = ("torch_rng", "py_rng", "np_rng", "env", "c10d", "switches", "print_opts",
+                 "num_threads")
 
     def __init__(self) -> None:
         self.torch_rng: torch.Tensor | None = None
         self.py_rng: Any = None
         self.np_rng: Any = None
-        self.env: dict[str, str | None] = {}
+        self.env: dict | None = None  # os.environ's encoded contents
         self.c10d: dict[str, Any] = {}
+        self.switches: tuple | None = None
+        self.print_opts: dict[str, Any] | None = None
+        self.num_threads: int | None = None
 
     @classmethod
-    def for_rank(cls, rank: int, nprocs: int, seed: int, env: dict[str, str]) -> "ProcessState":
+    def for_rank(cls, rank: int, nprocs: int, seed: int,
+                 env: dict[str, str | None]) -> "ProcessState":
+        """A rank's state at start: the caller's (live) process state, fresh RNG streams fixed
+        by (seed, rank), a fresh torch.distributed world, and ``env`` added to the caller's
+        environment (a None value unsets the variable)."""
         st = cls()
         st.torch_rng = torch.Generator().manual_seed(derive_seed(seed, rank)).get_state()
         st.py_rng = random.Random(derive_seed(seed, rank, "python")).getstate()
         np = sys.modules.get("numpy")
         if np is not None:
             st.np_rng = np.random.RandomState(derive_seed(seed, rank, "numpy") % (1 << 32)).get_state()
-        st.env = dict(env)
+        st.env = environ_with(env)
         st.c10d = fresh_c10d_globals()
+        st.switches = capture_switches()
+        st.print_opts = dict(vars(_PRINT_OPTS))
+        st.num_threads = torch.get_num_threads()
         return st
 
     def save(self) -> None:
         """Copy the live globals into this state (the owner is about to yield)."""
+        global _process_threads
         self.torch_rng = torch.default_generator.get_state()
         self.py_rng = random.getstate()
         np = sys.modules.get("numpy")
         if np is not None:
             self.np_rng = np.random.get_state()
-        environ = os.environ
-        self.env = {k: environ.get(k) for k in (self.env or ENV_KEYS)}  # the keys it swaps
+        data = _environ_data()
+        if self.env != data:
+            self.env = dict(data)
         self.c10d = capture_c10d_globals()
+        self.switches = capture_switches()
+        opts = vars(_PRINT_OPTS)
+        if self.print_opts != opts:
+            self.print_opts = dict(opts)
+        self.num_threads = _process_threads = torch.get_num_threads()
 
     def install(self) -> None:
         """Make this state the live one (the owner is about to run)."""
@@ -92,11 +283,14 @@ class ProcessState:
         np = sys.modules.get("numpy")
         if np is not None and self.np_rng is not None:
             np.random.set_state(self.np_rng)
-        environ = os.environ
-        for k, v in self.env.items():
-            if v is None:
-                environ.pop(k, None)
-            elif environ.get(k) != v:
-                environ[k] = v
+        if self.env is not None and self.env != _environ_data():
+            _install_environ(self.env)
         if self.c10d:
             install_c10d_globals(self.c10d)
+        if self.switches is not None:
+            install_switches(self.switches)
+        if self.print_opts is not None and self.print_opts != vars(_PRINT_OPTS):
+            vars(_PRINT_OPTS).clear()
+            vars(_PRINT_OPTS).update(self.print_opts)
+        if self.num_threads is not None:
+            _install_num_threads(self.num_threads)

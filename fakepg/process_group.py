@@ -21,6 +21,7 @@ from .cluster import Cluster, _fresh, current_cluster
 from .collectives import Call
 from .errors import FakePGError
 from .ops.base import dtype_name, tensors_of
+from .profiling import collective_event
 from .reductions import op_name
 from .sites import user_site
 from .trace import CollectiveRecord
@@ -306,7 +307,8 @@ class FakeProcessGroup(PythonProcessGroup):
         # Join's shadow of the backward pass (a joined rank's DDP hook) runs the Reducer's
         # comm hook outside backward and waits on its future from C++ too: settle it as well.
         call.hidden_wait = in_backward or _in_join_shadow()
-        self._cluster.issue(g, call, block=call.hidden_wait)
+        with collective_event(op, flat_in):
+            self._cluster.issue(g, call, block=call.hidden_wait)
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work

@@ -25,6 +25,7 @@ from .errors import CollectiveHangError, CollectiveMismatchError, FakePGError, R
 from .hooks import WorldHooks
 from .isolation import ProcessState
 from .process_group import BACKEND_NAME, FakeFuture, register_backend
+from .profiling import world_profilers
 from .scheduler import Scheduler
 from .sites import _short, user_site
 from .trace import CollectiveRecord
@@ -123,7 +124,6 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_e
                                        {**_rank_env(r, nprocs, master_port), **_str_env(extra(r))})
                  for r in range(nprocs)]
     host = ProcessState()
-    host.env = dict.fromkeys(k for p in processes for k in p.env)  # restore every key ranks set
     host.save()
     sched = Scheduler(processes, cluster.hang_report)
     cluster.scheduler = sched
@@ -181,7 +181,7 @@ def _run_threads(threads: list[threading.Thread], sched: Scheduler, cluster: Clu
     """Run the rank threads to their end under the world's patches; restore the host."""
     multithreading = torch.autograd.is_multithreading_enabled()
     excepthook = sys.excepthook
-    with _patches(len(threads)):
+    with _patches(len(threads)), world_profilers():
         torch.autograd.set_multithreading_enabled(False)  # backward runs on the rank's thread
         torch._C._distributed_c10d._set_thread_isolation_mode(True)
         try:
