@@ -13,6 +13,7 @@ from .collectives import (Call, Collective, GroupState, _flatten, check_match, e
 from .errors import (CollectiveHangError, CollectiveMismatchError, FakePGError, RankFailedError,
                      WorldAbortedError)
 from .hooks import WorldHooks
+from .liveness import TimedWait, collective_wait
 from .scheduler import BLOCKED, DONE, NEW, Scheduler
 from .trace import CollectiveRecord
 
@@ -110,7 +111,8 @@ class Cluster:
         if block and not coll.settled:
             # Not a wait the program made: the caller (C++ inside backward) is about to
             # wait where Python cannot see it, so settle the collective first.
-            self.scheduler.block(call.rank, lambda: coll.settled, lambda: self._waiting_text(call))
+            self.scheduler.block(call.rank, lambda: coll.settled, lambda: self._waiting_text(call),
+                                 collective_wait(self, call))
         self.complete_ready(call.rank)
         if coll.error is not None:
             raise _fresh(coll.error)
@@ -187,10 +189,13 @@ class Cluster:
         self.scheduler.abort(error)
 
     # -- waiting and completion ----------------------------------------------------
-    def wait(self, call: Call) -> None:
+    def wait(self, call: Call, timed: TimedWait | None = None) -> None:
+        """Block until ``call``'s collective settled; past the group's timeout (or ``timed``'s)
+        raise the backend's timeout error."""
         coll: Collective = call.collective
         if not coll.settled:
-            self.scheduler.block(call.rank, lambda: coll.settled, lambda: self._waiting_text(call))
+            self.scheduler.block(call.rank, lambda: coll.settled, lambda: self._waiting_text(call),
+                                 timed or collective_wait(self, call))
         self.complete_ready(call.rank)
         if coll.error is not None:
             raise _fresh(coll.error)

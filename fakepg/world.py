@@ -17,14 +17,18 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from . import liveness
 from . import trace as _trace
 from .cluster import Cluster, bind_thread, current_cluster
-from .errors import CollectiveHangError, CollectiveMismatchError, FakePGError, RankFailedError
+from .errors import (CollectiveHangError, CollectiveMismatchError, FakePGError, RankFailedError,
+                     SpawnTimeoutError, WorldAbortedError)
 from .hooks import WorldHooks
 from .isolation import ProcessState
 from .process_group import BACKEND_NAME, FakeFuture, register_backend
+from .arguments import number
 from .scheduler import Scheduler
 from .sites import _short, user_site
+from .store import world_store, world_stores
 from .trace import CollectiveRecord
 
 try:  # numpy's global RNG is isolated per rank too; import it up front so all ranks see it
@@ -71,7 +75,7 @@ class SpawnResult:
 
 def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, seed: int = 0,
           hooks: WorldHooks | None = None, hang_timeout: float = 1.0,
-          master_port: int = 29500) -> SpawnResult:
+          master_port: int = 29500, timeout: float | None = None) -> SpawnResult:
     """Run ``fn(rank, *args)`` on ``nprocs`` ranks of a deterministic in-process cluster.
 
     Inside ``fn``, torch.distributed is already initialised with the ``"fakepg"`` backend
@@ -81,6 +85,8 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
 
     ``seed`` fixes each rank's initial torch/Python/numpy RNG state (a function of seed
     and rank). ``hang_timeout`` bounds the inactivity fallback for waits hidden in C++.
+    ``timeout`` (seconds of wall clock, default none) bounds the whole world: past it every
+    rank is stopped and :class:`SpawnTimeoutError` reports each rank's state and stack.
 
     Example::
 
@@ -98,16 +104,18 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
         raise ValueError(f"fakepg.spawn: nprocs must be an integer >= 1, got {nprocs!r}")
     if current_cluster() is not None:
         raise FakePGError("fakepg.spawn cannot be nested inside a rank of another fake world")
+    if timeout is not None:
+        timeout = number("fakepg.spawn: timeout", timeout, positive=True, hint="seconds, or None")
     if not _SPAWN_LOCK.acquire(blocking=False):
         raise FakePGError("another fakepg world is running in this process; worlds run one "
                           "after another (use pytest-xdist for parallelism)")
     try:
-        return _run_world(fn, tuple(args), nprocs, seed, hooks, hang_timeout, master_port)
+        return _run_world(fn, tuple(args), nprocs, seed, hooks, hang_timeout, master_port, timeout)
     finally:
         _SPAWN_LOCK.release()
 
 
-def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port) -> SpawnResult:
+def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, timeout) -> SpawnResult:
     register_backend()
     t0 = time.perf_counter()
     cluster = Cluster(nprocs, seed, hooks)
@@ -120,7 +128,6 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port) -> Spaw
     processes = [ProcessState.for_rank(r, nprocs, seed, env(r)) for r in range(nprocs)]
     sched = Scheduler(processes, cluster.hang_report)
     cluster.scheduler = sched
-    store = dist.HashStore()
     returns: list[Any] = [None] * nprocs
     failures: dict[int, BaseException] = {}
 
@@ -129,15 +136,18 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port) -> Spaw
         sched.enter(rank)
         outcome = "returned"
         try:
+            if isinstance(sched.abort_error, _STOPPED):
+                raise sched.abort_error  # stopped before it ever ran
             cluster.hooks.rank_started(rank)
-            _ORIGINAL_INIT(backend=BACKEND_NAME, rank=rank, world_size=nprocs, store=store,
-                           timeout=datetime.timedelta(minutes=30))
+            _ORIGINAL_INIT(backend=BACKEND_NAME, rank=rank, world_size=nprocs,
+                           store=world_store(_PG_TIMEOUT), timeout=_PG_TIMEOUT)
             returns[rank] = fn(rank, *args)
             cluster.complete_ready(rank)
         except BaseException as e:  # noqa: BLE001 - every rank failure is reported by spawn
             failures[rank] = e
             outcome = f"raised {type(e).__name__}"
             ends_world = not isinstance(e, FakePGError) or getattr(e, "ends_world", False)
+            ends_world = ends_world and not isinstance(sched.abort_error, _STOPPED)
             if ends_world and cluster.failed_rank is None:
                 cluster.failed_rank = rank
                 site = _exception_site(e)
@@ -158,33 +168,56 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port) -> Spaw
         sched.slots[r].thread = t
     multithreading = torch.autograd.is_multithreading_enabled()
     excepthook = sys.excepthook
-    with patches:
+    with patches, world_stores("127.0.0.1", master_port), liveness.cooperative_sleep():
         torch.autograd.set_multithreading_enabled(False)  # backward runs on the rank's thread
         torch._C._distributed_c10d._set_thread_isolation_mode(True)
         try:
             for t in threads:
                 t.start()
-            sched._hand_over(nprocs - 1)  # baton to rank 0
-            _watch(sched, cluster, hang_timeout)
-            for t in threads:
-                t.join()
+            _run_to_end(sched, cluster, threads, hang_timeout, timeout)
         finally:
             torch._C._distributed_c10d._set_thread_isolation_mode(False)
             torch.autograd.set_multithreading_enabled(multithreading)
             host.install()
             sys.excepthook = excepthook  # init_process_group prefixes it with "[rankN]"
     result = SpawnResult(returns, cluster.trace, nprocs, seed, time.perf_counter() - t0)
+    if isinstance(sched.abort_error, SpawnTimeoutError):
+        raise SpawnTimeoutError(sched.abort_error.report)
     _raise_outcome(sched, cluster, failures)
     return result
 
 
-def _watch(sched: Scheduler, cluster: Cluster, hang_timeout: float) -> None:
-    """Wait for the world to end; catch the baton holder stuck in an invisible C++ wait."""
+_PG_TIMEOUT = datetime.timedelta(minutes=30)  # c10d's default for gloo
+_STOPPED = (SpawnTimeoutError, liveness.WorldInterrupted)  # the world was stopped from outside
+
+
+def _run_to_end(sched: Scheduler, cluster: Cluster, threads: list[threading.Thread],
+                hang_timeout: float, timeout: float | None) -> None:
+    """Run the world until every rank thread ended -- also on a timeout or Ctrl-C."""
+    try:
+        sched._hand_over(len(threads) - 1)  # baton to rank 0
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not _watch(sched, cluster, hang_timeout, deadline):
+            error = SpawnTimeoutError(liveness.timeout_report(sched, timeout))
+            liveness.end_ranks(sched, cluster, error)
+        for t in threads:
+            t.join()
+    except BaseException:  # KeyboardInterrupt (or anything) in the caller: no rank outlives it
+        liveness.end_ranks(sched, cluster, liveness.WorldInterrupted(
+            "fakepg: the caller was interrupted while the world ran; every rank was stopped"))
+        raise
+
+
+def _watch(sched: Scheduler, cluster: Cluster, hang_timeout: float, deadline: float | None) -> bool:
+    """Wait for the world to end (True) or its deadline to pass (False); catch the baton
+    holder stuck in an invisible C++ wait."""
     # The loop allocates nothing and touches no rank's frames while the world is healthy:
     # both could shift when the garbage collector runs or how long a tensor stays referenced
     # (autograd then clones instead of stealing a gradient) and so break determinism.
     seen: tuple | None = None
     while not sched.finished.wait(0.05):
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
         holder = sched.current
         if holder is None or sched.abort_error is not None:
             seen = None
@@ -217,6 +250,7 @@ def _watch(sched: Scheduler, cluster: Cluster, hang_timeout: float) -> None:
         for c in list(cluster.outstanding[holder]):
             if c.work is not None and not c.work._done:
                 c.work._complete(err)  # unblocks the C++ wait with the error
+    return True
 
 
 def _cpu_seconds(thread: threading.Thread | None) -> float:
@@ -285,14 +319,14 @@ class _Patches:
             if c10d.is_initialized():
                 return None  # already the fake world; any backend/init_method maps onto it
             return _ORIGINAL_INIT(backend=BACKEND_NAME, rank=me, world_size=nprocs,
-                                  store=dist.HashStore(), timeout=timeout or datetime.timedelta(minutes=30))
+                                  store=world_store(timeout or _PG_TIMEOUT), timeout=timeout or _PG_TIMEOUT)
 
         @functools.wraps(_ORIGINAL_MONITORED_BARRIER)
         def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
             if current_cluster() is None:
                 return _ORIGINAL_MONITORED_BARRIER(group, timeout, wait_all_ranks)
             g = group or c10d._get_default_group()
-            return g.monitored_barrier(timeout, wait_all_ranks)
+            return liveness.monitored_barrier(g, timeout, wait_all_ranks)
 
         orig_wait_all, orig_collect_all = torch.futures.wait_all, torch.futures.collect_all
 
