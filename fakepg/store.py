@@ -120,6 +120,8 @@ class FakeStore(dist.Store):
     def add(self, key: str, value: int) -> int:
         new = int(self._data.kv.get(key, b"0")) + int(value)
         self._data.kv[key] = str(new).encode()
+        if int(value) == 0:
+            self._yield()  # add(key, 0) is how counters are polled
         return new
 
     def append(self, key: str, value: Any) -> None:
@@ -140,12 +142,14 @@ class FakeStore(dist.Store):
         current = self._data.kv.get(key)
         if current is None:
             if expected:  # as TCPStore: a missing key only matches an empty expected value
+                self._yield()
                 return expected
             self._data.kv[key] = desired
             return desired
         if current == expected:
             self._data.kv[key] = desired
             return desired
+        self._yield()  # a lost compare-and-set is usually retried in a loop
         return current
 
     def delete_key(self, key: str) -> bool:

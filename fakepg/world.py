@@ -199,7 +199,10 @@ def _run_to_end(sched: Scheduler, cluster: Cluster, threads: list[threading.Thre
         deadline = None if timeout is None else time.monotonic() + timeout
         if not _watch(sched, cluster, hang_timeout, deadline):
             error = SpawnTimeoutError(liveness.timeout_report(sched, timeout))
-            liveness.end_ranks(sched, cluster, error)
+            stuck = liveness.end_ranks(sched, cluster, error)
+            if stuck:  # in C code that never returns to Python: nothing more can be done
+                raise SpawnTimeoutError(f"{error.report}\nranks {stuck} could not be stopped (they "
+                                        f"are inside C code); their threads are left running")
         for t in threads:
             t.join()
     except BaseException:  # KeyboardInterrupt (or anything) in the caller: no rank outlives it

@@ -194,3 +194,19 @@ def test_outside_a_world_a_fake_store_wait_times_out_at_once():
     fake = fakepg.FakeStore(fakepg.store._Data("test"), "hash")
     with pytest.raises(dist.DistStoreError, match="^Wait timeout"):
         fake.get("missing")
+
+
+def test_compare_set_and_add_zero_polling_loops_let_the_other_ranks_run():
+    def body(rank):
+        store = c10d._get_default_store()
+        if rank == 0:
+            while store.compare_set("lock", "free", "mine") != b"mine":
+                pass
+            while store.add("done", 0) == 0:
+                pass
+            return True
+        store.set("lock", "free")
+        store.add("done", 1)
+        return True
+
+    assert fakepg.spawn(body, nprocs=2).returns == [True, True]
