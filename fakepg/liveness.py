@@ -132,6 +132,8 @@ def cooperative_sleep() -> Iterator[None]:
 
 # -- reports ---------------------------------------------------------------------------------
 def _state(slot: Any) -> str:
+    if slot.state == BLOCKED and slot.sleeping:
+        return f"sleeping in {slot.waiting_for()}"
     if slot.state == BLOCKED:
         return f"blocked waiting on {slot.waiting_for()}" if slot.waiting_for else "blocked"
     if slot.state == DONE:

@@ -93,7 +93,7 @@ class Scheduler:
         if self.abort_error is not None:
             raise self.abort_error
         until = time.monotonic() + max(0.0, seconds)
-        self._park(rank, lambda: False, lambda: f"nothing: sleeping in time.sleep({seconds:g})",
+        self._park(rank, lambda: False, lambda: f"time.sleep({seconds:g})",
                    None, until, sleeping=True)
         if self.abort_error is not None:
             raise self.abort_error

@@ -19,13 +19,13 @@ import torch.distributed.distributed_c10d as c10d
 
 from . import liveness
 from . import trace as _trace
+from .arguments import number
 from .cluster import Cluster, bind_thread, current_cluster
 from .errors import (CollectiveHangError, CollectiveMismatchError, FakePGError, RankFailedError,
-                     SpawnTimeoutError, WorldAbortedError)
+                     SpawnTimeoutError)
 from .hooks import WorldHooks
 from .isolation import ProcessState
 from .process_group import BACKEND_NAME, FakeFuture, register_backend
-from .arguments import number
 from .scheduler import Scheduler
 from .sites import _short, user_site
 from .store import world_store, world_stores
@@ -172,8 +172,6 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, timeout
         torch.autograd.set_multithreading_enabled(False)  # backward runs on the rank's thread
         torch._C._distributed_c10d._set_thread_isolation_mode(True)
         try:
-            for t in threads:
-                t.start()
             _run_to_end(sched, cluster, threads, hang_timeout, timeout)
         finally:
             torch._C._distributed_c10d._set_thread_isolation_mode(False)
@@ -194,21 +192,31 @@ _STOPPED = (SpawnTimeoutError, liveness.WorldInterrupted)  # the world was stopp
 def _run_to_end(sched: Scheduler, cluster: Cluster, threads: list[threading.Thread],
                 hang_timeout: float, timeout: float | None) -> None:
     """Run the world until every rank thread ended -- also on a timeout or Ctrl-C."""
+    baton_given = False
+    stuck: list[int] = []
     try:
+        for t in threads:
+            t.start()
         sched._hand_over(len(threads) - 1)  # baton to rank 0
+        baton_given = True
         deadline = None if timeout is None else time.monotonic() + timeout
         if not _watch(sched, cluster, hang_timeout, deadline):
             error = SpawnTimeoutError(liveness.timeout_report(sched, timeout))
             stuck = liveness.end_ranks(sched, cluster, error)
-            if stuck:  # in C code that never returns to Python: nothing more can be done
-                raise SpawnTimeoutError(f"{error.report}\nranks {stuck} could not be stopped (they "
-                                        f"are inside C code); their threads are left running")
-        for t in threads:
-            t.join()
+        for rank, t in enumerate(threads):
+            if rank not in stuck:
+                t.join()
     except BaseException:  # KeyboardInterrupt (or anything) in the caller: no rank outlives it
-        liveness.end_ranks(sched, cluster, liveness.WorldInterrupted(
-            "fakepg: the caller was interrupted while the world ran; every rank was stopped"))
+        error = liveness.WorldInterrupted(
+            "fakepg: the caller was interrupted while the world ran; every rank was stopped")
+        sched.abort(error)
+        if not baton_given and sched.current is None:
+            sched._hand_over(len(threads) - 1)  # started ranks end once they get the baton
+        liveness.end_ranks(sched, cluster, error)
         raise
+    if stuck:  # in C code that never returns to Python: nothing more can be done
+        raise SpawnTimeoutError(f"{sched.abort_error.report}\nranks {stuck} could not be stopped "
+                                f"(they are inside C code); their threads are left running")
 
 
 def _watch(sched: Scheduler, cluster: Cluster, hang_timeout: float, deadline: float | None) -> bool:

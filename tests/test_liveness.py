@@ -65,7 +65,7 @@ def test_sleep_3600_past_the_world_timeout_is_stopped_with_each_ranks_stack(no_l
     report = info.value.report
     assert "timeout of 0.2 s" in report
     assert "rank 0: blocked waiting on barrier" in report
-    assert "rank 1: blocked waiting on nothing: sleeping in time.sleep(3600)" in report
+    assert "rank 1: sleeping in time.sleep(3600)" in report
     assert "time.sleep(3600)  # the line the report must show" in report
 
 
@@ -132,7 +132,7 @@ def test_monitored_barrier_timeout_raises_gloos_error_while_a_rank_still_runs():
         "[Rank 0]: Rank 1 failed to pass monitoredBarrier in 100 ms\n Original exception: \n"
         "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] "
         "Timed out waiting 100ms for recv operation to complete\n")
-    assert "rank 1: blocked waiting on nothing: sleeping in time.sleep(0.3)" in str(err)
+    assert "rank 1: sleeping in time.sleep(0.3)" in str(err)
     assert err.expired
 
 
@@ -204,3 +204,19 @@ def test_pytest_timeout_marker_and_option_bound_fake_cluster_worlds(pytester):
     result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines(["*SpawnTimeoutError*", "*time.sleep(3600)*"])
     assert result.stdout.str().count("timeout of 0.1 s") >= 2
+
+
+def test_monitored_barrier_on_a_rank_other_than_0_blames_rank_0_as_gloo_does():
+    def body(rank):
+        if rank == 0:
+            time.sleep(0.3)
+            return None
+        try:
+            dist.monitored_barrier(timeout=MS100)
+        except dist.DistBackendError as e:
+            return str(e)
+
+    message = fakepg.spawn(body, nprocs=2).returns[1]
+    assert message.startswith("Rank 1 successfully reached monitoredBarrier, but received errors "
+                              "while waiting for send/recv from rank 0.")
+    assert "rank 0: sleeping in time.sleep(0.3)" in message
