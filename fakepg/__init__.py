@@ -13,11 +13,13 @@ Example::
     print(result.summary())
 """
 
-from .errors import (CollectiveHangError, CollectiveMismatchError, CollectiveTimeoutError,
-                     FakePGError, RankFailedError, WorldAbortedError)
+from .errors import (BackendTimeoutError, CollectiveHangError, CollectiveMismatchError,
+                     CollectiveTimeoutError, FakePGError, RankFailedError, SpawnTimeoutError,
+                     StoreTimeoutError, WorldAbortedError)
 from .hooks import WorldHooks
 from .process_group import BACKEND_NAME, FakeProcessGroup, FakeWork, register_backend
 from .world import SpawnResult, spawn
+from .store import FakeStore
 from . import compat  # fakepg.compat.cuda_synchronize_noop() and other CPU shims
 from .trace import CollectiveRecord, dump_flight_recorder, flight_recorder_dump, from_json, to_json
 
@@ -26,7 +28,8 @@ register_backend()
 __all__ = [
     "spawn", "SpawnResult", "CollectiveRecord", "BACKEND_NAME",
     "FakePGError", "CollectiveMismatchError", "CollectiveHangError", "RankFailedError",
-    "WorldAbortedError", "CollectiveTimeoutError",
+    "WorldAbortedError", "CollectiveTimeoutError", "SpawnTimeoutError", "BackendTimeoutError",
+    "StoreTimeoutError", "FakeStore",
     "FakeProcessGroup", "FakeWork", "WorldHooks",
     "to_json", "from_json", "flight_recorder_dump", "dump_flight_recorder",
 ]

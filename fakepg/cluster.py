@@ -14,6 +14,7 @@ from .ops.p2p import SEND
 from .errors import (CollectiveHangError, CollectiveMismatchError, FakePGError, RankFailedError,
                      WorldAbortedError)
 from .hooks import WorldHooks
+from .liveness import TimedWait, collective_wait
 from .profiling import unrecorded
 from .scheduler import BLOCKED, DONE, NEW, Scheduler
 from .trace import CollectiveRecord
@@ -75,7 +76,8 @@ class Cluster:
         if block and not coll.settled:
             # Not a wait the program made: the caller (C++ inside backward) is about to
             # wait where Python cannot see it, so settle the collective first.
-            sched.block(call.rank, lambda: coll.settled, lambda: self._waiting_text(call))
+            sched.block(call.rank, lambda: coll.settled, lambda: self._waiting_text(call),
+                        collective_wait(self, call))
         self.complete_ready(call.rank)
         if coll.error is not None:
             raise _fresh(coll.error)
@@ -177,10 +179,13 @@ class Cluster:
         self.scheduler.abort(error)
 
     # -- waiting and completion ----------------------------------------------------
-    def wait(self, call: Call) -> None:
+    def wait(self, call: Call, timed: TimedWait | None = None) -> None:
+        """Block until ``call``'s collective settled; past the group's timeout (or ``timed``'s)
+        raise the backend's timeout error."""
         coll: PendingCollective = call.collective
         if not coll.settled:
-            self.scheduler.block(call.rank, lambda: coll.settled, lambda: self._waiting_text(call))
+            self.scheduler.block(call.rank, lambda: coll.settled, lambda: self._waiting_text(call),
+                                 timed or collective_wait(self, call))
         self.complete_ready(call.rank)
         if coll.error is not None:
             raise _fresh(coll.error)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from torch.distributed import DistBackendError, DistStoreError
+
 
 class FakePGError(RuntimeError):
     """Base class of every error the fake cluster raises."""
@@ -38,3 +40,40 @@ class WorldAbortedError(FakePGError):
 
 class CollectiveTimeoutError(FakePGError):
     """A wait outlived the group's timeout (raised by simulators that keep time)."""
+
+
+class _TimedOut(CollectiveHangError):
+    """A wait with a timeout that failed: its message starts with the real backend's (or
+    store's) wording, then fakepg's report. ``expired`` is True when the deadline passed
+    while another rank was still running (the world goes on; the rank may handle it),
+    False when the hang verdict decided no rank could ever satisfy the wait (at once)."""
+
+    def __init__(self, message: str, report: str = "", expired: bool = False):
+        RuntimeError.__init__(self, f"{message}\n{report}" if report else message)
+        self.report = report or message
+        self.expired = expired
+
+    @property
+    def ends_world(self) -> bool:
+        # Unhandled, an expired timeout is the rank's own failure; a verdict already ended it.
+        return self.expired
+
+
+class BackendTimeoutError(_TimedOut, DistBackendError):
+    """A collective's wait outlived its timeout (the group's, or monitored_barrier's).
+
+    Both a :class:`CollectiveHangError` and torch's ``DistBackendError`` (a RuntimeError,
+    which is what gloo raises), so programs' own timeout handlers and fakepg's both see it."""
+
+
+class StoreTimeoutError(_TimedOut, DistStoreError):
+    """A store ``get``/``wait`` outlived the store's timeout; also torch's ``DistStoreError``."""
+
+
+class SpawnTimeoutError(FakePGError):
+    """The world ran past ``spawn(timeout=...)``. ``.report`` gives each rank's state and
+    Python stack at that moment; every rank thread was ended before spawn returned."""
+
+    def __init__(self, report: str):
+        super().__init__(report)
+        self.report = report

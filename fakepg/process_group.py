@@ -307,7 +307,7 @@ class FakeProcessGroup(PythonProcessGroup):
         # Join's shadow of the backward pass (a joined rank's DDP hook) runs the Reducer's
         # comm hook outside backward and waits on its future from C++ too: settle it as well.
         call.hidden_wait = in_backward or _in_join_shadow()
-        with collective_event(op, flat_in):
+        with collective_event(op.name, shown):
             self._cluster.issue(g, call, block=call.hidden_wait)
         if self._coalesced is not None:
             self._coalesced.append(work)

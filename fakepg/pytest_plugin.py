@@ -11,7 +11,9 @@
         assert fake_cluster.run(body).returns == [6.0] * 4
 
 A failing run adds the hang/mismatch report and the command that replays it to the
-test's failure output. ``--fakepg-seed N`` changes the seed of every fake world.
+test's failure output. ``--fakepg-seed N`` changes the seed of every fake world;
+``--fakepg-timeout S`` (or ``@pytest.mark.fakepg_timeout(S)`` on a test) bounds each of the
+test's worlds to S seconds of wall clock (``fakepg.spawn(timeout=S)``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 import pytest
 
-from .errors import CollectiveHangError, CollectiveMismatchError, FakePGError
+from .errors import CollectiveHangError, CollectiveMismatchError, FakePGError, SpawnTimeoutError
 from .world import SpawnResult, spawn
 
 _CLUSTER = pytest.StashKey["FakeCluster"]()
@@ -31,25 +33,32 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("fakepg")
     group.addoption("--fakepg-seed", type=int, default=None,
                     help="seed for every fake cluster run through the fake_cluster fixture")
+    group.addoption("--fakepg-timeout", type=float, default=None,
+                    help="wall-clock limit in seconds for every fake cluster run through the "
+                         "fake_cluster fixture (a fakepg_timeout marker overrides it)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "world_size(n): number of ranks for the fake_cluster fixture")
+    config.addinivalue_line("markers", "fakepg_timeout(seconds): wall-clock limit of each world "
+                                       "the fake_cluster fixture runs")
 
 
 class FakeCluster:
     """What the ``fake_cluster`` fixture gives a test."""
 
-    def __init__(self, nprocs: int, seed: int, nodeid: str):
+    def __init__(self, nprocs: int, seed: int, nodeid: str, timeout: float | None = None):
         self.nprocs = nprocs
         self.seed = seed
+        self.timeout = timeout
         self.nodeid = nodeid
         self.failure: FakePGError | None = None
         self.results: list[SpawnResult] = []
 
     def run(self, fn: Callable[..., Any], args: Sequence[Any] = (), *, nprocs: int | None = None,
             seed: int | None = None, **kwargs: Any) -> SpawnResult:
-        """``fakepg.spawn(fn, args, nprocs=<marker>, seed=<option or 0>)``."""
+        """``fakepg.spawn(fn, args, nprocs=<marker>, seed=<option or 0>, timeout=<marker or option>)``."""
+        kwargs.setdefault("timeout", self.timeout)
         try:
             result = spawn(fn, args, nprocs=nprocs or self.nprocs,
                            seed=self.seed if seed is None else seed, **kwargs)
@@ -69,7 +78,9 @@ def fake_cluster(request: pytest.FixtureRequest) -> FakeCluster:
     marker = request.node.get_closest_marker("world_size")
     nprocs = int(marker.args[0]) if marker and marker.args else 2
     seed = request.config.getoption("--fakepg-seed")
-    cluster = FakeCluster(nprocs, 0 if seed is None else seed, request.node.nodeid)
+    limit = request.node.get_closest_marker("fakepg_timeout")
+    timeout = float(limit.args[0]) if limit and limit.args else request.config.getoption("--fakepg-timeout")
+    cluster = FakeCluster(nprocs, 0 if seed is None else seed, request.node.nodeid, timeout)
     request.node.stash[_CLUSTER] = cluster
     return cluster
 
@@ -81,7 +92,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytes
     if cluster is None or report.when != "call" or not report.failed:
         return report
     lines = []
-    if isinstance(cluster.failure, (CollectiveHangError, CollectiveMismatchError)):
+    if isinstance(cluster.failure, (CollectiveHangError, CollectiveMismatchError, SpawnTimeoutError)):
         lines.append(str(cluster.failure))
     elif cluster.failure is not None:
         lines.append(f"{type(cluster.failure).__name__}: {cluster.failure}")

@@ -5,13 +5,19 @@ issued yet, a point-to-point peer). It then saves its process state and hands th
 baton to the next rank, in round-robin order, whose wait can be satisfied. Because
 every choice depends only on program order, runs are deterministic, and "no rank can
 take the baton" is an exact, immediate hang verdict -- no wall-clock timeout needed.
+
+Wall-clock time enters only where the program asks for it: a rank in ``time.sleep`` or
+in a wait with a timeout (a :class:`~fakepg.liveness.TimedWait`) is runnable again at its
+deadline. While some rank sleeps, nobody is hung: when no rank can run, the scheduler
+really sleeps until the earliest deadline. Without sleepers, timed waits do not delay the
+verdict -- a wait nobody can ever satisfy fails at once, with its timeout's error.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from .errors import CollectiveHangError, FakePGError
 from .isolation import ProcessState
@@ -20,7 +26,8 @@ NEW, RUNNING, BLOCKED, DONE = "new", "running", "blocked", "done"
 
 
 class RankSlot:
-    __slots__ = ("rank", "sem", "state", "ready", "waiting_for", "process", "thread", "outcome")
+    __slots__ = ("rank", "sem", "state", "ready", "waiting_for", "process", "thread", "outcome",
+                 "deadline", "timed", "sleeping")
 
     def __init__(self, rank: int, process: ProcessState) -> None:
         self.rank = rank
@@ -32,6 +39,9 @@ class RankSlot:
         self.process = process
         self.thread: threading.Thread | None = None
         self.outcome = "running"  # "returned", "raised <Exc>" when done
+        self.deadline: float | None = None  # time.monotonic() at which a timed wait/sleep ends
+        self.timed: Any = None  # the TimedWait of the current wait, if it has a timeout
+        self.sleeping = False  # in time.sleep: runnable at its deadline, keeps the world live
 
 
 class Scheduler:
@@ -47,6 +57,7 @@ class Scheduler:
         self.last_progress_time = time.monotonic()
         self._describe_world = describe_world
         self._mu = threading.Lock()
+        self._wake = threading.Event()  # set by abort: ends a real sleep until a deadline
 
     # -- called on rank threads, by the baton holder ------------------------------
     def enter(self, rank: int) -> None:
@@ -58,25 +69,56 @@ class Scheduler:
         self.current = rank
         self._tick()
 
-    def block(self, rank: int, ready: Callable[[], bool], waiting_for: Callable[[], str]) -> None:
-        """Yield until ``ready()`` holds (evaluated by whichever rank hands over)."""
+    def block(self, rank: int, ready: Callable[[], bool], waiting_for: Callable[[], str],
+              timed: Any = None) -> None:
+        """Yield until ``ready()`` holds (evaluated by whichever rank hands over).
+
+        ``timed`` (a :class:`~fakepg.liveness.TimedWait`) gives the wait a deadline: past
+        it, while ``ready()`` still fails, ``timed.expired()`` is raised; when the hang
+        verdict ends the world, ``timed.hung(report)`` is raised instead of the plain
+        hang error, so the rank sees its backend's timeout error at once.
+        """
         if self.abort_error is not None:
-            raise self.abort_error
+            raise self._abort_error_for(timed)
         if ready():
             return
+        self._park(rank, ready, waiting_for, timed, None if timed is None else timed.deadline)
+        if self.abort_error is not None:
+            raise self._abort_error_for(timed)
+        if timed is not None and not ready():
+            raise timed.expired()
+
+    def sleep(self, rank: int, seconds: float) -> None:
+        """``time.sleep`` on a rank thread: let the others run; runnable again at the deadline."""
+        if self.abort_error is not None:
+            raise self.abort_error
+        until = time.monotonic() + max(0.0, seconds)
+        self._park(rank, lambda: False, lambda: f"time.sleep({seconds:g})",
+                   None, until, sleeping=True)
+        if self.abort_error is not None:
+            raise self.abort_error
+
+    def _park(self, rank: int, ready: Callable[[], bool], waiting_for: Callable[[], str],
+              timed: Any, deadline: float | None, sleeping: bool = False) -> None:
         slot = self.slots[rank]
         slot.ready, slot.waiting_for = ready, waiting_for
+        slot.timed, slot.deadline, slot.sleeping = timed, deadline, sleeping
         slot.state = BLOCKED
         slot.process.save()
         self._hand_over(rank)
         slot.sem.acquire()
         slot.process.install()
         slot.state = RUNNING
-        slot.ready = slot.waiting_for = None
+        slot.ready = slot.waiting_for = slot.timed = slot.deadline = None
+        slot.sleeping = False
         self.current = rank
         self._tick()
-        if self.abort_error is not None:
-            raise self.abort_error
+
+    def _abort_error_for(self, timed: Any) -> BaseException:
+        err = self.abort_error
+        if timed is not None and err is self.hang and err is not None:
+            return timed.hung(err.report)
+        return err  # type: ignore[return-value]
 
     def finish(self, rank: int, outcome: str) -> None:
         slot = self.slots[rank]
@@ -89,6 +131,7 @@ class Scheduler:
         """End the world: every blocked wait, and every later one, raises ``error``."""
         if self.abort_error is None:
             self.abort_error = error
+        self._wake.set()
 
     # -- internals --------------------------------------------------------------
     def _tick(self) -> None:
@@ -98,12 +141,21 @@ class Scheduler:
         if slot.state == NEW:
             return True
         if slot.state == BLOCKED:
-            return self.abort_error is not None or bool(slot.ready())
+            return (self.abort_error is not None or bool(slot.ready())
+                    or (slot.deadline is not None and time.monotonic() >= slot.deadline))
         return False
 
     def _hand_over(self, rank: int) -> None:
         with self._mu:
             nxt = self._pick(rank)
+            while nxt is None and self.abort_error is None and any(
+                    s.state == BLOCKED and s.sleeping for s in self.slots):
+                # Nobody can run now, but a sleeper will: wait (really) for the first deadline.
+                self.current = None
+                wake_at = min(s.deadline for s in self.slots
+                              if s.state == BLOCKED and s.deadline is not None)
+                self._wake.wait(max(0.0, wake_at - time.monotonic()))
+                nxt = self._pick(rank)
             if nxt is None and any(s.state == BLOCKED for s in self.slots):
                 # Nobody can run, somebody waits: a hang, decided exactly.
                 report = self._describe_world()

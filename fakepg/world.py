@@ -18,16 +18,19 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from . import liveness
 from . import trace as _trace
 from .arguments import integer, number
 from .cluster import Cluster, bind_thread, current_cluster
-from .errors import CollectiveHangError, CollectiveMismatchError, FakePGError, RankFailedError
+from .errors import (CollectiveHangError, CollectiveMismatchError, FakePGError, RankFailedError,
+                     SpawnTimeoutError)
 from .hooks import WorldHooks
 from .isolation import ProcessState
 from .process_group import BACKEND_NAME, FakeFuture, register_backend
 from .profiling import world_profilers
 from .scheduler import Scheduler
 from .sites import _short, user_site
+from .store import world_store, world_stores
 from .trace import CollectiveRecord
 
 try:  # numpy's global RNG is isolated per rank too; import it up front so all ranks see it
@@ -75,7 +78,8 @@ class SpawnResult:
 def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, seed: int = 0,
           hooks: WorldHooks | None = None, hang_timeout: float = 1.0,
           master_port: int = 29500,
-          env: Callable[[int], Mapping[str, str]] | Mapping[str, str] | None = None) -> SpawnResult:
+          env: Callable[[int], Mapping[str, str]] | Mapping[str, str] | None = None,
+          timeout: float | None = None) -> SpawnResult:
     """Run ``fn(rank, *args)`` on ``nprocs`` ranks of a deterministic in-process cluster.
 
     Inside ``fn``, torch.distributed is already initialised with the ``"fakepg"`` backend
@@ -87,6 +91,8 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
     and rank). ``hang_timeout`` bounds the inactivity fallback for waits hidden in C++.
     ``env`` adds environment variables for every rank (a mapping) or per rank (a function
     of the rank), over the launcher's RANK/WORLD_SIZE/...; each rank sees its own values.
+    ``timeout`` (seconds of wall clock, default none) bounds the whole world: past it every
+    rank is stopped and :class:`SpawnTimeoutError` reports each rank's state and stack.
 
     Example::
 
@@ -106,16 +112,20 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
                           hint="seconds of inactivity before a wait hidden in C++ counts as a hang")
     if current_cluster() is not None:
         raise FakePGError("fakepg.spawn cannot be nested inside a rank of another fake world")
+    if timeout is not None:
+        timeout = number("fakepg.spawn: timeout", timeout, positive=True, hint="seconds, or None")
     if not _SPAWN_LOCK.acquire(blocking=False):
         raise FakePGError("another fakepg world is running in this process; worlds run one "
                           "after another (use pytest-xdist for parallelism)")
     try:
-        return _run_world(fn, tuple(args), nprocs, seed, hooks, hang_timeout, master_port, env)
+        return _run_world(fn, tuple(args), nprocs, seed, hooks, hang_timeout, master_port, env,
+                          timeout)
     finally:
         _SPAWN_LOCK.release()
 
 
-def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_env) -> SpawnResult:
+def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_env,
+               timeout) -> SpawnResult:
     register_backend()
     t0 = time.perf_counter()
     cluster = Cluster(nprocs, seed, hooks)
@@ -127,7 +137,6 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_e
     host.save()
     sched = Scheduler(processes, cluster.hang_report)
     cluster.scheduler = sched
-    store = dist.HashStore()
     returns: list[Any] = [None] * nprocs
     failures: dict[int, BaseException] = {}
 
@@ -136,15 +145,18 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_e
         sched.enter(rank)
         outcome = "returned"
         try:
+            if isinstance(sched.abort_error, _STOPPED):
+                raise sched.abort_error  # stopped before it ever ran
             cluster.hooks.rank_started(rank)
-            _ORIGINAL_INIT(backend=BACKEND_NAME, rank=rank, world_size=nprocs, store=store,
-                           timeout=datetime.timedelta(minutes=30))
+            _ORIGINAL_INIT(backend=BACKEND_NAME, rank=rank, world_size=nprocs,
+                           store=world_store(_PG_TIMEOUT), timeout=_PG_TIMEOUT)
             returns[rank] = fn(rank, *args)
             cluster.complete_ready(rank)
         except BaseException as e:  # noqa: BLE001 - every rank failure is reported by spawn
             failures[rank] = e
             outcome = f"raised {type(e).__name__}"
             ends_world = not isinstance(e, FakePGError) or getattr(e, "ends_world", False)
+            ends_world = ends_world and not isinstance(sched.abort_error, _STOPPED)
             if ends_world and cluster.failed_rank is None:
                 cluster.failed_rank = rank
                 site = _exception_site(e)
@@ -162,8 +174,10 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_e
                for r in range(nprocs)]
     for r, t in enumerate(threads):
         sched.slots[r].thread = t
-    _run_threads(threads, sched, cluster, hang_timeout, host)
+    _run_threads(threads, sched, cluster, hang_timeout, host, master_port, timeout)
     result = SpawnResult(returns, cluster.trace, nprocs, seed, time.perf_counter() - t0)
+    if isinstance(sched.abort_error, SpawnTimeoutError):
+        raise SpawnTimeoutError(sched.abort_error.report)
     _raise_outcome(sched, cluster, failures)
     return result
 
@@ -177,20 +191,17 @@ def _rank_env(rank: int, nprocs: int, master_port: int) -> dict[str, str]:
 
 
 def _run_threads(threads: list[threading.Thread], sched: Scheduler, cluster: Cluster,
-                 hang_timeout: float, host: ProcessState) -> None:
+                 hang_timeout: float, host: ProcessState, master_port: int,
+                 timeout: float | None) -> None:
     """Run the rank threads to their end under the world's patches; restore the host."""
     multithreading = torch.autograd.is_multithreading_enabled()
     excepthook = sys.excepthook
-    with _patches(len(threads)), world_profilers():
+    with _patches(len(threads)), world_profilers(), world_stores("127.0.0.1", master_port), \
+            liveness.cooperative_sleep():
         torch.autograd.set_multithreading_enabled(False)  # backward runs on the rank's thread
         torch._C._distributed_c10d._set_thread_isolation_mode(True)
         try:
-            for t in threads:
-                t.start()
-            sched._hand_over(len(threads) - 1)  # baton to rank 0
-            _watch(sched, cluster, hang_timeout)
-            for t in threads:
-                t.join()
+            _run_to_end(sched, cluster, threads, hang_timeout, timeout)
         finally:
             torch._C._distributed_c10d._set_thread_isolation_mode(False)
             torch.autograd.set_multithreading_enabled(multithreading)
@@ -205,13 +216,50 @@ def _str_env(env: Mapping[str, str]) -> dict[str, str]:
     return dict(env)
 
 
-def _watch(sched: Scheduler, cluster: Cluster, hang_timeout: float) -> None:
-    """Wait for the world to end; catch the baton holder stuck in an invisible C++ wait."""
+_PG_TIMEOUT = datetime.timedelta(minutes=30)  # c10d's default for gloo
+_STOPPED = (SpawnTimeoutError, liveness.WorldInterrupted)  # the world was stopped from outside
+
+
+def _run_to_end(sched: Scheduler, cluster: Cluster, threads: list[threading.Thread],
+                hang_timeout: float, timeout: float | None) -> None:
+    """Run the world until every rank thread ended -- also on a timeout or Ctrl-C."""
+    baton_given = False
+    stuck: list[int] = []
+    try:
+        for t in threads:
+            t.start()
+        sched._hand_over(len(threads) - 1)  # baton to rank 0
+        baton_given = True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not _watch(sched, cluster, hang_timeout, deadline):
+            error = SpawnTimeoutError(liveness.timeout_report(sched, timeout))
+            stuck = liveness.end_ranks(sched, cluster, error)
+        for rank, t in enumerate(threads):
+            if rank not in stuck:
+                t.join()
+    except BaseException:  # KeyboardInterrupt (or anything) in the caller: no rank outlives it
+        error = liveness.WorldInterrupted(
+            "fakepg: the caller was interrupted while the world ran; every rank was stopped")
+        sched.abort(error)
+        if not baton_given and sched.current is None:
+            sched._hand_over(len(threads) - 1)  # started ranks end once they get the baton
+        liveness.end_ranks(sched, cluster, error)
+        raise
+    if stuck:  # in C code that never returns to Python: nothing more can be done
+        raise SpawnTimeoutError(f"{sched.abort_error.report}\nranks {stuck} could not be stopped "
+                                f"(they are inside C code); their threads are left running")
+
+
+def _watch(sched: Scheduler, cluster: Cluster, hang_timeout: float, deadline: float | None) -> bool:
+    """Wait for the world to end (True) or its deadline to pass (False); catch the baton
+    holder stuck in an invisible C++ wait."""
     # The loop allocates nothing and touches no rank's frames while the world is healthy:
     # both could shift when the garbage collector runs or how long a tensor stays referenced
     # (autograd then clones instead of stealing a gradient) and so break determinism.
     seen: tuple | None = None
     while not sched.finished.wait(0.05):
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
         holder = sched.current
         if holder is None or sched.abort_error is not None:
             seen = None
@@ -244,6 +292,7 @@ def _watch(sched: Scheduler, cluster: Cluster, hang_timeout: float) -> None:
         for c in list(cluster.outstanding[holder]):
             if c.work is not None and not c.work._done:
                 c.work._complete(err)  # unblocks the C++ wait with the error
+    return True
 
 
 def _cpu_seconds(thread: threading.Thread | None) -> float:
@@ -317,7 +366,7 @@ def _fake_init_process_group(nprocs: int) -> Callable[..., Any]:
         if c10d.is_initialized():
             return None  # already the fake world; any backend/init_method maps onto it
         return _ORIGINAL_INIT(backend=BACKEND_NAME, rank=me, world_size=nprocs,
-                              store=dist.HashStore(), timeout=timeout or datetime.timedelta(minutes=30))
+                              store=world_store(timeout or _PG_TIMEOUT), timeout=timeout or _PG_TIMEOUT)
 
     return init_process_group
 
@@ -327,7 +376,7 @@ def _fake_monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
     if current_cluster() is None:
         return _ORIGINAL_MONITORED_BARRIER(group, timeout, wait_all_ranks)
     g = group or c10d._get_default_group()
-    return g.monitored_barrier(timeout, wait_all_ranks)
+    return liveness.monitored_barrier(g, timeout, wait_all_ranks)
 
 
 def _settling(original: Callable[[Any], Any]) -> Callable[[Any], Any]:

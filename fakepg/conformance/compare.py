@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..process_group import _dtype
+from ..ops.base import dtype_name
 from .outcome import RecordedCollective, ScenarioOutcome
 
 __all__ = ["compare", "assert_conformant", "default_tolerance"]
@@ -129,7 +129,7 @@ def _compare_states(rank: int, sa: dict, sb: dict, la: str, lb: str, params: fro
                 out.append(f"{what}: {la} {x!r} vs {lb} {y!r}")
             continue
         if x.shape != y.shape or x.dtype != y.dtype:
-            out.append(f"{what}: {la} {tuple(x.shape)} {_dtype(x)} vs {lb} {tuple(y.shape)} {_dtype(y)}")
+            out.append(f"{what}: {la} {tuple(x.shape)} {dtype_name(x.dtype)} vs {lb} {tuple(y.shape)} {dtype_name(y.dtype)}")
             continue
         line = _tensor_difference(x, y, la, lb, rtol, atol)
         if line:
@@ -146,7 +146,7 @@ def _tensor_difference(x: torch.Tensor, y: torch.Tensor, la: str, lb: str,
     at = dat if atol is None else atol
     if x.is_sparse:
         x, y = x.to_dense(), y.to_dense()
-    dtype = _dtype(x)
+    dtype = dtype_name(x.dtype)
     if x.dtype.is_floating_point and x.dtype.itemsize == 1:
         x, y = x.float(), y.float()  # assert_close compares 1-byte floats bitwise only
     exact = not (x.dtype.is_floating_point or x.dtype.is_complex) or (rt == 0 and at == 0)

@@ -14,8 +14,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from ..collectives import _flatten
-from ..process_group import PythonProcessGroup, _dtype
+from ..ops.base import dtype_name, flatten
+from ..process_group import PythonProcessGroup
 from .outcome import RecordedCollective
 
 __all__ = ["RecordingProcessGroup", "RECORDING_BACKENDS", "register_recording_backends", "RECORDS"]
@@ -60,10 +60,10 @@ class RecordingProcessGroup(PythonProcessGroup):
         return self._ranks
 
     def _record(self, op: str, shown: Any) -> None:
-        ts = [t for t in _flatten(shown) if isinstance(t, torch.Tensor)]
+        ts = [t for t in flatten(shown) if isinstance(t, torch.Tensor)]
         self._records.append(RecordedCollective(op, self._group_ranks(),
                                                 tuple(tuple(t.shape) for t in ts),
-                                                tuple(_dtype(t) for t in ts)))
+                                                tuple(dtype_name(t.dtype) for t in ts)))
 
     @staticmethod
     def _call(fn: Callable[..., Any], *args: Any, opts: Any = None) -> Any:

@@ -30,4 +30,6 @@ def _barrier(pg, opts=None):
 
 @c10d_method("monitored_barrier")
 def _monitored_barrier(pg, timeout=None, wait_all_ranks=False):
-    pg.issue(MONITORED_BARRIER, []).wait()  # returns None, as gloo's does
+    from ..liveness import monitored_barrier  # late: liveness sits above the registry
+
+    monitored_barrier(pg, timeout, wait_all_ranks)  # returns None, as gloo's does
