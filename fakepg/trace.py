@@ -129,13 +129,20 @@ def flight_recorder_dump(records: Iterable[CollectiveRecord], rank: int) -> dict
             "retired": rec.state in ("completed", "failed"),
             "timeout_ms": 1800000,
             "is_p2p": rec.p2p,
-            "frames": [_frame(rec.site)],
+            "frames": _frames(rec.site),
         })
     return {"version": "2.10", "pg_config": pg_config, "pg_status": {}, "entries": entries, "rank": rank}
 
 
-def _frame(site: str) -> dict[str, Any]:
-    fn, _, line = site.rpartition(":")
+def _frames(site: str) -> list[dict[str, Any]]:
+    """Flight Recorder frames, innermost first: ``train.py:12 (via lib/ddp.py:88)`` is the
+    library's frame, then the user's."""
+    user, _, via = site.partition(" (via ")
+    return [_frame(loc) for loc in ((via.rstrip(")"), user) if via else (user,))]
+
+
+def _frame(loc: str) -> dict[str, Any]:
+    fn, _, line = loc.rpartition(":")
     return {"name": "<collective>", "filename": fn, "line": int(line) if line.isdigit() else 0}
 
 

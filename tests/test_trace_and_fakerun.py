@@ -120,3 +120,15 @@ def test_fakerun_refuses_several_nodes_with_advice():
     from fakepg.launcher import main
 
     assert main(["--nnodes", "2", "--nproc-per-node", "2", "x.py"]) == 2
+
+
+def test_flight_recorder_frames_name_the_library_line_then_the_users_line():
+    rec = fakepg.CollectiveRecord(rank=0, group="0", group_ranks=(0, 1), seq=0, op="all_reduce",
+                                  shapes=((4,),), dtypes=("float32",), bytes=16,
+                                  site="train.py:12 (via lightning/fabric/ddp.py:88)")
+    frames = fakepg.flight_recorder_dump([rec], 0)["entries"][0]["frames"]
+    assert [(f["filename"], f["line"]) for f in frames] == [("lightning/fabric/ddp.py", 88),
+                                                            ("train.py", 12)]
+    rec.site = "train.py:7"
+    frames = fakepg.flight_recorder_dump([rec], 0)["entries"][0]["frames"]
+    assert [(f["filename"], f["line"]) for f in frames] == [("train.py", 7)]
