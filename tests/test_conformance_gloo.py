@@ -247,18 +247,15 @@ def fail_on_rank_1(scenario, rank, world_size, device):
     return TrainLoop()(scenario, rank, world_size, device)
 
 
-def _leftover_dirs() -> set[str]:
-    tmp = tempfile.gettempdir()
-    return {d for d in os.listdir(tmp) if d.startswith("fakepg-conformance-")}
-
-
-def test_gloo_rank_failure_is_reported_with_its_traceback_and_leaves_no_processes_or_files():
-    before = _leftover_dirs()
+def test_gloo_rank_failure_is_reported_with_its_traceback_and_leaves_no_processes_or_files(
+        tmp_path, monkeypatch):
+    # A private temporary directory: other xdist workers' gloo runs use the shared one meanwhile.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with pytest.raises(RuntimeError, match=r"(?s)gloo run of \[mlp\] on 2 ranks failed.*planted failure on rank 1"):
         run_scenario(zoo.get("mlp", depth=2, width=8), 2, backend="gloo", train=fail_on_rank_1,
                      timeout=120)
     assert multiprocessing.active_children() == []
-    assert _leftover_dirs() <= before
+    assert [d for d in os.listdir(tmp_path) if d.startswith("fakepg-conformance-")] == []
 
 
 def test_run_scenario_rejects_unknown_backend_and_mismatched_train_list():

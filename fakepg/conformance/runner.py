@@ -10,6 +10,7 @@ import pickle
 import shutil
 import tempfile
 import time
+import traceback
 from typing import Any, Callable
 
 import torch
@@ -167,7 +168,7 @@ def _run_multiprocess(scenarios: list[Any], world_size: int, backend: str, seed:
     try:
         _start_and_join(world_size, (world_size, backend, scenarios, trains, seed, device,
                                      os.path.join(tmp, "store"), tmp, timeout),
-                        timeout, f"{backend} run of [{names}] on {world_size} ranks")
+                        timeout, f"{backend} run of [{names}] on {world_size} ranks", tmp)
         total = time.perf_counter() - t0
         per_rank = [torch.load(os.path.join(tmp, f"rank{r}.pt"), weights_only=False)
                     for r in range(world_size)]
@@ -184,9 +185,10 @@ def _run_multiprocess(scenarios: list[Any], world_size: int, backend: str, seed:
     return out
 
 
-def _start_and_join(world_size: int, args: tuple, timeout: float, what: str) -> None:
+def _start_and_join(world_size: int, args: tuple, timeout: float, what: str, out_dir: str) -> None:
     """Start one process per rank (spawn start method), wait for all of them; on failure or
-    after ``timeout`` seconds raise ``RuntimeError`` naming ``what``. No process outlives it."""
+    after ``timeout`` seconds raise ``RuntimeError`` naming ``what`` with the failed ranks'
+    tracebacks (saved in ``out_dir``). No process outlives it."""
     import torch.multiprocessing as mp
 
     ctx = None
@@ -199,7 +201,7 @@ def _start_and_join(world_size: int, args: tuple, timeout: float, what: str) -> 
                 if ctx.join(timeout=0.2):
                     return
             except Exception as e:  # ProcessRaisedException / ProcessExitedException
-                raise RuntimeError(f"{what} failed: {e}") from None
+                raise RuntimeError(f"{what} failed: {e}{_rank_tracebacks(out_dir, world_size, str(e))}") from None
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{what} did not finish within {timeout:.0f} s (hung?); "
                                    f"its processes were killed")
@@ -213,6 +215,19 @@ def _start_and_join(world_size: int, args: tuple, timeout: float, what: str) -> 
                 if p.is_alive():
                     p.kill()
                     p.join()
+
+
+def _rank_tracebacks(out_dir: str, world_size: int, reported: str) -> str:
+    """The tracebacks the failed ranks saved that torch's report lacks: when a rank fails, its
+    peers fail too (connection closed), and torch reports whichever exit it notices first."""
+    out = ""
+    for rank in range(world_size):
+        with contextlib.suppress(OSError):
+            with open(os.path.join(out_dir, f"rank{rank}.error")) as f:
+                text = f.read()
+            if text.strip().splitlines()[-1] not in reported:  # the exception's own line
+                out += f"\n\n-- Rank {rank} failed with:\n{text}"
+    return out
 
 
 def _install_rank_state(rank: int, world_size: int, seed: int) -> None:
@@ -241,13 +256,13 @@ def _multiprocess_rank(rank: int, world_size: int, backend: str, scenarios: list
     dev = torch.device("cuda", rank) if backend == "nccl" else torch.device(device)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    store = dist.FileStore(store_path, world_size)
-    dist.init_process_group(backend=RECORDING_BACKENDS[backend], store=store, rank=rank,
-                            world_size=world_size, timeout=datetime.timedelta(seconds=timeout))
-    inner = c10d._get_default_group()._inner
-    sync = torch.zeros(1, device=dev if backend == "nccl" else "cpu")
     results = []
     try:
+        store = dist.FileStore(store_path, world_size)
+        dist.init_process_group(backend=RECORDING_BACKENDS[backend], store=store, rank=rank,
+                                world_size=world_size, timeout=datetime.timedelta(seconds=timeout))
+        inner = c10d._get_default_group()._inner
+        sync = torch.zeros(1, device=dev if backend == "nccl" else "cpu")
         for sc, train in zip(scenarios, trains):
             inner.allreduce([sync]).wait()  # unrecorded: scenarios start together
             _install_rank_state(rank, world_size, seed)
@@ -261,6 +276,12 @@ def _multiprocess_rank(rank: int, world_size: int, backend: str, scenarios: list
             del model
         inner.allreduce([sync]).wait()
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    except Exception:
+        # Saved before the process group is torn down: that can block until the parent kills
+        # this process, and torch's own error file, written after, would then be lost.
+        with open(os.path.join(out_dir, f"rank{rank}.error"), "w") as f:
+            f.write(traceback.format_exc())
+        raise
     finally:
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
