@@ -200,7 +200,8 @@ class Timeline:
         cs: list[list[CommSpan]] = [[] for _ in range(nranks)]
         for c in comms:
             cs[c.rank].append(c)
-        bounds = [list(b) for b in boundaries] if boundaries is not None else [[]] * nranks
+        bounds = ([list(b) for b in boundaries] if boundaries is not None
+                  else [[] for _ in range(nranks)])
         ends = list(end_times) if end_times is not None else [0.0] * nranks
         self._init([Lane(rows[r], cs[r], bounds[r], ends[r]) for r in range(nranks)])
 
