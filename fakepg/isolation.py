@@ -22,6 +22,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed.distributed_c10d as c10d
 
+from . import rng_state
+
 ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
             "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -96,8 +98,9 @@ def _install_environ(target: dict) -> None:
     for key in [k for k in data if k not in target]:
         os.unsetenv(key)
         del data[key]
+    get = data.get
     for key, value in target.items():
-        if data.get(key) != value:
+        if get(key) != value:
             os.putenv(key, value)
             data[key] = value
 
@@ -192,11 +195,18 @@ _GETTERS = tuple(get for _, get, _ in _SWITCHES)
 _PRINT_OPTS = torch._tensor_str.PRINT_OPTS
 
 
+_live_switches: tuple | None = None  # as last captured or installed: hand-offs save, then install
+
+
 def capture_switches() -> tuple:
-    return tuple(get() for get in _GETTERS)
+    global _live_switches
+    _live_switches = tuple([get() for get in _GETTERS])
+    return _live_switches
 
 
 def install_switches(target: tuple) -> None:
+    if target == _live_switches:
+        return
     # Some setters move others (the matmul precision sets fp32_precision entries): a
     # second pass puts back what the first one moved.
     for _ in range(3):
@@ -245,10 +255,8 @@ class ProcessState:
         environment (a None value unsets the variable)."""
         st = cls()
         st.torch_rng = torch.Generator().manual_seed(derive_seed(seed, rank)).get_state()
-        st.py_rng = random.Random(derive_seed(seed, rank, "python")).getstate()
-        np = sys.modules.get("numpy")
-        if np is not None:
-            st.np_rng = np.random.RandomState(derive_seed(seed, rank, "numpy") % (1 << 32)).get_state()
+        st.py_rng = rng_state.python_state(random.Random(derive_seed(seed, rank, "python")))
+        st.np_rng = rng_state.numpy_seeded(derive_seed(seed, rank, "numpy") % (1 << 32))
         st.env = environ_with(env)
         st.c10d = fresh_c10d_globals()
         st.switches = capture_switches()
@@ -260,10 +268,8 @@ class ProcessState:
         """Copy the live globals into this state (the owner is about to yield)."""
         global _process_threads
         self.torch_rng = torch.default_generator.get_state()
-        self.py_rng = random.getstate()
-        np = sys.modules.get("numpy")
-        if np is not None:
-            self.np_rng = np.random.get_state()
+        self.py_rng = rng_state.python_state()
+        self.np_rng = rng_state.numpy_state(self.np_rng)
         data = _environ_data()
         if self.env != data:
             self.env = dict(data)
@@ -279,10 +285,8 @@ class ProcessState:
         if self.torch_rng is not None:
             torch.default_generator.set_state(self.torch_rng)
         if self.py_rng is not None:
-            random.setstate(self.py_rng)
-        np = sys.modules.get("numpy")
-        if np is not None and self.np_rng is not None:
-            np.random.set_state(self.np_rng)
+            rng_state.set_python_state(self.py_rng)
+        rng_state.set_numpy_state(self.np_rng)
         if self.env is not None and self.env != _environ_data():
             _install_environ(self.env)
         if self.c10d:

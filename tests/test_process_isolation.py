@@ -163,3 +163,43 @@ def test_grad_mode_is_per_thread_already_and_each_rank_starts_with_it_on():
     with torch.no_grad():
         assert fakepg.spawn(body, nprocs=2).returns == [False, True]
     assert torch.is_grad_enabled()
+
+
+def test_python_and_numpy_draws_continue_across_hand_offs_as_in_a_separate_process():
+    import random
+
+    import numpy as np
+
+    def draws(rank):
+        random.seed(rank)
+        np.random.seed(rank)
+        # normals leave a cached second value in both generators: it must survive hand-offs
+        first = (random.gauss(0, 1), np.random.randn(), np.random.rand())
+        dist.barrier()
+        second = (random.gauss(0, 1), np.random.randn(), random.random(), np.random.randn())
+        dist.barrier()
+        return first + second + (np.random.rand(),)
+
+    def alone(rank):  # what a process of its own draws
+        py, rs = random.Random(rank), np.random.RandomState(rank)
+        return (py.gauss(0, 1), rs.randn(), rs.rand(), py.gauss(0, 1), rs.randn(), py.random(),
+                rs.randn(), rs.rand())
+
+    result = fakepg.spawn(draws, nprocs=3)
+    assert result.returns == [alone(r) for r in range(3)]
+
+
+def test_the_callers_python_and_numpy_generators_are_untouched_by_a_world():
+    import random
+
+    import numpy as np
+
+    random.seed(7)
+    np.random.seed(7)
+    random.random(), np.random.randn()  # a cached normal is part of the state too
+    before = (random.getstate(), np.random.get_state())
+    fakepg.spawn(lambda rank: (random.random(), np.random.randn(), np.random.rand()), nprocs=2)
+    after = (random.getstate(), np.random.get_state())
+    assert after[0] == before[0]
+    assert after[1][0] == before[1][0] and (after[1][1] == before[1][1]).all()
+    assert after[1][2:] == before[1][2:]
