@@ -72,6 +72,9 @@ def _parser() -> argparse.ArgumentParser:
                      "of this process; torchrun's flags plus --seed.")
     p.add_argument("--seed", type=int, default=0,
                    help="fakepg seed: fixes each rank's initial torch/Python/numpy RNG state")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="wall-clock limit for the whole world; at expiry every rank's state and "
+                        "Python stack is reported and fakerun exits 1")
     return p
 
 
@@ -86,6 +89,7 @@ class _Plan:
     path0: str
     master_port: int
     seed: int
+    timeout: float | None
     env: list[dict[str, str]]
     prefixes: list[str]
     show_out: list[bool]
@@ -147,8 +151,10 @@ def _plan(args: argparse.Namespace) -> _Plan:
     prefixes = [f"[rank{r}]:" if not template else
                 Template(template).safe_substitute(role_name=args.role, rank=r, local_rank=local[r])
                 for r in range(n)]
+    if args.timeout is not None and not args.timeout > 0:
+        raise _UsageError(f"--timeout {args.timeout}: expected a number of seconds > 0")
     plan = _Plan(n, target, bool(args.module), [argv0, *args.training_script_args], path0, port,
-                 args.seed, env, prefixes, [True] * n, [True] * n)
+                 args.seed, args.timeout, env, prefixes, [True] * n, [True] * n)
     _plan_logs(args, plan)
     return plan
 
@@ -312,7 +318,7 @@ def _run(plan: _Plan) -> None:
     try:
         with _rank_output(plan):
             spawn(rank_main, nprocs=plan.nproc, seed=plan.seed, master_port=plan.master_port,
-                  env=lambda r: plan.env[r])
+                  env=lambda r: plan.env[r], timeout=plan.timeout)
     finally:
         sys.argv = saved_argv
         if sys.path and sys.path[0] == plan.path0:

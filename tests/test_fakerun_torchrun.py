@@ -188,6 +188,7 @@ def test_tee_and_redirects_write_torchruns_per_rank_log_files(tmp_path, capsys):
     (["--no-python"], "--no-python: fakerun runs Python"),
     (["--local-ranks-filter", "a,b"], "--local-ranks-filter a,b: expected a comma-separated list"),
     (["--tee", "9"], "--tee 9: expected 0-3"),
+    (["--timeout", "0"], "--timeout 0.0: expected a number of seconds > 0"),
 ])
 def test_a_command_line_that_cannot_run_here_is_one_clear_line_and_exit_2(tmp_path, capsys, argv, says):
     script = _script(tmp_path, "raise AssertionError('must not run')\n")
@@ -256,3 +257,17 @@ def test_spawn_env_gives_each_rank_its_own_variables_across_hand_offs(monkeypatc
 def test_spawn_env_refuses_values_that_are_not_strings():
     with pytest.raises(TypeError, match="env names and values must be strings"):
         fakepg.spawn(lambda r: None, nprocs=2, env={"X": 1})
+
+
+def test_timeout_ends_a_world_whose_rank_never_arrives_and_names_its_state(tmp_path, capsys):
+    script = _script(tmp_path, """
+        import time, torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        if dist.get_rank() == 1:
+            while True:          # busy, never reaches the collective
+                time.sleep(0.01)
+        dist.all_reduce(torch.ones(1))
+    """)
+    assert main(["--nproc-per-node", "2", "--timeout", "0.5", script]) == 1
+    err = capsys.readouterr().err
+    assert "SpawnTimeoutError" in err and "rank 1" in err
