@@ -41,6 +41,7 @@ except ImportError:  # pragma: no cover
 _SPAWN_LOCK = threading.Lock()
 _ORIGINAL_INIT = c10d.init_process_group
 _ORIGINAL_MONITORED_BARRIER = c10d.monitored_barrier
+_ORIGINAL_PG_HELPER = c10d._new_process_group_helper
 
 
 @dataclass
@@ -339,6 +340,7 @@ def _patches(nprocs: int) -> contextlib.ExitStack:
     for mod in (dist, c10d):
         stack.enter_context(mock.patch.object(mod, "init_process_group", init))
         stack.enter_context(mock.patch.object(mod, "monitored_barrier", _fake_monitored_barrier))
+    stack.enter_context(mock.patch.object(c10d, "_new_process_group_helper", _fake_pg_helper))
     for name, original in (("wait_all", torch.futures.wait_all),
                            ("collect_all", torch.futures.collect_all)):
         stack.enter_context(mock.patch.object(torch.futures, name, _settling(original)))
@@ -369,6 +371,17 @@ def _fake_init_process_group(nprocs: int) -> Callable[..., Any]:
                               store=world_store(timeout or _PG_TIMEOUT), timeout=timeout or _PG_TIMEOUT)
 
     return init_process_group
+
+
+@functools.wraps(_ORIGINAL_PG_HELPER)
+def _fake_pg_helper(group_size, group_rank, global_ranks_in_group, backend, *args, **kwargs):
+    # new_group(backend="gloo"/"nccl"/...) inside a world is a group of the fake world, as
+    # init_process_group is: a real ProcessGroupGloo would rendezvous in C++ through the world
+    # store and deadlock against ranks parked by the scheduler.
+    if current_cluster() is not None:
+        backend = BACKEND_NAME
+    return _ORIGINAL_PG_HELPER(group_size, group_rank, global_ranks_in_group, backend,
+                               *args, **kwargs)
 
 
 @functools.wraps(_ORIGINAL_MONITORED_BARRIER)

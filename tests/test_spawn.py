@@ -103,6 +103,20 @@ def test_new_group_subgroups_reduce_only_among_members():
     assert fakepg.spawn(body, nprocs=4).returns == [2.0, 4.0, 2.0, 4.0]
 
 
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_new_group_naming_a_real_backend_is_a_group_of_the_fake_world(backend):
+    # Found by torch's own suite (test_batch_isend_irecv_mixed_backend_err): a real
+    # ProcessGroupGloo built inside a world rendezvoused in C++ and hung in half the runs.
+    def body(rank):
+        g = dist.new_group(ranks=[0, 1], backend=backend)
+        t = torch.tensor([float(rank + 1)])
+        dist.all_reduce(t, group=g)
+        return isinstance(g, fakepg.FakeProcessGroup), t.item()
+
+    for _ in range(5):
+        assert fakepg.spawn(body, nprocs=2, timeout=60).returns == [(True, 3.0), (True, 3.0)]
+
+
 def test_no_thread_survives_hundreds_of_spawns_including_failing_ones():
     before = threading.active_count()
 
