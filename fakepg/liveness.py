@@ -31,6 +31,11 @@ _WORDING: dict[str, dict[str, str]] = {
         "monitored_root": "[Rank 0]: Rank {rank} failed to pass monitoredBarrier in {ms} ms\n"
                           " Original exception: \n" + _GLOO_RECV,
         "monitored_root_all": "[Rank 0]: Ranks {ranks} failed to pass monitoredBarrier in {ms} ms",
+        # A zero timeout expires before rank 0 has heard from anyone.
+        "monitored_root_expired": "[Rank 0]: Rank {rank} failed to pass monitoredBarrier in {ms} ms\n"
+                                  " Original exception: \nRank 0 timed out in monitoredBarrier "
+                                  "after {ms} ms.\nNo ranks successfully processed in "
+                                  "monitoredBarrier.",
         "monitored_peer": "Rank {me} successfully reached monitoredBarrier, but received errors "
                           "while waiting for send/recv from rank 0. Please check rank 0 logs for "
                           "faulty rank.\n Original exception: \n" + _GLOO_RECV,
@@ -75,10 +80,12 @@ class TimedWait:
 
 def collective_wait(cluster: Any, call: Any, seconds: float | None = None,
                     wait_all_ranks: bool = False) -> TimedWait | None:
-    """The timed wait of ``call``'s collective: the group's timeout unless ``seconds`` is given."""
+    """The timed wait of ``call``'s collective: the group's timeout unless ``seconds`` is given
+    (a monitored barrier's zero timeout expires at once; elsewhere zero means none)."""
     coll = call.collective
+    expired = call.op == "monitored_barrier" and seconds is not None and seconds <= 0
     seconds = coll.group.timeout if seconds is None else seconds
-    if not seconds or seconds <= 0:
+    if not expired and (not seconds or seconds <= 0):
         return None
     backend = backend_of(cluster)
 
@@ -92,9 +99,12 @@ def collective_wait(cluster: Any, call: Any, seconds: float | None = None,
         if wait_all_ranks:
             return timeout_message(backend, "monitored_root_all", ms=ms,
                                    ranks=", ".join(map(str, missing)))
+        if expired:
+            return timeout_message(backend, "monitored_root_expired", ms=0,
+                                   rank=missing[0] if missing else "?")
         return timeout_message(backend, "monitored_root", ms=ms, rank=missing[0] if missing else "?")
 
-    return TimedWait(cluster.scheduler, call.rank, seconds, message)
+    return TimedWait(cluster.scheduler, call.rank, max(seconds, 1e-9), message)
 
 
 def monitored_barrier(pg: Any, timeout: datetime.timedelta | None, wait_all_ranks: bool) -> None:

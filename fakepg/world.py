@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 from unittest import mock
@@ -388,6 +389,16 @@ def _fake_pg_helper(group_size, group_rank, global_ranks_in_group, backend, *arg
 def _fake_monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
     if current_cluster() is None:
         return _ORIGINAL_MONITORED_BARRIER(group, timeout, wait_all_ranks)
+    # torch's own argument handling (its backend check would refuse the fake backend)
+    if c10d._rank_not_in_group(group):
+        c10d._warn_not_in_group("monitored_barrier")
+        return None
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        warnings.warn("Please specify timeout arg as a timedelta. Converting current value of "
+                      f"{timeout} assuming it represents seconds", stacklevel=2)
+        timeout = datetime.timedelta(seconds=timeout)
+    if timeout is not None:
+        c10d._check_valid_timeout(timeout)
     g = group or c10d._get_default_group()
     return liveness.monitored_barrier(g, timeout, wait_all_ranks)
 

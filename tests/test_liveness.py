@@ -220,3 +220,36 @@ def test_monitored_barrier_on_a_rank_other_than_0_blames_rank_0_as_gloo_does():
     assert message.startswith("Rank 1 successfully reached monitoredBarrier, but received errors "
                               "while waiting for send/recv from rank 0.")
     assert "rank 0: sleeping in time.sleep(0.3)" in message
+
+
+# Found by torch's own suite (DistributedTest.test_monitored_barrier_gloo_subgroup and
+# test_monitored_barrier_gloo_rank_0_timeout); messages checked against real gloo.
+def test_monitored_barrier_zero_timeout_expires_at_once_in_gloos_words():
+    def body(rank):
+        g = dist.new_group([0, 1])
+        if rank == 0:
+            return _catching(lambda: g.monitored_barrier(datetime.timedelta(0)))(rank)
+        time.sleep(0.2)  # still running: not a hang
+
+    err = fakepg.spawn(body, nprocs=2).returns[0]
+    assert isinstance(err, dist.DistBackendError)
+    assert str(err).startswith(
+        "[Rank 0]: Rank 1 failed to pass monitoredBarrier in 0 ms\n Original exception: \n"
+        "Rank 0 timed out in monitoredBarrier after 0 ms.\n"
+        "No ranks successfully processed in monitoredBarrier.")
+
+
+def test_monitored_barrier_takes_seconds_as_a_float_and_is_a_no_op_outside_its_group():
+    def body(rank):
+        sub = dist.new_group(ranks=[0, 1])
+        if rank == 1:
+            time.sleep(0.3)
+            return None
+        if rank == 0:
+            with pytest.warns(UserWarning, match="Converting current value of 0.1"):
+                return _catching(lambda: dist.monitored_barrier(sub, 0.1))(rank)
+        return dist.monitored_barrier(sub, 0.1)  # rank 2 is not a member: torch returns None
+
+    err, _, outsider = fakepg.spawn(body, nprocs=3).returns
+    assert str(err).startswith("[Rank 0]: Rank 1 failed to pass monitoredBarrier in 100 ms")
+    assert outsider is None
