@@ -718,3 +718,22 @@ def test_mismatch_in_a_world_of_three_names_the_odd_rank_out():
     msg = str(info.value)
     assert "shapes=[(5,)]" in msg and "shapes=[(2,)]" in msg
     assert all(f"rank {r}: all_reduce" in msg for r in range(3)), msg
+
+
+def test_sparse_all_reduce_writes_the_coalesced_sum_into_each_ranks_own_input_as_gloo_does():
+    # Found by torch's own suite (DistributedTest.test_sparse_all_reduce_sum); gloo's behaviour
+    # checked by hand: the input tensor itself holds the coalesced sum and is work.result()[0].
+    def body(rank):
+        t = torch.sparse_coo_tensor(torch.tensor([[rank, 2, rank]]), torch.tensor([1.0, 2.0, 3.0]), (4,))
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        same = work.result()[0] is t
+        dist.barrier()
+        if rank == 0:
+            t._values().mul_(10)  # must not reach rank 1's tensor
+        dist.barrier()
+        return same, t.is_coalesced(), t._indices().tolist(), t._values().tolist()
+
+    r0, r1 = fakepg.spawn(body, nprocs=2).returns
+    assert r0 == (True, True, [[0, 1, 2]], [40.0, 40.0, 40.0])
+    assert r1 == (True, True, [[0, 1, 2]], [4.0, 4.0, 4.0])

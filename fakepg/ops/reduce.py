@@ -26,12 +26,8 @@ class AllReduce(Op):
         first = calls[0]
         for i in range(len(first.inputs)):
             red = reduce_tensors([c.inputs[i] for c in calls], first.reduce_op)
-            if red.is_sparse:
-                for c in calls:
-                    c.inputs[i] = red.clone()
-            else:
-                for c in calls:
-                    c.inputs[i].copy_(red)
+            for c in calls:  # sparse too: gloo replaces the input's indices and values in place
+                c.inputs[i].copy_(red)
         for c in calls:
             c.result = list(c.inputs)
 
