@@ -42,6 +42,13 @@
 * **Timeouts.** A wait (explicit, end of backward, or stream) on a collective that ends more
   than the timeout after this rank issued it raises :class:`CollectiveTimeoutError` on the
   waiting rank at virtual time ``issue + timeout`` (NCCL's watchdog wording).
+* **Faults** (:mod:`simddp.faults`, in ``Timing.faults``). ``slow_rank(r, factor, at=,
+  until=)`` multiplies the cost of each op rank ``r`` starts while its clock is in
+  ``[at, until)`` (checked before each op, only on ranks that have such faults: an op that
+  straddles ``at`` keeps its cost); ``slow_link(a, b, factor, at=, until=)`` multiplies the
+  duration of each collective of a group holding both ``a`` and ``b`` (``b=None``: holding
+  ``a``) that starts in ``[at, until)`` — its start computed as above. Overlapping faults
+  multiply. ``Timing.network_jitter`` sets the collectives' jitter apart from the ops'.
 * **Phases and iterations.** Ops are attributed to "backward" when autograd's engine runs
   them (``torch._C._current_graph_task_id() != -1``), to "optimizer" inside
   ``Optimizer.step`` (global step pre/post hooks, installed only while simulating), else to
