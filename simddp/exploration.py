@@ -80,6 +80,9 @@ def explore(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *
     for the first failure, shrunk toward ``timing``: ``.schedule`` is its token, replayed by
     ``simddp.simulate(fn, args, nprocs, seed=seed, timing=timing.with_token(token))``.
 
+    Inside a hypothesis ``@given`` test, give that test
+    ``@settings(suppress_health_check=[HealthCheck.nested_given])`` (explore is a @given).
+
     Example (a barrier under a 50 ms virtual timeout; a straggler breaks it)::
 
         base = simddp.Timing(compute=simddp.Compute.constant(1e-3), timeout=0.05)

@@ -5,6 +5,7 @@ import dataclasses
 import math
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -41,7 +42,9 @@ def _explore_barrier(**kw):
 # -- explore: a straggler-induced timeout ---------------------------------------------------
 
 def test_explore_finds_a_straggler_timeout_and_shrinks_it_to_one_slowed_rank():
+    threads = threading.active_count()
     e = _explore_barrier()
+    assert threading.active_count() == threads  # no rank thread left behind
     assert len(e.deviations) == 1 and e.deviations[0].startswith("rank ")
     assert "x slower" in e.deviations[0]
     [(rank, speed)] = e.timing.rank_speed.items()
