@@ -96,6 +96,9 @@ def explore(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *
 
     from .engines.simulate import simulate
 
+    if not callable(fn):  # an argument error, not a failure to explore
+        raise TypeError(f"simddp.explore: fn must be callable (called as fn(rank, *args)), "
+                        f"got {type(fn).__name__} {fn!r:.80}")
     base = Timing() if timing is None else timing
     if not isinstance(base, Timing):
         raise TypeError(f"simddp.explore(timing=...) needs a simddp.Timing, got "

@@ -275,3 +275,29 @@ def test_import_simddp_works_without_hypothesis_and_explore_says_what_to_install
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert "ERR" in out.stdout and "pip install hypothesis" in out.stdout
+
+
+def _zoo_rank_fn(name, **loop):
+    from fakepg import zoo
+    sc = zoo.get(name)
+
+    def rank_fn(rank, world):
+        model = zoo.TrainLoop(**loop)(sc, rank, world)
+        return [p.detach().clone() for p in model.parameters()]
+    return rank_fn
+
+
+@pytest.mark.parametrize("name,loop", [
+    ("uneven_inputs", {}),  # Join's shadow collectives
+    ("rank_dependent_unused", {}),  # find_unused_parameters
+    ("mlp", {"comm_hook": "fp16"}),  # a comm hook's future callbacks on the side stream
+], ids=["join-uneven-inputs", "unused-parameters", "fp16-comm-hook"])
+def test_ddp_scenarios_explored_under_jitter_stragglers_and_slow_links_report_no_failure(name, loop):
+    if loop.get("comm_hook") == "fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        loop = {"comm_hook": default_hooks.fp16_compress_hook}
+    s = simddp.explore(_zoo_rank_fn(name, **loop), (2,), nprocs=2,
+                       timing=Timing(network=Network.preset("100gbe"),
+                                     compute=Compute.roofline("a100")),
+                       runs=8, check=replicas_agree, max_jitter=0.1, horizon=1e-3)
+    assert s.runs == 9 and s.slowest > s.fastest
