@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 from fakepg.arguments import integer
 
 from .errors import ExplorationError
+from .faults import check as check_faults
 from .timing import Timing
 
 __all__ = ["explore", "ExplorationSummary", "ExplorationError"]
@@ -104,6 +105,11 @@ def explore(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *
         raise TypeError(f"simddp.explore(timing=...) needs a simddp.Timing, got "
                         f"{type(base).__name__}")
     nprocs = integer("simddp.explore: nprocs", nprocs, minimum=1)
+    unknown = sorted(r for r in base.rank_speed if r >= nprocs)
+    if unknown:  # argument errors fail at once, before any run
+        raise ValueError(f"simddp.explore: Timing.rank_speed names ranks {unknown}, but the "
+                         f"world has ranks 0..{nprocs - 1} (nprocs={nprocs})")
+    check_faults(base.faults, nprocs)
     runs = integer("simddp.explore: runs", runs, minimum=1)
     seed = integer("simddp.explore: seed", seed, minimum=0)
     if strategy is None:

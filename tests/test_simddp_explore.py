@@ -260,6 +260,10 @@ def test_faults_naming_ranks_outside_the_world_or_bad_factors_are_rejected_clear
         faults.slow_link(1, 1, 2.0)
     with pytest.raises(TypeError, match="is not a fault"):
         Timing(faults=["slow"])
+    with pytest.raises(ValueError, match=r"Timing.faults: .*names rank 3.*nprocs=2"):
+        simddp.explore(_ops_clock, nprocs=2, timing=Timing(faults=[faults.slow_link(3, None, 2.0)]))
+    with pytest.raises(TypeError, match="fn must be callable"):
+        simddp.explore("train", nprocs=2)
     with pytest.raises(ValueError, match="not a simddp timing token"):
         Timing().with_token("fpg1:abc")
     with pytest.raises(ValueError, match="damaged"):
