@@ -51,6 +51,17 @@ cluster, then replay it at thousands of ranks with what-if knobs::
 (The function is ``simddp.replay.replay``; the package attribute ``simddp.replay`` stays the
 module.) Both co-simulation and replay run on the simpy core of :mod:`simddp.engines.core`.
 
+Timing exploration (:mod:`simddp.exploration`, needs hypothesis): :func:`explore` searches
+perturbed timings (stragglers, jitter, slow links: :func:`simddp.strategies.timings`) for one
+that breaks the program, shrinks it toward the base timing and raises
+:class:`ExplorationError` with a replay token; faults from a virtual time are in
+:mod:`simddp.faults`::
+
+    base = Timing(compute=Compute.constant(1e-3), timeout=0.05)
+    simddp.explore(work, nprocs=4, timing=base, runs=50)   # ExplorationError: rank 3 ... slower
+    simddp.simulate(work, nprocs=4, timing=base.with_token("sd1:..."))   # the replay
+    simddp.simulate(work, nprocs=4, timing=base, faults=[simddp.faults.slow_rank(3, 4.0, at=0.02)])
+
 Errors: :class:`CollectiveRaceError` (an async collective's tensor touched before its
 wait) and :class:`CollectiveTimeoutError` (a wait past the group's timeout, in virtual
 time), both subclasses of :class:`fakepg.FakePGError`.
@@ -65,7 +76,9 @@ from .analysis import (CommSpan, IterationStats, ReplayResult, RunResult, SimRes
                        Timeline)
 from .engines import (CapturedIteration, Channel, CollectiveProcess, Fabric, Observer, capture,
                       mark_iteration, now, simulate, sweep)
-from .errors import CollectiveRaceError, CollectiveTimeoutError
+from . import faults
+from .errors import CollectiveRaceError, CollectiveTimeoutError, ExplorationError
+from .exploration import ExplorationSummary, explore
 from .models import Compute, ComputeModel, DevicePreset, Network, NetworkModel
 from .timing import Timing
 
@@ -78,4 +91,12 @@ __all__ = [
     "CollectiveRaceError", "CollectiveTimeoutError", "now", "mark_iteration",
     "Fabric", "Channel", "CollectiveProcess",
     "capture", "sweep", "CapturedIteration", "ReplayResult",
+    "explore", "ExplorationError", "ExplorationSummary", "faults", "strategies",
 ]
+
+
+def __getattr__(name: str):  # simddp.strategies needs hypothesis: imported on first use
+    if name == "strategies":
+        import importlib
+        return importlib.import_module(".strategies", __name__)
+    raise AttributeError(f"module 'simddp' has no attribute {name!r}")

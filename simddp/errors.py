@@ -11,7 +11,7 @@ from __future__ import annotations
 from fakepg.errors import CollectiveTimeoutError as _FakePGTimeout
 from fakepg.errors import FakePGError
 
-__all__ = ["CollectiveRaceError", "CollectiveTimeoutError"]
+__all__ = ["CollectiveRaceError", "CollectiveTimeoutError", "ExplorationError"]
 
 
 class CollectiveRaceError(FakePGError):
@@ -50,3 +50,22 @@ class CollectiveTimeoutError(_FakePGTimeout):
         super().__init__(message)
         self.rank, self.op, self.group, self.seq = rank, op, group, seq
         self.timeout, self.time = timeout, time
+
+
+class ExplorationError(FakePGError):
+    """:func:`simddp.explore` found a timing under which the program fails.
+
+    ``.schedule`` (also ``.token``) is the replay token (``"sd1:..."``) of the shrunk timing,
+    ``.timing`` that :class:`~simddp.Timing`, ``.deviations`` how it differs from the base
+    timing (one line each), ``.runs`` the runs explored and ``.shrink_runs`` the runs spent
+    shrinking; ``__cause__`` is the failure itself. The message ends with a one-line replay.
+    """
+
+    def __init__(self, message: str, *, schedule: str, timing: object = None,
+                 deviations: list[str] | None = None, runs: int = 0,
+                 shrink_runs: int = 0) -> None:
+        super().__init__(message)
+        self.schedule = self.token = schedule
+        self.timing = timing
+        self.deviations = list(deviations or [])
+        self.runs, self.shrink_runs = runs, shrink_runs

@@ -136,11 +136,18 @@ class RankClock:
         self.noise: array.array | None = None
         self.streams: dict[bytes, list[int]] = {}  # stream name -> [next index, stride]
         self.call_entries: dict[tuple, Any] = {}  # (func, seconds) -> entry (_CALL ops)
+        self.jitter_seed = jitter_seed
         if self.jitter > 0:
-            rng = noise.generator(jitter_seed, 0, rank)
-            table = noise.lognormal(rng, self.jitter, 1 << _OP_NOISE_BITS) * self.scale
-            self.noise = array.array("d")
-            self.noise.frombytes(table.astype(np.float64).tobytes())
+            self.noise = self._noise_table(self.scale)
+        # slow_rank faults (simddp.faults): the current slowdown, constant while the clock is
+        # in [fault_lo, fault_hi); FaultClockMode re-reads it when the clock leaves it. Each
+        # slowdown keeps its own caches (ticks and noise include 1/speed), so crossing back
+        # and forth costs nothing after the first time.
+        self.rank_faults = [f for f in getattr(t, "faults", ())
+                            if getattr(f, "rank", None) == rank]
+        self.slowdown = 1.0
+        self.fault_lo, self.fault_hi = (0.0, 0.0) if self.rank_faults else (-math.inf, math.inf)
+        self._by_slowdown: dict[float, tuple] = {}
         self.override: int | None = None  # OPT inside optimizer.step, CB inside callbacks
         self.phase: int | None = None
         self.span_start = 0.0
@@ -156,6 +163,30 @@ class RankClock:
         self.cb_saved: list[tuple[float, int | None]] = []
         self.mode: ClockMode | None = None
         self.finished_at: float | None = None
+
+    def _noise_table(self, scale: float) -> array.array:
+        rng = noise.generator(self.jitter_seed, 0, self.rank)
+        table = noise.lognormal(rng, self.jitter, 1 << _OP_NOISE_BITS) * scale
+        out = array.array("d")
+        out.frombytes(table.astype(np.float64).tobytes())
+        return out
+
+    def apply_faults(self) -> None:
+        """Take the slowdown of the rank's faults at the current clock (ops from here on)."""
+        from ..faults import rank_slowdown
+        factor, self.fault_lo, self.fault_hi = rank_slowdown(self.rank_faults, self.rank,
+                                                             self.clock)
+        if factor == self.slowdown:
+            return
+        self._by_slowdown[self.slowdown] = (self.costs, self.memo, self.call_entries,
+                                            self.noise, self.per_s, self.scale)
+        cached = self._by_slowdown.get(factor)
+        if cached is None:
+            scale = factor / self.sim.timing.speed(self.rank)
+            cached = ({}, {}, {}, self._noise_table(scale) if self.jitter > 0 else None,
+                      scale * _PER_S, scale)
+        self.costs, self.memo, self.call_entries, self.noise, self.per_s, self.scale = cached
+        self.slowdown = factor
 
     @property
     def clock(self) -> float:

@@ -109,3 +109,15 @@ class ClockMode(TorchDispatchMode):
             r.switch(ph)
         r.ticks += q  # the clock advances (exactly: see _PER_S)
         return out
+
+
+class FaultClockMode(ClockMode):
+    """ClockMode for a rank with ``slow_rank`` faults: before each op, a clock outside the
+    current fault window re-reads the rank's slowdown (only such ranks pay the check)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        r = self.r
+        t = r.base + r.ticks * _TICK
+        if t < r.fault_lo or t >= r.fault_hi:
+            r.apply_faults()
+        return ClockMode.__torch_dispatch__(self, func, types, args, kwargs)

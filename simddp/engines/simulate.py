@@ -42,6 +42,13 @@
 * **Timeouts.** A wait (explicit, end of backward, or stream) on a collective that ends more
   than the timeout after this rank issued it raises :class:`CollectiveTimeoutError` on the
   waiting rank at virtual time ``issue + timeout`` (NCCL's watchdog wording).
+* **Faults** (:mod:`simddp.faults`, in ``Timing.faults``). ``slow_rank(r, factor, at=,
+  until=)`` multiplies the cost of each op rank ``r`` starts while its clock is in
+  ``[at, until)`` (checked before each op, only on ranks that have such faults: an op that
+  straddles ``at`` keeps its cost); ``slow_link(a, b, factor, at=, until=)`` multiplies the
+  duration of each collective of a group holding both ``a`` and ``b`` (``b=None``: holding
+  ``a``) that starts in ``[at, until)`` — its start computed as above. Overlapping faults
+  multiply. ``Timing.network_jitter`` sets the collectives' jitter apart from the ops'.
 * **Phases and iterations.** Ops are attributed to "backward" when autograd's engine runs
   them (``torch._C._current_graph_task_id() != -1``), to "optimizer" inside
   ``Optimizer.step`` (global step pre/post hooks, installed only while simulating), else to
@@ -65,6 +72,7 @@ bookkeeping ops (free).
 
 from __future__ import annotations
 
+import dataclasses
 import time as _time
 from typing import Any, Callable, Sequence
 
@@ -77,11 +85,13 @@ from fakepg.hooks import WorldHooks
 
 from ..analysis import CommSpan, Lane, SimResult, Timeline
 from ..errors import CollectiveRaceError, CollectiveTimeoutError
+from ..faults import SlowLink, link_slowdown
+from ..faults import check as check_faults
 from ..models import collective_time, noise
 from ..timing import Timing
 from .clock import CB, KIND_NAMES, OPT, Flight, RankClock, bind, current, ptr
 from .core import Channel
-from .dispatch import ClockMode
+from .dispatch import ClockMode, FaultClockMode
 
 __all__ = ["simulate", "SimResult", "Observer", "now", "mark_iteration"]
 
@@ -112,15 +122,16 @@ class Simulator(WorldHooks):
         # see simddp.engines.core for why co-simulation uses a simpy environment per channel.
         self.channels: dict[Any, Channel] = {}
         self.net_noise: noise.Stream | None = None  # one factor per collective, in match order
-        if timing.jitter > 0:
-            self.net_noise = noise.Stream(noise.generator(jseed, 1, 0), timing.jitter)
+        if timing.net_jitter > 0:
+            self.net_noise = noise.Stream(noise.generator(jseed, 1, 0), timing.net_jitter)
         self.fixed_timeout = timing.timeout_seconds
+        self.link_faults = [f for f in timing.faults if isinstance(f, SlowLink)]
 
     # -- rank lifetime ------------------------------------------------------------------
     def rank_started(self, rank: int) -> None:
         r = self.ranks[rank]
         bind(r)
-        r.mode = ClockMode(r)
+        r.mode = FaultClockMode(r) if r.rank_faults else ClockMode(r)
         r.mode.__enter__()
 
     def rank_finished(self, rank: int) -> None:
@@ -172,6 +183,9 @@ class Simulator(WorldHooks):
         channel = self.channels.get(key)
         if channel is None:
             channel = self.channels[key] = Channel()
+        if self.link_faults:  # slow_link: decided by when the collective starts
+            begin = max(max(f.issue for f in flights), channel.env.now)
+            dur *= link_slowdown(self.link_faults, {c.rank for c in members}, begin)
         # The collective is a simpy process on its communicator's channel: it starts at
         # max(latest issue, the channel's previous end) and holds it for dur.
         start, end = channel.submit([f.issue for f in flights], dur)
@@ -289,10 +303,11 @@ def mark_iteration() -> None:
 
 def simulate(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *,
              timing: Timing, seed: int = 0, hang_timeout: float = 1.0,
-             observer: Observer | None = None) -> SimResult:
+             observer: Observer | None = None, faults: Sequence[Any] = ()) -> SimResult:
     """Run ``fn(rank, *args)`` on ``nprocs`` fake ranks (like :func:`fakepg.spawn`) with
     virtual time; see the module docstring for the rules. ``observer``: an
-    :class:`Observer` told of virtual-time events as they happen.
+    :class:`Observer` told of virtual-time events as they happen. ``faults``:
+    :mod:`simddp.faults` added to ``timing.faults`` for this run.
 
     Raises what ``fakepg.spawn`` raises, except that a :class:`CollectiveRaceError` or
     :class:`CollectiveTimeoutError` that ends a rank is re-raised as itself (it carries
@@ -307,6 +322,9 @@ def simulate(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, 
     if unknown:
         raise ValueError(f"Timing.rank_speed names ranks {unknown}, but the world has ranks "
                          f"0..{nprocs - 1} (nprocs={nprocs})")
+    if faults:
+        timing = dataclasses.replace(timing, faults=(*timing.faults, *check_faults(faults)))
+    check_faults(timing.faults, nprocs)
     sim = Simulator(timing, nprocs, seed, observer)
     opt = _optim
     handles = [opt.register_optimizer_step_pre_hook(_opt_pre),
