@@ -95,14 +95,13 @@ def _environ_data() -> dict:
 
 def _install_environ(target: dict) -> None:
     data = _environ_data()
-    for key in [k for k in data if k not in target]:
+    # Set differences of the (bytes) items run at C speed; ranks differ in a few keys.
+    for key in data.keys() - target.keys():
         os.unsetenv(key)
         del data[key]
-    get = data.get
-    for key, value in target.items():
-        if get(key) != value:
-            os.putenv(key, value)
-            data[key] = value
+    for key, value in target.items() - data.items():
+        os.putenv(key, value)
+        data[key] = value
 
 
 def environ_with(overrides: dict[str, str | None]) -> dict:
