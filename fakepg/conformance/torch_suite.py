@@ -8,9 +8,12 @@ file barrier, the test, the barrier, ``destroy_process_group`` — once on fakep
 thread, or a process with ``--isolation process``) and once on real multi-process gloo, and
 prints one row per test with both outcomes.
 
-    python ci/torch_distributed_suite.py                       # every test, world size 2
-    python ci/torch_distributed_suite.py -k allreduce -k ddp   # tests whose name has a pattern
-    python ci/torch_distributed_suite.py --fake-only --world-size 3
+    python -m fakepg.conformance.torch_suite                       # every test, world size 2
+    python -m fakepg.conformance.torch_suite -k allreduce -k ddp   # names with a pattern
+    python -m fakepg.conformance.torch_suite --fake-only --world-size 3
+
+Or from Python: ``run_fake(name, world_size, tmp)`` / ``run_gloo(...)`` after
+``prepare(tmp, world_size)``. Needs ``expecttest`` (torch's test utilities import it).
 
 Outcomes: ``pass``, ``skip`` (the test skipped itself: CUDA, world size, backend), ``fail``
 (first line of the error), ``hang`` (fakepg's verdict) and ``timeout`` (``--timeout`` seconds of
@@ -36,7 +39,7 @@ from datetime import timedelta
 _SKIP_CODES: set[int] = set()
 
 
-def _environment(tmp: str, world_size: int) -> None:
+def prepare(tmp: str, world_size: int) -> None:
     # The suite reads these at import and in its helpers (as test_distributed_spawn.py sets them).
     os.environ.update(BACKEND="gloo", WORLD_SIZE=str(world_size), TEMP_DIR=tmp,
                       MASTER_ADDR="127.0.0.1")
@@ -206,7 +209,7 @@ def run_gloo(test_name: str, world_size: int, tmp: str, timeout: float) -> str:
     return _combine(outcomes)
 
 
-def _reset_barrier(tmp: str) -> None:
+def reset_barrier(tmp: str) -> None:
     folder = os.path.join(tmp, "barrier")
     for name in os.listdir(folder):
         os.unlink(os.path.join(folder, name))
@@ -223,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     tmp = tempfile.mkdtemp(prefix="torch-dist-suite-")
-    _environment(tmp, args.world_size)
+    prepare(tmp, args.world_size)
     names = test_names(args.patterns)
     print(f"{len(names)} tests of DistributedTest._DistTestBase, world size {args.world_size}, "
           f"fakepg isolation={args.isolation}" + ("" if args.fake_only else " vs real gloo"))
@@ -231,13 +234,13 @@ def main(argv: list[str] | None = None) -> int:
     disagree = 0
     t_fake = t_gloo = 0.0
     for name in names:
-        _reset_barrier(tmp)
+        reset_barrier(tmp)
         t0 = time.perf_counter()
         fake = run_fake(name, args.world_size, tmp, args.isolation, args.timeout)
         t_fake += time.perf_counter() - t0
         gloo = ""
         if not args.fake_only:
-            _reset_barrier(tmp)
+            reset_barrier(tmp)
             t0 = time.perf_counter()
             gloo = run_gloo(name, args.world_size, tmp, args.timeout)
             t_gloo += time.perf_counter() - t0
