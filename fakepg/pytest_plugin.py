@@ -58,6 +58,7 @@ class FakeCluster:
     def run(self, fn: Callable[..., Any], args: Sequence[Any] = (), *, nprocs: int | None = None,
             seed: int | None = None, **kwargs: Any) -> SpawnResult:
         """``fakepg.spawn(fn, args, nprocs=<marker>, seed=<option or 0>, timeout=<marker or option>)``."""
+        __tracebackhide__ = True
         kwargs.setdefault("timeout", self.timeout)
         try:
             result = spawn(fn, args, nprocs=nprocs or self.nprocs,
@@ -91,11 +92,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytes
     cluster = item.stash.get(_CLUSTER, None)
     if cluster is None or report.when != "call" or not report.failed:
         return report
-    lines = []
-    if isinstance(cluster.failure, (CollectiveHangError, CollectiveMismatchError, SpawnTimeoutError)):
-        lines.append(str(cluster.failure))
-    elif cluster.failure is not None:
-        lines.append(f"{type(cluster.failure).__name__}: {cluster.failure}")
-    lines.append(f"replay: {cluster.replay_command}")
-    report.sections.append(("fakepg", "\n".join(lines)))
+    # The failure's own message already carries fakepg's report: add only how to replay it.
+    report.sections.append(("fakepg", f"replay: {cluster.replay_command}"))
     return report

@@ -106,6 +106,7 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
         result = fakepg.spawn(train, nprocs=4)
         assert result.returns[0].tolist() == [6.0, 6.0]
     """
+    __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
     if not callable(fn):
         raise TypeError(f"fakepg.spawn: fn must be callable, got {type(fn).__name__} {fn!r}")
     nprocs = integer("fakepg.spawn: nprocs", nprocs, minimum=1)
@@ -128,6 +129,7 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
 
 def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_env,
                timeout) -> SpawnResult:
+    __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
     register_backend()
     t0 = time.perf_counter()
     cluster = Cluster(nprocs, seed, hooks)
@@ -307,6 +309,7 @@ def _cpu_seconds(thread: threading.Thread | None) -> float:
 
 
 def _raise_outcome(sched: Scheduler, cluster: Cluster, failures: dict[int, BaseException]) -> None:
+    __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
     if cluster.failed_rank is not None:
         r = cluster.failed_rank
         e = failures[r]

@@ -90,29 +90,35 @@ def test_fake_cluster_fixture_runs_the_function_on_the_world_size_the_marker_nam
     result.assert_outcomes(passed=3)
 
 
-def test_a_hanging_test_fails_with_the_hang_report_and_the_command_that_replays_it(pytester):
+def test_a_hanging_test_fails_with_the_hang_report_once_and_the_command_that_replays_it(pytester):
     pytester.makepyfile(test_hang=HANG_TEST)
     result = pytester.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(failed=2)
     uneven = line_of(HANG_TEST, "dist.all_reduce(torch.ones(3))")
     mismatch = line_of(HANG_TEST, "dist.all_reduce(torch.ones(4 + rank))")
     result.stdout.fnmatch_lines([
-        "*- fakepg -*",
-        "fakepg: hang detected: no rank can make progress (2 ranks, seed 0). Per rank:",
-        "  rank 0: finished (returned)",
-        "  rank 1: blocked waiting on all_reduce(shapes=[[](3,)[]], dtypes=[[]float32[]], op=SUM) #1 on group "
-        f"'0' (ranks [[]0, 1[]]), issued at test_hang.py:{uneven}; waits for ranks [[]0[]]",
+        "E*fakepg.errors.CollectiveHangError: fakepg: hang detected: no rank can make progress "
+        "(2 ranks, seed 0). Per rank:",
+        "E*  rank 0: finished (returned)",
+        "E*  rank 1: blocked waiting on all_reduce(shapes=[[](3,)[]], dtypes=[[]float32[]], op=SUM) #1 "
+        f"on group '0' (ranks [[]0, 1[]]), issued at test_hang.py:{uneven}; waits for ranks [[]0[]]",
         "*use torch.distributed.algorithms.Join*",
+        "*- fakepg -*",
         "replay: python -m pytest test_hang.py::test_uneven -p no:xdist --fakepg-seed 0",
     ])
     result.stdout.fnmatch_lines([
+        "E*fakepg.errors.CollectiveMismatchError: collective #0 on group '0' (ranks [[]0, 1[]]) "
+        "does not match across ranks (differs in: tensors):",
+        f"E*  rank 0: all_reduce(shapes=[[](4,)[]], dtypes=[[]float32[]], op=SUM) at test_hang.py:{mismatch}",
+        f"E*  rank 1: all_reduce(shapes=[[](5,)[]], dtypes=[[]float32[]], op=SUM) at test_hang.py:{mismatch}",
         "*- fakepg -*",
-        "collective #0 on group '0' (ranks [[]0, 1[]]) does not match across ranks (differs in: tensors):",
-        f"  rank 0: all_reduce(shapes=[[](4,)[]], dtypes=[[]float32[]], op=SUM) at test_hang.py:{mismatch}",
-        f"  rank 1: all_reduce(shapes=[[](5,)[]], dtypes=[[]float32[]], op=SUM) at test_hang.py:{mismatch}",
-        "*",
         "replay: python -m pytest test_hang.py::test_mismatch -p no:xdist --fakepg-seed 0",
     ])
+    out = result.stdout.str()
+    # the report once (not again in the fakepg section), and no harness frame with its locals
+    shown = [line for line in out.splitlines() if not line.startswith("DEBUG ")]  # c10d's log
+    assert sum("hang detected: no rank can make progress" in line for line in shown) == 1
+    assert "fakepg/world.py" not in out and "_raise_outcome" not in out and "sched = " not in out
 
 
 def test_fakepg_seed_option_changes_the_seed_of_every_fake_world_and_the_replay_line(pytester):
