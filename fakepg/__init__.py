@@ -14,8 +14,8 @@ Example::
 """
 
 from .errors import (BackendTimeoutError, CollectiveHangError, CollectiveMismatchError,
-                     CollectiveTimeoutError, FakePGError, RankFailedError, SpawnTimeoutError,
-                     StoreTimeoutError, WorldAbortedError)
+                     CollectiveTimeoutError, FakePGError, InvalidCollectiveError, RankFailedError,
+                     SpawnTimeoutError, StoreTimeoutError, WorldAbortedError)
 from .hooks import WorldHooks
 from .process_group import BACKEND_NAME, FakeProcessGroup, FakeWork, register_backend
 from .world import SpawnResult, spawn
@@ -28,7 +28,7 @@ register_backend()
 __all__ = [
     "spawn", "SpawnResult", "CollectiveRecord", "BACKEND_NAME",
     "FakePGError", "CollectiveMismatchError", "CollectiveHangError", "RankFailedError",
-    "WorldAbortedError", "CollectiveTimeoutError", "SpawnTimeoutError", "BackendTimeoutError",
+    "WorldAbortedError", "CollectiveTimeoutError", "InvalidCollectiveError", "SpawnTimeoutError", "BackendTimeoutError",
     "StoreTimeoutError", "FakeStore",
     "FakeProcessGroup", "FakeWork", "WorldHooks",
     "to_json", "from_json", "flight_recorder_dump", "dump_flight_recorder",

@@ -11,8 +11,8 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from .collectives import Call, GroupState, PendingCollective, check_match, mismatch_message
 from .ops.p2p import SEND
-from .errors import (CollectiveHangError, CollectiveMismatchError, FakePGError, RankFailedError,
-                     WorldAbortedError)
+from .errors import (CollectiveHangError, CollectiveMismatchError, FakePGError,
+                     InvalidCollectiveError, RankFailedError, WorldAbortedError)
 from .hooks import WorldHooks
 from .liveness import TimedWait, collective_wait
 from .profiling import unrecorded
@@ -45,6 +45,9 @@ class Cluster:
         self._completing = [False] * nprocs
         self._settled = [0] * nprocs  # per rank: outstanding calls whose collective settled
         self.failed_rank: int | None = None
+        # per rank: the default group the program itself initialised (spawn's own does not
+        # count), so a second init_process_group is refused as torch refuses it
+        self.initialised_by_program: dict[int, Any] = {}
 
     # -- groups -----------------------------------------------------------------
     def group(self, name: str, ranks: tuple[int, ...], timeout: float = 1800.0) -> GroupState:
@@ -62,7 +65,8 @@ class Cluster:
             raise _fresh(sched.abort_error)
         why = call.spec.validate(call, group.size)
         if why:
-            raise ValueError(f"rank {call.rank}: invalid {call.op} on group {group.label} at {call.site}: {why}")
+            raise InvalidCollectiveError(
+                f"rank {call.rank}: invalid {call.op} on group {group.label} at {call.site}: {why}")
         rec = call.record
         trace = self.trace[call.rank]
         rec.record_id = len(trace)

@@ -19,6 +19,7 @@ import torch
 
 from .errors import FakePGError
 from .ops import Op
+from .ops.base import tensors_of
 from .trace import CollectiveRecord
 
 
@@ -121,8 +122,13 @@ def check_match(coll: PendingCollective) -> str | None:
 def mismatch_message(coll: PendingCollective, differing: str) -> str:
     lines = [f"collective #{coll.seq} on group {coll.group.label} does not match across ranks "
              f"(differs in: {differing}):"]
-    for c in coll.members():
-        lines.append(f"  rank {c.rank}: {c.describe()}")
+    members = coll.members()
+    texts = [c.describe() for c in members]
+    if len(set(texts)) == 1:  # what differs is not in the short form: say the devices
+        texts = [f"{t} on {', '.join(str(x.device) for x in tensors_of(c.inputs, c.outputs))}"
+                 for t, c in zip(texts, members)]
+    for c, text in zip(members, texts):
+        lines.append(f"  rank {c.rank}: {text}")
     lines.append("Every rank of a group must issue the same sequence of collectives with "
                  "matching op, shapes, dtypes, reduce op and root.")
     return "\n".join(lines)

@@ -17,6 +17,13 @@ class CollectiveMismatchError(FakePGError):
     """
 
 
+class InvalidCollectiveError(FakePGError, ValueError):
+    """One rank's call is invalid on its own (a root or peer outside the group, a shape the op
+    cannot take). Raised on that rank only, before anything is matched, so the program can
+    catch it as it catches the backend's error: a ``RuntimeError`` as gloo raises it, and a
+    ``ValueError`` as fakepg raised it before."""
+
+
 class CollectiveHangError(FakePGError):
     """No rank can make progress: every unfinished rank waits on something that
     cannot complete. ``.report`` holds the per-rank report as text."""

@@ -184,6 +184,12 @@ def _in_join_shadow() -> bool:
     return False
 
 
+def _global(ranks: tuple[int, ...], group_rank: int) -> int:
+    """The global rank of ``group_rank``; as given when it is out of range (validation,
+    which runs next, names it)."""
+    return ranks[group_rank] if 0 <= group_rank < len(ranks) else group_rank
+
+
 def _as_is(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return tensors
 
@@ -289,8 +295,8 @@ class FakeProcessGroup(PythonProcessGroup):
             dtypes=tuple([dtype_name(t.dtype) for t in shown]),
             bytes=0, site=site,
             reduce_op=None if reduce_op is None else op_name(reduce_op),
-            root=None if root is None else g.ranks[root],
-            peer=None if peer is None else g.ranks[peer],
+            root=None if root is None else _global(g.ranks, root),
+            peer=None if peer is None else _global(g.ranks, peer),
             tag=tag if p2p else None, async_op=True, p2p=p2p,
             output_shapes=tuple([tuple(t.shape) for t in tensors_of(outputs)]),
         )

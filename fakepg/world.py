@@ -360,7 +360,7 @@ def _fake_init_process_group(nprocs: int) -> Callable[..., Any]:
         if binding is None:
             return _ORIGINAL_INIT(backend, init_method, timeout, world_size, rank, store,
                                   group_name, pg_options, device_id, **kwargs)
-        me = binding[1]
+        cluster, me = binding
         site = user_site()
         if world_size not in (-1, None) and int(world_size) != nprocs:
             raise ValueError(f"rank {me}: init_process_group(world_size={world_size}) at {site}, "
@@ -370,9 +370,16 @@ def _fake_init_process_group(nprocs: int) -> Callable[..., Any]:
             raise ValueError(f"rank {me}: init_process_group(rank={rank}) at {site} on the "
                              f"thread of rank {me}")
         if c10d.is_initialized():
-            return None  # already the fake world; any backend/init_method maps onto it
-        return _ORIGINAL_INIT(backend=BACKEND_NAME, rank=me, world_size=nprocs,
-                              store=world_store(timeout or _PG_TIMEOUT), timeout=timeout or _PG_TIMEOUT)
+            # spawn initialised the world: the program's own first call maps onto it
+            default = c10d._get_default_group()
+            if cluster.initialised_by_program.get(me) is default:
+                raise ValueError("trying to initialize the default process group twice!")
+            cluster.initialised_by_program[me] = default
+            return None
+        _ORIGINAL_INIT(backend=BACKEND_NAME, rank=me, world_size=nprocs,
+                       store=world_store(timeout or _PG_TIMEOUT), timeout=timeout or _PG_TIMEOUT)
+        cluster.initialised_by_program[me] = c10d._get_default_group()
+        return None
 
     return init_process_group
 

@@ -213,3 +213,46 @@ def test_python_work_with_an_outstanding_collective_is_not_mistaken_for_a_cpp_wa
         return "ok"
 
     assert fakepg.spawn(body, nprocs=2, hang_timeout=0.3).returns == ["ok", "ok"]
+
+
+# Issue 8 item 7: wrong input gets the error the backend gives, catchable, naming the range.
+@pytest.mark.parametrize("call, says", [
+    (lambda: dist.broadcast(torch.zeros(1), src=7), "invalid root rank: 7 (a group of size 2 has ranks 0..1)"),
+    (lambda: dist.broadcast(torch.zeros(1), src=-1), "invalid root rank: -1"),
+    (lambda: dist.recv(torch.zeros(1), src=5), "invalid peer rank: 5 (a group of size 2 has ranks 0..1)"),
+    (lambda: dist.send(torch.zeros(1), dst=2), "invalid peer rank: 2"),
+])
+def test_a_root_or_peer_outside_the_group_is_a_catchable_runtime_error_naming_the_range(call, says):
+    def body(rank):
+        try:
+            call()
+        except RuntimeError as e:
+            return isinstance(e, ValueError), str(e)
+        return None
+
+    caught, message = fakepg.spawn(body, nprocs=2).returns[0]
+    assert caught and says in message and "rank 0: invalid" in message
+
+
+def test_init_process_group_twice_is_refused_as_torch_refuses_it():
+    def body(rank):
+        dist.init_process_group("gloo")          # maps onto the world spawn made
+        with pytest.raises(ValueError, match="trying to initialize the default process group twice"):
+            dist.init_process_group("gloo")
+        dist.destroy_process_group()
+        dist.init_process_group("nccl")          # after a destroy, once more
+        with pytest.raises(ValueError, match="twice"):
+            dist.init_process_group()
+        return dist.get_world_size()
+
+    assert fakepg.spawn(body, nprocs=2).returns == [2, 2]
+
+
+def test_a_mismatch_in_device_alone_names_each_ranks_device():
+    def body(rank):
+        dist.all_reduce(torch.zeros(2, device="meta" if rank == 0 else "cpu"))
+
+    with pytest.raises(fakepg.CollectiveMismatchError) as info:
+        fakepg.spawn(body, nprocs=2)
+    lines = str(info.value).splitlines()
+    assert lines[1].endswith(" on meta") and lines[2].endswith(" on cpu")

@@ -49,7 +49,11 @@ class Op:
                 if why:
                     return why
         if call.root is not None and not 0 <= call.root < group_size:
-            return f"root {call.root} is not a rank of a group of size {group_size}"
+            return (f"invalid root rank: {call.root} (a group of size {group_size} has ranks "
+                    f"0..{group_size - 1})")
+        if call.peer is not None and not 0 <= call.peer < group_size:
+            return (f"invalid peer rank: {call.peer} (a group of size {group_size} has ranks "
+                    f"0..{group_size - 1})")
         return self.validate_shapes(call, group_size)
 
     def validate_shapes(self, call: "Call", group_size: int) -> str | None:
