@@ -45,6 +45,7 @@ class Cluster:
         self._completing = [False] * nprocs
         self._settled = [0] * nprocs  # per rank: outstanding calls whose collective settled
         self.failed_rank: int | None = None
+        self.backend = "fakepg"  # the personality the world shows (fakepg.backends)
         # per rank: the default group the program itself initialised (spawn's own does not
         # count), so a second init_process_group is refused as torch refuses it
         self.initialised_by_program: dict[int, Any] = {}

@@ -42,6 +42,11 @@ _WORDING: dict[str, dict[str, str]] = {
     },
 }
 _WORDING["fakepg"] = _WORDING["gloo"]  # fakepg speaks gloo until told otherwise
+# ProcessGroupNCCL's watchdog (SeqNum counts from 1). monitored_barrier does not exist there.
+_WORDING["nccl"] = {"collective": "[Rank {rank}] Watchdog caught collective operation timeout: "
+                                  "WorkNCCL(SeqNum={seq}, OpType={optype}, NumelIn={numel}, "
+                                  "NumelOut={numel}, Timeout(ms)={ms}) ran for {ms} milliseconds "
+                                  "before timing out."}
 
 
 def timeout_message(backend: str, kind: str, **fields: Any) -> str:
@@ -92,7 +97,10 @@ def collective_wait(cluster: Any, call: Any, seconds: float | None = None,
     def message() -> str:
         ms = int(seconds * 1000)
         if call.op != "monitored_barrier":
-            return timeout_message(backend, "collective", ms=ms)
+            numel = sum(t.numel() for t in call.inputs if hasattr(t, "numel"))
+            return timeout_message(backend, "collective", ms=ms, rank=call.rank,
+                                   seq=call.record.seq + 1, optype=call.spec.nccl_optype,
+                                   numel=numel)
         if call.grank != 0:
             return timeout_message(backend, "monitored_peer", ms=ms, me=call.grank)
         missing = [coll.group.ranks.index(r) for r in coll.missing_ranks()]

@@ -8,18 +8,20 @@ themselves come from the op registry (:mod:`fakepg.ops`), which says what each o
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import sys
+import threading
 from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from . import ops
+from . import backends, ops
 from .cluster import Cluster, _fresh, current_cluster
 from .collectives import Call
-from .errors import FakePGError
+from .errors import FakePGError, InvalidCollectiveError
 from .ops.base import dtype_name, tensors_of
 from .profiling import collective_event
 from .reductions import op_name
@@ -227,6 +229,28 @@ class PythonProcessGroup(dist.ProcessGroup):
         self._group_desc = desc
 
 
+_creating = threading.local()
+_GLOO_FOR_LOGGING: list[Any] = []
+
+
+def _gloo_backend_for_logging() -> Any:
+    if not _GLOO_FOR_LOGGING:  # one per process, made on first use (about a millisecond)
+        _GLOO_FOR_LOGGING.append(dist.ProcessGroupGloo(dist.HashStore(), 0, 1,
+                                                       datetime.timedelta(minutes=30)))
+    return _GLOO_FOR_LOGGING[0]
+
+
+@contextlib.contextmanager
+def requested_backend(name: str | None):
+    """The personality a group created inside this block asks for (None: the world's)."""
+    saved = getattr(_creating, "name", None)
+    _creating.name = name
+    try:
+        yield
+    finally:
+        _creating.name = saved
+
+
 class FakeProcessGroup(PythonProcessGroup):
     """One rank's handle on one group of the fake world.
 
@@ -244,6 +268,20 @@ class FakeProcessGroup(PythonProcessGroup):
         self._destroyed = False
         self._grank = rank
         self._coalesced: list[FakeWork] | None = None
+        # new_group(backend=...) fixes a group's personality; else it follows the world's
+        self._requested: str | None = getattr(_creating, "name", None)
+        # DDP's C++ logger, seeing backend name "gloo", reads the group's GLOO backend for its
+        # device list: give it a real (one-rank, never used for collectives) gloo backend.
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
+                               _gloo_backend_for_logging())
+
+    @property
+    def personality(self) -> backends.Personality:
+        return backends.get(self._requested or self._cluster.backend)
+
+    @property
+    def backend_name(self) -> str:  # type: ignore[override]  # what name() and c10d report
+        return self.personality.name
 
     @property
     def timeout(self) -> datetime.timedelta:
@@ -313,7 +351,12 @@ class FakeProcessGroup(PythonProcessGroup):
         # Join's shadow of the backward pass (a joined rank's DDP hook) runs the Reducer's
         # comm hook outside backward and waits on its future from C++ too: settle it as well.
         call.hidden_wait = in_backward or _in_join_shadow()
-        with collective_event(op.name, shown):
+        personality = self.personality
+        refusal = personality.refuse(call)
+        if refusal is not None:
+            raise InvalidCollectiveError(backends.refusal_text(call, refusal))
+        event = "recvAnySource" if p2p and peer is None else op.name  # gloo's event names
+        with collective_event(event, shown, personality.event_prefix):
             self._cluster.issue(g, call, block=call.hidden_wait)
         if self._coalesced is not None:
             self._coalesced.append(work)

@@ -35,6 +35,7 @@ from torch.autograd import DeviceType, ProfilerConfig, ProfilerState
 
 from . import cluster as _cluster  # cluster imports this module: look up at call time
 
+_COLLECTIVE_PREFIXES = ("gloo:", "nccl:")
 _USER_SCOPE = 7  # at::RecordScope::USER_SCOPE: record_function ranges
 _KINETO_STATES = {s for n, s in ProfilerState.__members__.items() if n.startswith("KINETO")}
 
@@ -83,7 +84,9 @@ class _Event:
     def scope(self) -> int: return self._scope
     def flops(self) -> int: return self._flops
     def nbytes(self) -> int: return self._nbytes
-    def is_async(self) -> bool: return False
+    # A backend's collective event ends on its worker thread, not the caller's: torch
+    # reports gloo's and NCCL's as async, and so do we.
+    def is_async(self) -> bool: return self._name.startswith(_COLLECTIVE_PREFIXES)
     def is_user_annotation(self) -> bool: return self._scope == _USER_SCOPE
     def is_python_function(self) -> bool: return False
     def is_hidden_event(self) -> bool: return False

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from . import liveness
+from . import backends, liveness
 from . import trace as _trace
 from .arguments import integer, number
 from .cluster import Cluster, bind_thread, current_cluster
@@ -27,7 +27,8 @@ from .errors import (CollectiveHangError, CollectiveMismatchError, FakePGError, 
                      SpawnTimeoutError)
 from .hooks import WorldHooks
 from .isolation import ProcessState
-from .process_group import BACKEND_NAME, FakeFuture, register_backend
+from .process_group import (BACKEND_NAME, FakeFuture, FakeProcessGroup, register_backend,
+                            requested_backend)
 from .profiling import world_profilers
 from .scheduler import Scheduler
 from .sites import _short, user_site
@@ -43,6 +44,7 @@ _SPAWN_LOCK = threading.Lock()
 _ORIGINAL_INIT = c10d.init_process_group
 _ORIGINAL_MONITORED_BARRIER = c10d.monitored_barrier
 _ORIGINAL_PG_HELPER = c10d._new_process_group_helper
+_ORIGINAL_GET_BACKEND = c10d.get_backend
 
 
 @dataclass
@@ -81,7 +83,7 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
           hooks: WorldHooks | None = None, hang_timeout: float = 1.0,
           master_port: int = 29500,
           env: Callable[[int], Mapping[str, str]] | Mapping[str, str] | None = None,
-          timeout: float | None = None) -> SpawnResult:
+          timeout: float | None = None, backend: str = "fakepg") -> SpawnResult:
     """Run ``fn(rank, *args)`` on ``nprocs`` ranks of a deterministic in-process cluster.
 
     Inside ``fn``, torch.distributed is already initialised with the ``"fakepg"`` backend
@@ -95,6 +97,9 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
     of the rank), over the launcher's RANK/WORLD_SIZE/...; each rank sees its own values.
     ``timeout`` (seconds of wall clock, default none) bounds the whole world: past it every
     rank is stopped and :class:`SpawnTimeoutError` reports each rank's state and stack.
+    ``backend`` is the personality the world shows until the program asks for another with
+    ``init_process_group`` (see :mod:`fakepg.backends`): ``"fakepg"`` (permissive),
+    ``"gloo"`` or ``"nccl"`` (their names, refusals and timeout wording).
 
     Example::
 
@@ -117,22 +122,24 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
         raise FakePGError("fakepg.spawn cannot be nested inside a rank of another fake world")
     if timeout is not None:
         timeout = number("fakepg.spawn: timeout", timeout, positive=True, hint="seconds, or None")
+    backends.get(backend)  # a clear error for an unknown name
     if not _SPAWN_LOCK.acquire(blocking=False):
         raise FakePGError("another fakepg world is running in this process; worlds run one "
                           "after another (use pytest-xdist for parallelism)")
     try:
         return _run_world(fn, tuple(args), nprocs, seed, hooks, hang_timeout, master_port, env,
-                          timeout)
+                          timeout, backend)
     finally:
         _SPAWN_LOCK.release()
 
 
 def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_env,
-               timeout) -> SpawnResult:
+               timeout, backend) -> SpawnResult:
     __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
     register_backend()
     t0 = time.perf_counter()
     cluster = Cluster(nprocs, seed, hooks)
+    cluster.backend = backend
     extra = extra_env if callable(extra_env) else (lambda r: extra_env or {})  # noqa: E731
     processes = [ProcessState.for_rank(r, nprocs, seed,
                                        {**_rank_env(r, nprocs, master_port), **_str_env(extra(r))})
@@ -345,6 +352,13 @@ def _patches(nprocs: int) -> contextlib.ExitStack:
         stack.enter_context(mock.patch.object(mod, "init_process_group", init))
         stack.enter_context(mock.patch.object(mod, "monitored_barrier", _fake_monitored_barrier))
     stack.enter_context(mock.patch.object(c10d, "_new_process_group_helper", _fake_pg_helper))
+    for mod in (dist, c10d):
+        stack.enter_context(mock.patch.object(mod, "get_backend", _fake_get_backend))
+    if not hasattr(torch._C, "_nccl_version"):
+        # A CPU build has no NCCL, but c10d's error logging asks for its version whenever a
+        # collective of an "nccl" group fails, and would hide the real error behind that one.
+        from torch.cuda import nccl
+        stack.enter_context(mock.patch.object(nccl, "version", lambda: (0, 0, 0)))
     for name, original in (("wait_all", torch.futures.wait_all),
                            ("collect_all", torch.futures.collect_all)):
         stack.enter_context(mock.patch.object(torch.futures, name, _settling(original)))
@@ -369,6 +383,9 @@ def _fake_init_process_group(nprocs: int) -> Callable[..., Any]:
         if rank not in (-1, None) and int(rank) != me:
             raise ValueError(f"rank {me}: init_process_group(rank={rank}) at {site} on the "
                              f"thread of rank {me}")
+        asked = backends.from_request(backend)
+        if asked is not None:
+            cluster.backend = asked
         if c10d.is_initialized():
             # spawn initialised the world: the program's own first call maps onto it
             default = c10d._get_default_group()
@@ -389,20 +406,35 @@ def _fake_pg_helper(group_size, group_rank, global_ranks_in_group, backend, *arg
     # new_group(backend="gloo"/"nccl"/...) inside a world is a group of the fake world, as
     # init_process_group is: a real ProcessGroupGloo would rendezvous in C++ through the world
     # store and deadlock against ranks parked by the scheduler.
-    if current_cluster() is not None:
-        backend = BACKEND_NAME
-    return _ORIGINAL_PG_HELPER(group_size, group_rank, global_ranks_in_group, backend,
-                               *args, **kwargs)
+    if current_cluster() is None:
+        return _ORIGINAL_PG_HELPER(group_size, group_rank, global_ranks_in_group, backend,
+                                   *args, **kwargs)
+    # fakepg's own init_process_group calls name BACKEND_NAME: that group follows the world
+    asked = None if backend == BACKEND_NAME else backends.from_request(backend)
+    with requested_backend(asked):
+        return _ORIGINAL_PG_HELPER(group_size, group_rank, global_ranks_in_group, BACKEND_NAME,
+                                   *args, **kwargs)
+
+
+@functools.wraps(_ORIGINAL_GET_BACKEND)
+def _fake_get_backend(group=None):
+    name = _ORIGINAL_GET_BACKEND(group)  # torch's own checks and errors first
+    if current_cluster() is None:
+        return name
+    pg = c10d._get_default_group() if group is None else group
+    return dist.Backend(pg.personality.name) if isinstance(pg, FakeProcessGroup) else name
 
 
 @functools.wraps(_ORIGINAL_MONITORED_BARRIER)
 def _fake_monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
     if current_cluster() is None:
         return _ORIGINAL_MONITORED_BARRIER(group, timeout, wait_all_ranks)
-    # torch's own argument handling (its backend check would refuse the fake backend)
+    # torch's own argument handling, with the personality's name in its backend check
     if c10d._rank_not_in_group(group):
         c10d._warn_not_in_group("monitored_barrier")
         return None
+    if not (group or c10d._get_default_group()).personality.monitored_barrier:
+        raise ValueError("monitored_barrier is only implemented for GLOO backend.")
     if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
         warnings.warn("Please specify timeout arg as a timedelta. Converting current value of "
                       f"{timeout} assuming it represents seconds", stacklevel=2)
