@@ -16,6 +16,7 @@ Example::
 from .errors import (BackendTimeoutError, CollectiveHangError, CollectiveMismatchError,
                      CollectiveTimeoutError, FakePGError, InvalidCollectiveError, RankFailedError,
                      SpawnTimeoutError, StoreTimeoutError, WorldAbortedError)
+from .exploration import ExplorationError, ExplorationSummary, explore
 from .hooks import WorldHooks
 from .process_group import BACKEND_NAME, FakeProcessGroup, FakeWork, register_backend
 from .world import SpawnResult, spawn
@@ -26,7 +27,7 @@ from .trace import CollectiveRecord, dump_flight_recorder, flight_recorder_dump,
 register_backend()
 
 __all__ = [
-    "spawn", "SpawnResult", "CollectiveRecord", "BACKEND_NAME",
+    "spawn", "SpawnResult", "explore", "ExplorationError", "ExplorationSummary", "CollectiveRecord", "BACKEND_NAME",
     "FakePGError", "CollectiveMismatchError", "CollectiveHangError", "RankFailedError",
     "WorldAbortedError", "CollectiveTimeoutError", "InvalidCollectiveError", "SpawnTimeoutError", "BackendTimeoutError",
     "StoreTimeoutError", "FakeStore",

@@ -129,7 +129,9 @@ class Cluster:
             partner = group.sends[key].popleft() if group.sends[key] else None
         else:
             queues = [q for (s, d, t), q in group.sends.items() if d == me and t == call.tag and q]
-            partner = min((q[0] for q in queues), key=lambda c: c.p2p_order, default=None)
+            heads = sorted((q[0] for q in queues), key=lambda c: c.p2p_order)
+            # earliest send first; under a schedule, any pending sender may win the match
+            partner = heads[self.scheduler.schedule.choose("any_source", len(heads))] if heads else None
             if partner is not None:
                 group.sends[(partner.grank, me, call.tag)].popleft()
         if partner is None:

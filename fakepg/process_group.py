@@ -47,7 +47,7 @@ class FakeFuture(torch.futures.Future):
     def done(self) -> bool:
         if self._work is not None and not super().done():
             self._work._poll()
-        return super().done()
+        return super().done() and (self._work is None or self._work._visible())
 
     def then(self, callback):  # type: ignore[override]
         child = FakeFuture(self._work)
@@ -117,7 +117,13 @@ class FakeWork(dist.Work):
 
     def is_completed(self) -> bool:
         self._poll()
-        return self._done
+        return self._done and self._visible()
+
+    def _visible(self) -> bool:
+        """Whether a finished collective shows as completed yet (a choice under a schedule:
+        on a real backend the peer's data may still be on its way)."""
+        sched = self._cluster.scheduler
+        return not sched.schedule.active or not sched.schedule.choose("completed", 2)
 
     def is_success(self) -> bool:
         self._poll()

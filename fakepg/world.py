@@ -30,6 +30,7 @@ from .isolation import ProcessState
 from .process_group import (BACKEND_NAME, FakeFuture, FakeProcessGroup, register_backend,
                             requested_backend)
 from .profiling import world_profilers
+from .schedule import Schedule, as_schedule
 from .scheduler import Scheduler
 from .sites import _short, user_site
 from .store import world_store, world_stores
@@ -83,7 +84,8 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
           hooks: WorldHooks | None = None, hang_timeout: float = 1.0,
           master_port: int = 29500,
           env: Callable[[int], Mapping[str, str]] | Mapping[str, str] | None = None,
-          timeout: float | None = None, backend: str = "fakepg") -> SpawnResult:
+          timeout: float | None = None, backend: str = "fakepg",
+          schedule: "Schedule | str | None" = None) -> SpawnResult:
     """Run ``fn(rank, *args)`` on ``nprocs`` ranks of a deterministic in-process cluster.
 
     Inside ``fn``, torch.distributed is already initialised with the ``"fakepg"`` backend
@@ -100,6 +102,8 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
     ``backend`` is the personality the world shows until the program asks for another with
     ``init_process_group`` (see :mod:`fakepg.backends`): ``"fakepg"`` (permissive),
     ``"gloo"`` or ``"nccl"`` (their names, refusals and timeout wording).
+    ``schedule`` (a token from :func:`fakepg.explore`, or a :class:`fakepg.schedule.Schedule`)
+    replays one alternative interleaving; None is the default schedule.
 
     Example::
 
@@ -123,18 +127,19 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
     if timeout is not None:
         timeout = number("fakepg.spawn: timeout", timeout, positive=True, hint="seconds, or None")
     backends.get(backend)  # a clear error for an unknown name
+    schedule = as_schedule(schedule)
     if not _SPAWN_LOCK.acquire(blocking=False):
         raise FakePGError("another fakepg world is running in this process; worlds run one "
                           "after another (use pytest-xdist for parallelism)")
     try:
         return _run_world(fn, tuple(args), nprocs, seed, hooks, hang_timeout, master_port, env,
-                          timeout, backend)
+                          timeout, backend, schedule)
     finally:
         _SPAWN_LOCK.release()
 
 
 def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_env,
-               timeout, backend) -> SpawnResult:
+               timeout, backend, schedule) -> SpawnResult:
     __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
     register_backend()
     t0 = time.perf_counter()
@@ -147,6 +152,7 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_e
     host = ProcessState()
     host.save()
     sched = Scheduler(processes, cluster.hang_report)
+    sched.schedule = schedule
     cluster.scheduler = sched
     returns: list[Any] = [None] * nprocs
     failures: dict[int, BaseException] = {}
