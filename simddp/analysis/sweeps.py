@@ -82,6 +82,7 @@ class SweepResult(list):
         self.captured = captured
         self.configs = None if configs is None else [dict(c) for c in configs]
         self.title = title
+        self.meta: dict[str, Any] = {}  # what produced the rows (whatif: compute, calibration)
 
     # ---- columns --------------------------------------------------------------------------
     def knob_columns(self) -> list[str]:

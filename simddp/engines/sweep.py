@@ -13,7 +13,7 @@ from ..analysis.sweeps import SweepResult, row_figures
 from .plan import CapturedIteration
 from .run import replay
 
-__all__ = ["sweep", "grid", "replay_row", "write_csv"]
+__all__ = ["sweep", "grid", "run_configs", "replay_row", "write_csv"]
 
 Progress = Callable[[int, int, dict], None]
 
@@ -55,6 +55,15 @@ def sweep(captured: CapturedIteration, *,
     >>> print(rows.table()); rows.to_pandas()                             # doctest: +SKIP
     """
     configs = grid(**grids)
+    return SweepResult(run_configs(captured, configs, executor=executor, progress=progress),
+                       captured=captured, configs=configs)
+
+
+def run_configs(captured: CapturedIteration, configs: list[dict[str, Any]], *,
+                executor: concurrent.futures.Executor | None = None,
+                progress: Progress | None = None) -> list[dict[str, Any]]:
+    """:func:`replay_row` for each of ``configs`` (replay keywords), here or on ``executor``;
+    rows in the order of ``configs``."""
     total = len(configs)
     rows: list[dict[str, Any] | None] = [None] * total
     if executor is None:
@@ -73,4 +82,4 @@ def sweep(captured: CapturedIteration, *,
         finally:  # a failed row: do not leave the others running on the executor
             for fut in futures:
                 fut.cancel()
-    return SweepResult(rows, captured=captured, configs=configs)
+    return rows  # type: ignore[return-value]
