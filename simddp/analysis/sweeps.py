@@ -197,8 +197,9 @@ class SweepResult(list):
         return os.fspath(path)
 
     def plot_breakdown(self, path: str | os.PathLike, *, dpi: int = 110) -> str:
-        """One stacked bar per row: compute, exposed communication and wait (each the largest
-        over ranks, ms), with the iteration time marked; returns the path written."""
+        """One stacked bar per row adding up to the iteration time — compute (the largest over
+        ranks: the straggler's), exposed communication, other — with beside it the wait of the
+        rank that waits most (for stragglers, or collectives); returns the path written."""
         from .plot import _matplotlib
 
         FigureCanvasAgg, Figure, Patch = _matplotlib()
@@ -208,21 +209,28 @@ class SweepResult(list):
         FigureCanvasAgg(fig)
         ax = fig.add_subplot(1, 1, 1)
         xs = list(range(len(rows)))
-        bottom = [0.0] * len(rows)
-        for col, color, name in (("compute_s", "#4C72B0", "compute"),
-                                 ("exposed_comm_s", "#DA8BC3", "exposed comm"),
-                                 ("wait_s", "#C44E52", "wait")):
-            h = [(r.get(col) or 0.0) * 1e3 for r in rows]
-            ax.bar(xs, h, bottom=bottom, color=color, label=name,
-                   hatch="//" if col == "wait_s" else None)
-            bottom = [b + x for b, x in zip(bottom, h)]
-        ax.scatter(xs, [r["iteration_time_s"] * 1e3 for r in rows], marker="_", s=400,
-                   color="black", label="iteration time", zorder=3)
+        ms = [{c: (r.get(c) or 0.0) * 1e3 for c in ("iteration_time_s", "compute_s",
+                                                    "exposed_comm_s", "wait_s")} for r in rows]
+        # The stack adds up to the iteration time: the straggler's compute, the exposed
+        # communication, then whatever else the slowest rank spent; the waits of the ranks
+        # that wait for the others overlap that, so they stand beside it.
+        comp = [m["compute_s"] for m in ms]
+        exp = [min(m["exposed_comm_s"], max(0.0, m["iteration_time_s"] - c))
+               for m, c in zip(ms, comp)]
+        rest = [max(0.0, m["iteration_time_s"] - c - e) for m, c, e in zip(ms, comp, exp)]
+        ax.bar(xs, comp, width=0.6, color="#4C72B0", label="compute (largest over ranks)")
+        ax.bar(xs, exp, width=0.6, bottom=comp, color="#DA8BC3", label="exposed comm")
+        ax.bar(xs, rest, width=0.6, bottom=[c + e for c, e in zip(comp, exp)],
+               color="#BBBBBB", label="other")
+        ax.bar([x + 0.38 for x in xs], [m["wait_s"] for m in ms], width=0.16,
+               color="#C44E52", hatch="//", label="wait (rank waiting most)")
         ax.set_xticks(xs)
         ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
-        ax.set_ylabel("ms (largest over ranks, mean over iterations)")
+        ax.set_ylabel("ms per iteration (mean over iterations)")
+        top = max([m["iteration_time_s"] for m in ms] + [m["wait_s"] for m in ms] + [1e-9])
+        ax.set_ylim(0, top * 1.35)  # room for the legend above the bars
         ax.set_title("compute / exposed communication / wait per configuration")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left", ncol=2)
         ax.grid(axis="y", alpha=0.3)
         fig.tight_layout()
         fig.savefig(os.fspath(path), dpi=dpi, format="png")
