@@ -249,9 +249,8 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _finish(res: Any, args: argparse.Namespace) -> int:
     print(res.table(), end="")
-    written = _write_outputs(res, args)
-    if written:
-        print("wrote " + ", ".join(written))
+    for path in _write_outputs(res, args):
+        print(f"wrote {path}")
     return 0
 
 

@@ -191,8 +191,8 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
     say(f"capturing {sc.name} (torch's DDP) on {capture_ranks} fake rank(s)")
     cap = capture(sc, nprocs=capture_ranks, timing=Timing(network=first_net, compute=model),
                   seed=seed)
-    title = f"simddp whatif {sc.name}: {gpu if compute is None else 'custom'} compute" + (
-        f" scaled ×{factor:.3g} to a {step_time_s * 1e3:g} ms step" if factor else "")
+    title = f"{sc.name}, {gpu if compute is None else 'custom'} compute" + (
+        f" ×{factor:.3g} ({step_time_s * 1e3:g} ms step)" if factor else "")
     res = replay_grid(cap, world_size=world_size, network=network, gpus_per_node=gpus_per_node,
                       bucket_cap_mb=bucket_cap_mb, comm_hook=comm_hook, rank_speed=rank_speed,
                       executor=executor, progress=progress, title=title,
