@@ -211,8 +211,8 @@ class Compute:
         """This model with every op's time multiplied by ``factor``: how a model is calibrated
         to one measured step time (``simddp whatif --step-time``).
 
-        >>> Compute.constant(1e-5).scaled(3.0).op_time(None, (), {}, None)
-        3e-05
+        >>> Compute.constant(1e-5).scaled(2.0).op_time(None, (), {}, None)
+        2e-05
         """
         return ScaledCompute(self, factor)
 
