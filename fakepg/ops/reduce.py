@@ -25,7 +25,7 @@ class AllReduce(Op):
     def execute(self, calls: list["Call"]) -> None:
         first = calls[0]
         for i in range(len(first.inputs)):
-            red = reduce_tensors([c.inputs[i] for c in calls], first.reduce_op)
+            red = reduce_tensors([c.inputs[i] for c in calls], first.reduce_op, first.record.reduce_op)
             for c in calls:  # sparse too: gloo replaces the input's indices and values in place
                 c.inputs[i].copy_(red)
         for c in calls:
@@ -39,7 +39,8 @@ class Reduce(Op):
     def execute(self, calls: list["Call"]) -> None:
         root = calls[calls[0].root]
         for i in range(len(root.inputs)):
-            root.inputs[i].copy_(reduce_tensors([c.inputs[i] for c in calls], calls[0].reduce_op))
+            root.inputs[i].copy_(reduce_tensors([c.inputs[i] for c in calls], calls[0].reduce_op,
+                                                calls[0].record.reduce_op))
         for c in calls:
             c.result = list(c.inputs)
 
@@ -60,10 +61,10 @@ class ReduceScatter(Op):
         return sum(tensor_bytes(t) for t in flatten(call.outputs)) * group_size
 
     def execute(self, calls: list["Call"]) -> None:
-        op = calls[0].reduce_op
+        op, name = calls[0].reduce_op, calls[0].record.reduce_op
         for i in range(len(calls[0].outputs)):
             for j, c in enumerate(calls):
-                c.outputs[i].copy_(reduce_tensors([d.inputs[i][j] for d in calls], op))
+                c.outputs[i].copy_(reduce_tensors([d.inputs[i][j] for d in calls], op, name))
         for c in calls:
             c.result = list(c.outputs)
 
@@ -85,7 +86,8 @@ class ReduceScatterTensor(Op):
     def execute(self, calls: list["Call"]) -> None:
         n = len(calls)
         for i in range(len(calls[0].inputs)):
-            red = reduce_tensors([c.inputs[i].reshape(-1) for c in calls], calls[0].reduce_op)
+            red = reduce_tensors([c.inputs[i].reshape(-1) for c in calls], calls[0].reduce_op,
+                                 calls[0].record.reduce_op)
             for c, chunk in zip(calls, red.chunk(n)):
                 copy_into(c.outputs[i], chunk)
         for c in calls:
