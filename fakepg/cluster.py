@@ -15,6 +15,7 @@ from .errors import (CollectiveHangError, CollectiveMismatchError, FakePGError,
                      InvalidCollectiveError, RankFailedError, WorldAbortedError)
 from .hooks import WorldHooks
 from .liveness import TimedWait, collective_wait
+from .nccl_hazards import NcclHazards
 from .profiling import unrecorded
 from .scheduler import BLOCKED, DONE, NEW, Scheduler
 from .trace import CollectiveRecord
@@ -46,6 +47,7 @@ class Cluster:
         self._settled = [0] * nprocs  # per rank: outstanding calls whose collective settled
         self.failed_rank: int | None = None
         self.backend = "fakepg"  # the personality the world shows (fakepg.backends)
+        self.hazards = NcclHazards()  # NCCL's hazards under that personality (spawn sets modes)
         # per rank: the default group the program itself initialised (spawn's own does not
         # count), so a second init_process_group is refused as torch refuses it
         self.initialised_by_program: dict[int, Any] = {}
@@ -113,6 +115,12 @@ class Cluster:
         call.record.seq = group.next_p2p[me]
         group.next_p2p[me] += 1
         self.hooks.collective_issued(call)
+        if self.hazards.defers(call):  # NCCL: behind an unmatched op of its pair's stream
+            return self._p2p_coll(group, *((call, None) if call.op == "send" else (None, call)))
+        return self._match_p2p(group, call)
+
+    def _match_p2p(self, group: GroupState, call: Call) -> PendingCollective:
+        me = call.grank
         if call.op == "send":
             key = (me, call.peer, call.tag)
             partner = group.recvs[key].popleft() if group.recvs[key] else None
@@ -121,7 +129,7 @@ class Cluster:
                 partner = group.recvs[anykey].popleft() if group.recvs[anykey] else None
             if partner is None:
                 group.sends[key].append(call)
-                return self._p2p_coll(group, call, None)
+                return call.collective or self._p2p_coll(group, call, None)
             return self._pair(partner.collective, call)
         # recv: take the earliest matching send (any source when peer is None)
         if call.peer is not None:
@@ -136,7 +144,7 @@ class Cluster:
                 group.sends[(partner.grank, me, call.tag)].popleft()
         if partner is None:
             group.recvs[(call.peer if call.peer is not None else -1, me, call.tag)].append(call)
-            return self._p2p_coll(group, None, call)
+            return call.collective or self._p2p_coll(group, None, call)
         return self._pair(partner.collective, call)
 
     def _p2p_coll(self, group: GroupState, send: Call | None, recv: Call | None) -> PendingCollective:
@@ -177,6 +185,17 @@ class Cluster:
             if not coll.p2p and g.last_done[c.grank] < coll.seq:
                 g.last_done[c.grank] = coll.seq
         self.hooks.collective_matched(coll)
+        if coll.p2p:
+            for held in list(self.hazards.released(coll)):
+                self._release_p2p(g, held)
+
+    def _release_p2p(self, group: GroupState, call: Call) -> None:
+        """Match a p2p call the NCCL stream order held back; its placeholder settles with it."""
+        placeholder = call.collective
+        coll = self._match_p2p(group, call)
+        if coll is not placeholder:
+            call.collective = coll
+            placeholder.matched, placeholder.error = coll.matched, coll.error
 
     def _fail(self, coll: PendingCollective, error: FakePGError) -> None:
         coll.error = error
@@ -194,6 +213,7 @@ class Cluster:
             self.scheduler.block(call.rank, lambda: coll.settled, lambda: self._waiting_text(call),
                                  timed or collective_wait(self, call))
         self.complete_ready(call.rank)
+        self.hazards.waited(call)
         if coll.error is not None:
             raise _fresh(coll.error)
         self.hooks.wait_finished(call.rank, coll)
@@ -261,6 +281,7 @@ class Cluster:
                 issued = ", ".join(f"rank {c.rank} at {c.site}" for c in coll.members())
                 lines.append(f"    pending #{coll.seq} {coll.op}: issued by {issued}; "
                              f"still waits for ranks {coll.missing_ranks()}")
+        lines.extend(self.hazards.hang_notes())
         lines.append("Typical causes: ranks with different numbers of batches (use "
                      "torch.distributed.algorithms.Join), a rank that skipped backward or "
                      "returned early, or collectives issued in different orders.")

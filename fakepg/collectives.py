@@ -52,6 +52,7 @@ class Call:
     collective: "PendingCollective | None" = None  # set when issued
     p2p_order: int = -1  # arrival order of an unmatched p2p call (recv from any source)
     ext: Any = None  # a slot for the layer above (a timing model's per-call state)
+    personality: str = "fakepg"  # the group's backend personality (fakepg.backends)
 
     def describe(self) -> str:
         return f"{self.record.describe()} at {self.site}"

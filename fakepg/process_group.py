@@ -358,12 +358,15 @@ class FakeProcessGroup(PythonProcessGroup):
         # comm hook outside backward and waits on its future from C++ too: settle it as well.
         call.hidden_wait = in_backward or _in_join_shadow()
         personality = self.personality
+        call.personality = personality.name
+        self._cluster.hazards.check_devices(call)  # torch dispatches on the device first
         refusal = personality.refuse(call)
         if refusal is not None:
             raise InvalidCollectiveError(backends.refusal_text(call, refusal))
         event = "recvAnySource" if p2p and peer is None else op.name  # gloo's event names
         with collective_event(event, shown, personality.event_prefix):
             self._cluster.issue(g, call, block=call.hidden_wait)
+        self._cluster.hazards.collective_issued(call)
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work

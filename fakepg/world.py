@@ -26,6 +26,7 @@ from .cluster import Cluster, bind_thread, current_cluster
 from .errors import (CollectiveHangError, CollectiveMismatchError, FakePGError, RankFailedError,
                      SpawnTimeoutError)
 from .hooks import WorldHooks
+from .nccl_hazards import NcclHazards, parse_modes
 from .isolation import ProcessState
 from .process_group import (BACKEND_NAME, FakeFuture, FakeProcessGroup, register_backend,
                             requested_backend)
@@ -85,7 +86,8 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
           master_port: int = 29500,
           env: Callable[[int], Mapping[str, str]] | Mapping[str, str] | None = None,
           timeout: float | None = None, backend: str = "fakepg",
-          schedule: "Schedule | str | None" = None) -> SpawnResult:
+          schedule: "Schedule | str | None" = None,
+          nccl_hazards: str | Mapping[str, str] | None = None) -> SpawnResult:
     """Run ``fn(rank, *args)`` on ``nprocs`` ranks of a deterministic in-process cluster.
 
     Inside ``fn``, torch.distributed is already initialised with the ``"fakepg"`` backend
@@ -101,7 +103,10 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
     rank is stopped and :class:`SpawnTimeoutError` reports each rank's state and stack.
     ``backend`` is the personality the world shows until the program asks for another with
     ``init_process_group`` (see :mod:`fakepg.backends`): ``"fakepg"`` (permissive),
-    ``"gloo"`` or ``"nccl"`` (their names, refusals and timeout wording).
+    ``"gloo"`` or ``"nccl"`` (their names, refusals and timeout wording). ``nccl_hazards``
+    (``"error"``, ``"warn"``, ``"off"``, a mapping per hazard, or None for the defaults) says
+    what NCCL's hazards do under the nccl personality (:mod:`fakepg.nccl_hazards`:
+    inconsistent order across communicators, unbatched crossing isend/irecv, CPU tensors).
     ``schedule`` (a token from :func:`fakepg.explore`, or a :class:`fakepg.schedule.Schedule`)
     replays one alternative interleaving; None is the default schedule.
 
@@ -128,23 +133,25 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
         timeout = number("fakepg.spawn: timeout", timeout, positive=True, hint="seconds, or None")
     backends.get(backend)  # a clear error for an unknown name
     schedule = as_schedule(schedule)
+    hazard_modes = parse_modes(nccl_hazards)
     if not _SPAWN_LOCK.acquire(blocking=False):
         raise FakePGError("another fakepg world is running in this process; worlds run one "
                           "after another (use pytest-xdist for parallelism)")
     try:
         return _run_world(fn, tuple(args), nprocs, seed, hooks, hang_timeout, master_port, env,
-                          timeout, backend, schedule)
+                          timeout, backend, schedule, hazard_modes)
     finally:
         _SPAWN_LOCK.release()
 
 
 def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_env,
-               timeout, backend, schedule) -> SpawnResult:
+               timeout, backend, schedule, hazard_modes=None) -> SpawnResult:
     __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
     register_backend()
     t0 = time.perf_counter()
     cluster = Cluster(nprocs, seed, hooks)
     cluster.backend = backend
+    cluster.hazards = NcclHazards(hazard_modes)
     extra = extra_env if callable(extra_env) else (lambda r: extra_env or {})  # noqa: E731
     processes = [ProcessState.for_rank(r, nprocs, seed,
                                        {**_rank_env(r, nprocs, master_port), **_str_env(extra(r))})
