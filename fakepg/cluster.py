@@ -226,8 +226,14 @@ class Cluster:
         try:
             pending = self.outstanding[rank]
             while self._settled[rank]:
-                # the earliest settled one; callbacks may issue more, so look again each time
-                i = next((i for i, c in enumerate(pending) if c.collective.settled), -1)
+                # the earliest settled one (under a schedule, any of them: the order in which
+                # different works' callbacks run); callbacks may issue more, so look again
+                schedule = self.scheduler.schedule
+                if schedule.active:
+                    ready = [i for i, c in enumerate(pending) if c.collective.settled]
+                    i = ready[schedule.choose("callback_order", len(ready))] if ready else -1
+                else:
+                    i = next((i for i, c in enumerate(pending) if c.collective.settled), -1)
                 if i < 0:  # counted but not yet listed (cannot happen; be safe, not stuck)
                     break
                 call = pending.pop(i)

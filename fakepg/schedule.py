@@ -15,7 +15,9 @@ Choice points (``kind``):
   rank (1) or goes on (0) -- a store counter taken in another order;
 * ``"any_source"``: which pending send a ``recv(src=None)`` matches (earliest first);
 * ``"completed"``: whether a finished collective is already visible as completed to
-  ``work.is_completed()`` / ``future.done()`` (0: yes, 1: not yet).
+  ``work.is_completed()`` / ``future.done()`` (0: yes, 1: not yet);
+* ``"callback_order"``: which of a rank's finished works completes first (their futures'
+  callbacks run in that order; default: issue order).
 
 :func:`fakepg.explore` draws the choices and shrinks failing runs to the fewest deviations.
 """
@@ -26,7 +28,7 @@ import base64
 from typing import Callable, Sequence
 
 _PREFIX = "fp1:"
-KINDS = ("run", "preempt", "any_source", "completed")
+KINDS = ("run", "preempt", "any_source", "completed", "callback_order")
 
 
 class Schedule:

@@ -174,3 +174,22 @@ def test_replay(fake_cluster):
                                 "--fakepg-schedule", token)
     replay.assert_outcomes(failed=1)
     replay.stdout.fnmatch_lines(["*lost update*"])
+
+
+def callback_order_assumed(rank):
+    """Assumes two async works' callbacks run in issue order."""
+    order = []
+    a = dist.all_reduce(torch.ones(1), async_op=True).get_future().then(lambda f: order.append("a"))
+    b = dist.all_reduce(torch.ones(1), async_op=True).get_future().then(lambda f: order.append("b"))
+    dist.barrier()
+    b.wait()
+    a.wait()
+    if order != ["a", "b"]:
+        raise AssertionError(f"callbacks ran in order {order}")
+
+
+def test_the_callback_order_of_different_works_is_a_choice_explore_finds():
+    fakepg.spawn(callback_order_assumed, nprocs=2)
+    with pytest.raises(fakepg.ExplorationError) as info:
+        fakepg.explore(callback_order_assumed, nprocs=2, runs=100)
+    assert [k for _, k, _ in info.value.deviations] == ["callback_order"]
