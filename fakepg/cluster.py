@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from .collectives import Call, GroupState, PendingCollective, check_match, mismatch_message
 from .ops.p2p import SEND
 from .errors import (CollectiveHangError, CollectiveMismatchError, FakePGError,
-                     InvalidCollectiveError, RankFailedError, WorldAbortedError)
+                     InvalidCollectiveError, PeerCrashedError, RankFailedError, WorldAbortedError)
 from .hooks import WorldHooks
 from .liveness import TimedWait, collective_wait
 from .nccl_hazards import NcclHazards
@@ -47,6 +47,9 @@ class Cluster:
         self._settled = [0] * nprocs  # per rank: outstanding calls whose collective settled
         self.failed_rank: int | None = None
         self.backend = "fakepg"  # the personality the world shows (fakepg.backends)
+        self.faults: tuple[Any, ...] = ()  # fakepg.faults, set by spawn
+        self.dead: set[int] = set()  # ranks an injected crash ended
+        self._issued = [0] * nprocs  # collectives each rank issued (where faults fire)
         self.hazards = NcclHazards()  # NCCL's hazards under that personality (spawn sets modes)
         # per rank: the default group the program itself initialised (spawn's own does not
         # count), so a second init_process_group is refused as torch refuses it
@@ -66,6 +69,8 @@ class Cluster:
         sched = self.scheduler
         if sched.abort_error is not None:
             raise _fresh(sched.abort_error)
+        if self.faults:
+            self._inject(call)
         why = call.spec.validate(call, group.size)
         if why:
             raise InvalidCollectiveError(
@@ -77,6 +82,8 @@ class Cluster:
         coll = self._issue_p2p(group, call) if call.spec.p2p else self._issue_collective(group, call)
         call.collective = coll
         self.outstanding[call.rank].append(call)
+        if self.dead and not coll.settled:
+            self._fail_if_orphaned(coll)
         if coll.error is not None:
             self.complete_ready(call.rank)
             raise _fresh(coll.error)
@@ -196,6 +203,49 @@ class Cluster:
         if coll is not placeholder:
             call.collective = coll
             placeholder.matched, placeholder.error = coll.matched, coll.error
+
+    # -- injected faults (fakepg.faults) --------------------------------------------
+    def _inject(self, call: Call) -> None:
+        from . import faults
+        k = self._issued[call.rank]
+        self._issued[call.rank] = k + 1
+        fault = faults.due(self.faults, call.rank, k)
+        if isinstance(fault, faults.RaiseIn):
+            raise fault.exc
+        if isinstance(fault, faults.Crash):
+            self.dead.add(call.rank)
+            for group in self.groups.values():
+                if call.rank in group.ranks:
+                    for coll in list(group.pending.values()) + self._pending_p2p(group):
+                        self._fail_if_orphaned(coll)
+            raise faults.RankCrashed(call.rank)
+
+    def _pending_p2p(self, group: GroupState) -> list[PendingCollective]:
+        queued = [c for q in (*group.sends.values(), *group.recvs.values()) for c in q]
+        return [c.collective for c in queued if c.collective is not None]
+
+    def _fail_if_orphaned(self, coll: PendingCollective) -> None:
+        """Fail, in its live members only, a collective a dead rank will never join."""
+        from .faults import CONNECTION_CLOSED
+        if coll.settled:
+            return
+        if coll.p2p:
+            c = coll.members()[0]
+            waiting_on = [coll.group.ranks[c.peer]] if c.peer is not None else []
+        else:
+            waiting_on = coll.missing_ranks()
+        dead = [r for r in waiting_on if r in self.dead]
+        if not dead:
+            return
+        coll.error = PeerCrashedError(
+            CONNECTION_CLOSED.format(port=29500 + dead[0])
+            + f"\nfakepg: rank {dead[0]} crashed (fakepg.faults.crash); {coll.op} #{coll.seq} on "
+              f"group {coll.group.label} can never complete")
+        for c in coll.members():
+            c.record.state = "failed"
+            self._settled[c.rank] += 1
+        if not coll.p2p:
+            coll.group.pending.pop(coll.seq, None)
 
     def _fail(self, coll: PendingCollective, error: FakePGError) -> None:
         coll.error = error

@@ -29,8 +29,8 @@ _MAX_DRAWN = 64  # choices drawn per run; later ones take the default
 
 class ExplorationError(FakePGError):
     """A schedule under which the program fails. ``.schedule`` is its replay token, ``.deviations``
-    its non-default choices, ``.runs`` the runs it took to find and shrink it; the failure
-    itself is ``__cause__``."""
+    its non-default choices, ``.faults`` the injected faults it needs (when ``explore`` searched
+    them), ``.runs`` the runs it took to find and shrink it; the failure is ``__cause__``."""
 
     def __init__(self, message: str, schedule: str, deviations: list, runs: int):
         super().__init__(message)
@@ -76,21 +76,30 @@ def explore(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 2, *
     if not callable(fn):
         raise TypeError(f"fakepg.explore: fn must be callable, got {type(fn).__name__}")
     runs = integer("fakepg.explore: runs", runs, minimum=1)
+    fault_strategy = spawn_kwargs.pop("faults", None)
+    if fault_strategy is not None and not isinstance(fault_strategy, st.SearchStrategy):
+        spawn_kwargs["faults"], fault_strategy = fault_strategy, None  # fixed faults, every run
     if "schedule" in spawn_kwargs:
         raise TypeError("fakepg.explore chooses the schedules itself; replay one with "
                         "fakepg.spawn(..., schedule=TOKEN)")
-    state = {"runs": 0, "last": None, "outcomes": set(), "points": {}}
+    state = {"runs": 0, "last": None, "last_faults": None, "faults": None, "outcomes": set(),
+             "points": {}}
 
-    def run_once(schedule: Schedule) -> None:
+    def run_once(schedule: Schedule, drawn_faults: list | None = None) -> None:
         state["runs"] += 1
+        kwargs = dict(spawn_kwargs)
+        if drawn_faults:
+            kwargs["faults"] = drawn_faults
+        state["faults"] = drawn_faults or kwargs.get("faults")
         try:
-            result = spawn(fn, args, nprocs=nprocs, seed=seed, schedule=schedule, **spawn_kwargs)
+            result = spawn(fn, args, nprocs=nprocs, seed=seed, schedule=schedule, **kwargs)
             if check is not None:
                 check(result)
         except BaseException as e:  # noqa: BLE001 - every failure is a finding
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
             state["last"] = (schedule, e)
+            state["last_faults"] = state["faults"]
             raise
         seen: dict[str, int] = {}
         for kind, _, _ in schedule.made:
@@ -113,12 +122,13 @@ def explore(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 2, *
     @settings(max_examples=max(1, runs - 1), database=None, deadline=None,
               phases=[Phase.generate, Phase.shrink], verbosity=Verbosity.quiet,
               suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
-    @given(st.lists(st.integers(0, width - 1), max_size=_MAX_DRAWN))
-    def search(choices):
+    @given(st.lists(st.integers(0, width - 1), max_size=_MAX_DRAWN),
+           fault_strategy if fault_strategy is not None else st.just([]))
+    def search(choices, drawn_faults):
         # Drawn up front: hypothesis draws only on the test's thread, choices are made on
         # rank threads. Shrinking removes and lowers entries: towards the default schedule.
         it = iter(choices)
-        run_once(Schedule(chooser=lambda kind, n: next(it, 0) % n))
+        run_once(Schedule(chooser=lambda kind, n: next(it, 0) % n), drawn_faults)
 
     try:
         search()
@@ -126,10 +136,12 @@ def explore(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 2, *
         if state["last"] is None or isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
         schedule, failure = state["last"]  # hypothesis replays the shrunk case last
-        schedule, failure = _drop_deviations(run_once, schedule, failure, state)
+        found_faults = state["last_faults"]
+        rerun = lambda sched: run_once(sched, found_faults)  # noqa: E731 - same faults
+        schedule, failure = _drop_deviations(rerun, schedule, failure, state)
         if len(schedule.deviations) > 1:
-            schedule, failure = _one_deviation(run_once, schedule, failure, state)
-        raise _error(fn, nprocs, seed, schedule, failure, state["runs"]) from failure
+            schedule, failure = _one_deviation(rerun, schedule, failure, state)
+        raise _error(fn, nprocs, seed, schedule, failure, state["runs"], found_faults) from failure
     return ExplorationSummary(state["runs"], len(state["outcomes"]), dict(state["points"]))
 
 
@@ -179,7 +191,7 @@ def _one_deviation(run_once: Callable[[Schedule], None], schedule: Schedule,
 
 
 def _error(fn: Callable[..., Any], nprocs: int, seed: int, schedule: Schedule,
-           failure: BaseException, runs: int) -> ExplorationError:
+           failure: BaseException, runs: int, faults: Any = None) -> ExplorationError:
     token = schedule.token
     devs = schedule.deviations
     name = getattr(fn, "__qualname__", repr(fn))
@@ -187,7 +199,12 @@ def _error(fn: Callable[..., Any], nprocs: int, seed: int, schedule: Schedule,
     lines = [f"fakepg.explore: a schedule breaks {name} (after {runs} runs, shrunk); "
              f"{len(devs)} deviation(s) from the default schedule:"]
     lines += [f"  choice #{i} ({kind}) took option {opt}" for i, kind, opt in devs]
+    if faults:
+        lines.append(f"with faults: {list(faults)!r}")
     lines.append(f"failure: {type(failure).__name__}: {first}")
-    lines.append(f"replay: fakepg.spawn({name}, nprocs={nprocs}, seed={seed}, schedule={token!r})"
-                 f"  or  pytest ... --fakepg-schedule {token}")
-    return ExplorationError("\n".join(lines), token, devs, runs)
+    with_faults = f", faults={list(faults)!r}" if faults else ""
+    lines.append(f"replay: fakepg.spawn({name}, nprocs={nprocs}, seed={seed}, schedule={token!r}"
+                 f"{with_faults})  or  pytest ... --fakepg-schedule {token}")
+    err = ExplorationError("\n".join(lines), token, devs, runs)
+    err.faults = list(faults or [])
+    return err
