@@ -82,7 +82,7 @@ class Cluster:
         coll = self._issue_p2p(group, call) if call.spec.p2p else self._issue_collective(group, call)
         call.collective = coll
         self.outstanding[call.rank].append(call)
-        if self.dead and not coll.settled:
+        if (self.dead or group.aborted) and not coll.settled:
             self._fail_if_orphaned(coll)
         if coll.error is not None:
             self.complete_ready(call.rank)
@@ -224,23 +224,35 @@ class Cluster:
         queued = [c for q in (*group.sends.values(), *group.recvs.values()) for c in q]
         return [c.collective for c in queued if c.collective is not None]
 
+    def abort_group(self, group: GroupState, rank: int) -> None:
+        """``pg.abort()`` on ``rank``: its pending works on ``group`` fail, and so do the
+        collectives there that wait for it (it will never join them)."""
+        group.aborted.add(rank)
+        for coll in list(group.pending.values()) + self._pending_p2p(group):
+            self._fail_if_orphaned(coll)
+
     def _fail_if_orphaned(self, coll: PendingCollective) -> None:
-        """Fail, in its live members only, a collective a dead rank will never join."""
+        """Fail a collective that a dead rank, or one that aborted the group, will never join."""
         from .faults import CONNECTION_CLOSED
         if coll.settled:
             return
         if coll.p2p:
             c = coll.members()[0]
-            waiting_on = [coll.group.ranks[c.peer]] if c.peer is not None else []
+            involved = [c.rank] + ([coll.group.ranks[c.peer]] if c.peer is not None else [])
         else:
-            waiting_on = coll.missing_ranks()
-        dead = [r for r in waiting_on if r in self.dead]
-        if not dead:
+            involved = [c.rank for c in coll.members()] + coll.missing_ranks()
+        culprits = ([r for r in involved if r in self.dead]  # a death explains the most
+                    + [r for r in involved if r in coll.group.aborted and r not in self.dead])
+        if not culprits:
             return
+        r = culprits[0]
+        why = ("crashed (fakepg.faults.crash)" if r in self.dead else
+               f"aborted group {coll.group.label} (ProcessGroup.abort)")
         coll.error = PeerCrashedError(
-            CONNECTION_CLOSED.format(port=29500 + dead[0])
-            + f"\nfakepg: rank {dead[0]} crashed (fakepg.faults.crash); {coll.op} #{coll.seq} on "
-              f"group {coll.group.label} can never complete")
+            (CONNECTION_CLOSED.format(port=29500 + r) if r in self.dead else
+             f"ProcessGroup aborted: rank {r} aborted the communicator")
+            + f"\nfakepg: rank {r} {why}; {coll.op} #{coll.seq} on group {coll.group.label} "
+              f"can never complete")
         for c in coll.members():
             c.record.state = "failed"
             self._settled[c.rank] += 1

@@ -294,10 +294,14 @@ class FakeProcessGroup(PythonProcessGroup):
         return self._timeout
 
     def shutdown(self) -> None:
-        self._destroyed = True
+        self.abort()
 
     def abort(self) -> None:
+        """As NCCL's abort: this rank's pending works on the group fail, and so do the
+        collectives that wait for it; the group takes no more calls (a new group can)."""
         self._destroyed = True
+        if self._gstate is not None:
+            self._cluster.abort_group(self._gstate, self._global_rank)
 
     def _group_state(self):
         if self._gstate is None:

@@ -110,3 +110,21 @@ def test_a_fault_tolerant_program_survives_every_explored_crash():
     summary = fakepg.explore(reconfiguring, nprocs=3, runs=30,
                              faults=strategies.faults(nprocs=3, max_at=5))
     assert summary.runs == 30
+
+
+def test_abort_fails_the_callers_pending_work_and_a_new_group_works_afterwards():
+    def body(rank):
+        g = dist.new_group([0, 1])
+        fresh = dist.new_group([0, 1])
+        if rank == 0:
+            work = dist.all_reduce(torch.ones(1), group=g, async_op=True)  # rank 1 never joins
+            g.abort()
+            with pytest.raises(fakepg.PeerCrashedError, match="rank 0 aborted"):
+                work.wait()
+            with pytest.raises(fakepg.FakePGError):
+                dist.all_reduce(torch.ones(1), group=g)  # an aborted group takes no more calls
+        t = torch.ones(1)
+        dist.all_reduce(t, group=fresh)
+        return t.item()
+
+    assert fakepg.spawn(body, nprocs=2).returns == [2.0, 2.0]
