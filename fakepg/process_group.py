@@ -294,7 +294,9 @@ class FakeProcessGroup(PythonProcessGroup):
         return self._timeout
 
     def shutdown(self) -> None:
-        self.abort()
+        # destroy_process_group's graceful end: a finished rank's groups stop taking calls,
+        # and peers still waiting on it keep their hang verdict (unlike abort)
+        self._destroyed = True
 
     def abort(self) -> None:
         """As NCCL's abort: this rank's pending works on the group fail, and so do the
