@@ -14,21 +14,23 @@ Example::
 """
 
 from .errors import (BackendTimeoutError, CollectiveHangError, CollectiveMismatchError,
-                     CollectiveTimeoutError, FakePGError, InvalidCollectiveError, RankFailedError,
-                     SpawnTimeoutError, StoreTimeoutError, WorldAbortedError)
+                     CollectiveTimeoutError, FakePGError, InvalidCollectiveError, PeerCrashedError,
+                     RankFailedError, SpawnTimeoutError, StoreTimeoutError, WorldAbortedError)
+from .exploration import ExplorationError, ExplorationSummary, explore
 from .hooks import WorldHooks
 from .process_group import BACKEND_NAME, FakeProcessGroup, FakeWork, register_backend
 from .world import SpawnResult, spawn
 from .store import FakeStore
 from . import compat  # fakepg.compat.cuda_synchronize_noop() and other CPU shims
+from . import faults  # fakepg.faults.crash / raise_in for spawn(faults=[...])
 from .trace import CollectiveRecord, dump_flight_recorder, flight_recorder_dump, from_json, to_json
 
 register_backend()
 
 __all__ = [
-    "spawn", "SpawnResult", "CollectiveRecord", "BACKEND_NAME",
+    "spawn", "SpawnResult", "explore", "ExplorationError", "ExplorationSummary", "CollectiveRecord", "BACKEND_NAME",
     "FakePGError", "CollectiveMismatchError", "CollectiveHangError", "RankFailedError",
-    "WorldAbortedError", "CollectiveTimeoutError", "InvalidCollectiveError", "SpawnTimeoutError", "BackendTimeoutError",
+    "WorldAbortedError", "CollectiveTimeoutError", "InvalidCollectiveError", "PeerCrashedError", "SpawnTimeoutError", "BackendTimeoutError",
     "StoreTimeoutError", "FakeStore",
     "FakeProcessGroup", "FakeWork", "WorldHooks",
     "to_json", "from_json", "flight_recorder_dump", "dump_flight_recorder",

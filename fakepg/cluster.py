@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from .collectives import Call, GroupState, PendingCollective, check_match, mismatch_message
 from .ops.p2p import SEND
 from .errors import (CollectiveHangError, CollectiveMismatchError, FakePGError,
-                     InvalidCollectiveError, RankFailedError, WorldAbortedError)
+                     InvalidCollectiveError, PeerCrashedError, RankFailedError, WorldAbortedError)
 from .hooks import WorldHooks
 from .liveness import TimedWait, collective_wait
 from .nccl_hazards import NcclHazards
@@ -47,6 +47,9 @@ class Cluster:
         self._settled = [0] * nprocs  # per rank: outstanding calls whose collective settled
         self.failed_rank: int | None = None
         self.backend = "fakepg"  # the personality the world shows (fakepg.backends)
+        self.faults: tuple[Any, ...] = ()  # fakepg.faults, set by spawn
+        self.dead: set[int] = set()  # ranks an injected crash ended
+        self._issued = [0] * nprocs  # collectives each rank issued (where faults fire)
         self.hazards = NcclHazards()  # NCCL's hazards under that personality (spawn sets modes)
         # per rank: the default group the program itself initialised (spawn's own does not
         # count), so a second init_process_group is refused as torch refuses it
@@ -66,6 +69,8 @@ class Cluster:
         sched = self.scheduler
         if sched.abort_error is not None:
             raise _fresh(sched.abort_error)
+        if self.faults:
+            self._inject(call)
         why = call.spec.validate(call, group.size)
         if why:
             raise InvalidCollectiveError(
@@ -77,6 +82,8 @@ class Cluster:
         coll = self._issue_p2p(group, call) if call.spec.p2p else self._issue_collective(group, call)
         call.collective = coll
         self.outstanding[call.rank].append(call)
+        if (self.dead or group.aborted) and not coll.settled:
+            self._fail_if_orphaned(coll)
         if coll.error is not None:
             self.complete_ready(call.rank)
             raise _fresh(coll.error)
@@ -137,7 +144,9 @@ class Cluster:
             partner = group.sends[key].popleft() if group.sends[key] else None
         else:
             queues = [q for (s, d, t), q in group.sends.items() if d == me and t == call.tag and q]
-            partner = min((q[0] for q in queues), key=lambda c: c.p2p_order, default=None)
+            heads = sorted((q[0] for q in queues), key=lambda c: c.p2p_order)
+            # earliest send first; under a schedule, any pending sender may win the match
+            partner = heads[self.scheduler.schedule.choose("any_source", len(heads))] if heads else None
             if partner is not None:
                 group.sends[(partner.grank, me, call.tag)].popleft()
         if partner is None:
@@ -195,6 +204,61 @@ class Cluster:
             call.collective = coll
             placeholder.matched, placeholder.error = coll.matched, coll.error
 
+    # -- injected faults (fakepg.faults) --------------------------------------------
+    def _inject(self, call: Call) -> None:
+        from . import faults
+        k = self._issued[call.rank]
+        self._issued[call.rank] = k + 1
+        fault = faults.due(self.faults, call.rank, k)
+        if isinstance(fault, faults.RaiseIn):
+            raise fault.exc
+        if isinstance(fault, faults.Crash):
+            self.dead.add(call.rank)
+            for group in self.groups.values():
+                if call.rank in group.ranks:
+                    for coll in list(group.pending.values()) + self._pending_p2p(group):
+                        self._fail_if_orphaned(coll)
+            raise faults.RankCrashed(call.rank)
+
+    def _pending_p2p(self, group: GroupState) -> list[PendingCollective]:
+        queued = [c for q in (*group.sends.values(), *group.recvs.values()) for c in q]
+        return [c.collective for c in queued if c.collective is not None]
+
+    def abort_group(self, group: GroupState, rank: int) -> None:
+        """``pg.abort()`` on ``rank``: its pending works on ``group`` fail, and so do the
+        collectives there that wait for it (it will never join them)."""
+        group.aborted.add(rank)
+        for coll in list(group.pending.values()) + self._pending_p2p(group):
+            self._fail_if_orphaned(coll)
+
+    def _fail_if_orphaned(self, coll: PendingCollective) -> None:
+        """Fail a collective that a dead rank, or one that aborted the group, will never join."""
+        from .faults import CONNECTION_CLOSED
+        if coll.settled:
+            return
+        if coll.p2p:
+            c = coll.members()[0]
+            involved = [c.rank] + ([coll.group.ranks[c.peer]] if c.peer is not None else [])
+        else:
+            involved = [c.rank for c in coll.members()] + coll.missing_ranks()
+        culprits = ([r for r in involved if r in self.dead]  # a death explains the most
+                    + [r for r in involved if r in coll.group.aborted and r not in self.dead])
+        if not culprits:
+            return
+        r = culprits[0]
+        why = ("crashed (fakepg.faults.crash)" if r in self.dead else
+               f"aborted group {coll.group.label} (ProcessGroup.abort)")
+        coll.error = PeerCrashedError(
+            (CONNECTION_CLOSED.format(port=29500 + r) if r in self.dead else
+             f"ProcessGroup aborted: rank {r} aborted the communicator")
+            + f"\nfakepg: rank {r} {why}; {coll.op} #{coll.seq} on group {coll.group.label} "
+              f"can never complete")
+        for c in coll.members():
+            c.record.state = "failed"
+            self._settled[c.rank] += 1
+        if not coll.p2p:
+            coll.group.pending.pop(coll.seq, None)
+
     def _fail(self, coll: PendingCollective, error: FakePGError) -> None:
         coll.error = error
         for c in coll.members():
@@ -224,8 +288,14 @@ class Cluster:
         try:
             pending = self.outstanding[rank]
             while self._settled[rank]:
-                # the earliest settled one; callbacks may issue more, so look again each time
-                i = next((i for i, c in enumerate(pending) if c.collective.settled), -1)
+                # the earliest settled one (under a schedule, any of them: the order in which
+                # different works' callbacks run); callbacks may issue more, so look again
+                schedule = self.scheduler.schedule
+                if schedule.active:
+                    ready = [i for i, c in enumerate(pending) if c.collective.settled]
+                    i = ready[schedule.choose("callback_order", len(ready))] if ready else -1
+                else:
+                    i = next((i for i, c in enumerate(pending) if c.collective.settled), -1)
                 if i < 0:  # counted but not yet listed (cannot happen; be safe, not stuck)
                     break
                 call = pending.pop(i)

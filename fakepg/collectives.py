@@ -103,6 +103,7 @@ class GroupState:
         self.sends: dict[tuple[int, int, int], collections.deque[Call]] = collections.defaultdict(collections.deque)
         self.recvs: dict[tuple[int, int, int], collections.deque[Call]] = collections.defaultdict(collections.deque)
         self.p2p_order = itertools.count()
+        self.aborted: set[int] = set()  # global ranks that aborted this group (pg.abort())
 
     @property
     def label(self) -> str:

@@ -24,6 +24,14 @@ class InvalidCollectiveError(FakePGError, ValueError):
     ``ValueError`` as fakepg raised it before."""
 
 
+class PeerCrashedError(FakePGError):
+    """A collective that can never complete because a member rank died (an injected
+    :func:`fakepg.faults.crash`); worded as the backend words a closed connection. Uncaught,
+    it fails its rank (and the world) like any other exception."""
+
+    ends_world = True
+
+
 class CollectiveHangError(FakePGError):
     """No rank can make progress: every unfinished rank waits on something that
     cannot complete. ``.report`` holds the per-rank report as text."""

@@ -47,7 +47,7 @@ class FakeFuture(torch.futures.Future):
     def done(self) -> bool:
         if self._work is not None and not super().done():
             self._work._poll()
-        return super().done()
+        return super().done() and (self._work is None or self._work._visible())
 
     def then(self, callback):  # type: ignore[override]
         child = FakeFuture(self._work)
@@ -117,7 +117,13 @@ class FakeWork(dist.Work):
 
     def is_completed(self) -> bool:
         self._poll()
-        return self._done
+        return self._done and self._visible()
+
+    def _visible(self) -> bool:
+        """Whether a finished collective shows as completed yet (a choice under a schedule:
+        on a real backend the peer's data may still be on its way)."""
+        sched = self._cluster.scheduler
+        return not sched.schedule.active or not sched.schedule.choose("completed", 2)
 
     def is_success(self) -> bool:
         self._poll()
@@ -288,10 +294,14 @@ class FakeProcessGroup(PythonProcessGroup):
         return self._timeout
 
     def shutdown(self) -> None:
-        self._destroyed = True
+        self.abort()
 
     def abort(self) -> None:
+        """As NCCL's abort: this rank's pending works on the group fail, and so do the
+        collectives that wait for it; the group takes no more calls (a new group can)."""
         self._destroyed = True
+        if self._gstate is not None:
+            self._cluster.abort_group(self._gstate, self._global_rank)
 
     def _group_state(self):
         if self._gstate is None:

@@ -23,7 +23,8 @@ from typing import Any, Callable, Sequence
 
 import pytest
 
-from .errors import CollectiveHangError, CollectiveMismatchError, FakePGError, SpawnTimeoutError
+from .errors import FakePGError
+from .exploration import ExplorationSummary, explore
 from .world import SpawnResult, spawn
 
 _CLUSTER = pytest.StashKey["FakeCluster"]()
@@ -36,6 +37,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--fakepg-timeout", type=float, default=None,
                     help="wall-clock limit in seconds for every fake cluster run through the "
                          "fake_cluster fixture (a fakepg_timeout marker overrides it)")
+    group.addoption("--fakepg-schedule", default=None, metavar="TOKEN",
+                    help="replay one schedule (a token fakepg.explore printed) in every fake "
+                         "cluster run through the fake_cluster fixture")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -47,10 +51,12 @@ def pytest_configure(config: pytest.Config) -> None:
 class FakeCluster:
     """What the ``fake_cluster`` fixture gives a test."""
 
-    def __init__(self, nprocs: int, seed: int, nodeid: str, timeout: float | None = None):
+    def __init__(self, nprocs: int, seed: int, nodeid: str, timeout: float | None = None,
+                 schedule: str | None = None):
         self.nprocs = nprocs
         self.seed = seed
         self.timeout = timeout
+        self.schedule = schedule
         self.nodeid = nodeid
         self.failure: FakePGError | None = None
         self.results: list[SpawnResult] = []
@@ -60,6 +66,7 @@ class FakeCluster:
         """``fakepg.spawn(fn, args, nprocs=<marker>, seed=<option or 0>, timeout=<marker or option>)``."""
         __tracebackhide__ = True
         kwargs.setdefault("timeout", self.timeout)
+        kwargs.setdefault("schedule", self.schedule)
         try:
             result = spawn(fn, args, nprocs=nprocs or self.nprocs,
                            seed=self.seed if seed is None else seed, **kwargs)
@@ -69,9 +76,22 @@ class FakeCluster:
         self.results.append(result)
         return result
 
+    def explore(self, fn: Callable[..., Any], args: Sequence[Any] = (), *, runs: int = 200,
+                nprocs: int | None = None, **kwargs: Any) -> ExplorationSummary:
+        """``fakepg.explore`` with this test's world size, seed and timeout."""
+        __tracebackhide__ = True
+        kwargs.setdefault("timeout", self.timeout)
+        try:
+            return explore(fn, args, nprocs or self.nprocs, runs=runs, seed=self.seed, **kwargs)
+        except FakePGError as e:
+            self.failure = e
+            raise
+
     @property
     def replay_command(self) -> str:
-        return f"python -m pytest {shlex.quote(self.nodeid)} -p no:xdist --fakepg-seed {self.seed}"
+        cmd = f"python -m pytest {shlex.quote(self.nodeid)} -p no:xdist --fakepg-seed {self.seed}"
+        token = getattr(self.failure, "schedule", None) or self.schedule
+        return f"{cmd} --fakepg-schedule {token}" if token else cmd
 
 
 @pytest.fixture
@@ -81,7 +101,8 @@ def fake_cluster(request: pytest.FixtureRequest) -> FakeCluster:
     seed = request.config.getoption("--fakepg-seed")
     limit = request.node.get_closest_marker("fakepg_timeout")
     timeout = float(limit.args[0]) if limit and limit.args else request.config.getoption("--fakepg-timeout")
-    cluster = FakeCluster(nprocs, 0 if seed is None else seed, request.node.nodeid, timeout)
+    cluster = FakeCluster(nprocs, 0 if seed is None else seed, request.node.nodeid, timeout,
+                          request.config.getoption("--fakepg-schedule"))
     request.node.stash[_CLUSTER] = cluster
     return cluster
 

@@ -13,7 +13,10 @@ _NAMES: dict[tuple[type, object], str] = {}
 
 
 def op_name(op: object) -> str:
-    """``ReduceOp.SUM`` / ``RedOpType.SUM`` / a PREMUL_SUM ReduceOp -> ``"SUM"``."""
+    """``ReduceOp.SUM`` / ``RedOpType.SUM`` / a PREMUL_SUM ReduceOp -> ``"SUM"`` (a name is
+    returned as is: the hot path passes the name the call's record already holds)."""
+    if type(op) is str:
+        return op
     kind = getattr(op, "op", op)  # ReduceOp objects carry their RedOpType in .op
     key = (type(kind), kind)
     try:
@@ -40,9 +43,11 @@ def check_supported(op: object, dtype: torch.dtype) -> str | None:
     return None
 
 
-def reduce_tensors(tensors: Sequence[torch.Tensor], op: object) -> torch.Tensor:
-    """Reduce ``tensors`` (one per rank, rank order) into a new tensor."""
-    name = op_name(op)
+def reduce_tensors(tensors: Sequence[torch.Tensor], op: object,
+                   name: str | None = None) -> torch.Tensor:
+    """Reduce ``tensors`` (one per rank, rank order) into a new tensor (``name``: op's name,
+    when the caller has it)."""
+    name = name or op_name(op)
     first = tensors[0]
     if first.is_sparse:
         if name not in ("SUM", "AVG"):

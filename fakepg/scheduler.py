@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from .errors import CollectiveHangError, FakePGError
 from .isolation import ProcessState
+from .schedule import Schedule
 
 NEW, RUNNING, BLOCKED, DONE = "new", "running", "blocked", "done"
 
@@ -58,6 +59,7 @@ class Scheduler:
         self._describe_world = describe_world
         self._mu = threading.Lock()
         self._wake = threading.Event()  # set by abort: ends a real sleep until a deadline
+        self.schedule = Schedule()  # the controlled choices (fakepg.schedule); default: none
 
     # -- called on rank threads, by the baton holder ------------------------------
     def enter(self, rank: int) -> None:
@@ -97,6 +99,16 @@ class Scheduler:
                    None, until, sleeping=True)
         if self.abort_error is not None:
             raise self.abort_error
+
+    def preempt(self, rank: int) -> None:
+        """A point where another process could have run first (a store operation): under an
+        active schedule, the choice ``"preempt"`` may hand the baton on before going on."""
+        if not self.schedule.active or self.abort_error is not None:
+            return
+        if not any(s.rank != rank and self._runnable(s) for s in self.slots):
+            return
+        if self.schedule.choose("preempt", 2):
+            self.sleep(rank, 0.0)
 
     def _park(self, rank: int, ready: Callable[[], bool], waiting_for: Callable[[], str],
               timed: Any, deadline: float | None, sleeping: bool = False) -> None:
@@ -170,6 +182,10 @@ class Scheduler:
             self.slots[nxt].sem.release()
 
     def _pick(self, rank: int) -> int | None:
+        if self.schedule.active:  # every runnable rank is an option, round-robin order first
+            options = [(rank + i) % self.n for i in range(1, self.n + 1)
+                       if self._runnable(self.slots[(rank + i) % self.n])]
+            return options[self.schedule.choose("run", len(options))] if options else None
         for i in range(1, self.n + 1):
             r = (rank + i) % self.n
             if self._runnable(self.slots[r]):

@@ -109,15 +109,25 @@ class FakeStore(dist.Store):
         if binding is not None:
             binding[0].scheduler.sleep(binding[1], 0.0)
 
+    def _preempt(self) -> None:
+        """Another process could have reached the store first: a schedule's choice."""
+        from .cluster import current_cluster
+        binding = current_cluster()
+        if binding is not None:
+            binding[0].scheduler.preempt(binding[1])
+
     # -- the Store API -------------------------------------------------------------------
     def set(self, key: str, value: Any) -> None:
+        self._preempt()
         self._data.kv[key] = _bytes(value)
 
     def get(self, key: str) -> bytes:
+        self._preempt()
         self._block("get", [key], lambda: key in self._data.kv)
         return self._data.kv[key]
 
     def add(self, key: str, value: int) -> int:
+        self._preempt()
         new = int(self._data.kv.get(key, b"0")) + int(value)
         self._data.kv[key] = str(new).encode()
         if int(value) == 0:
@@ -138,6 +148,7 @@ class FakeStore(dist.Store):
         self._block("wait", keys, lambda: all(k in self._data.kv for k in keys), timeout)
 
     def compare_set(self, key: str, expected_value: Any, desired_value: Any) -> bytes:
+        self._preempt()
         expected, desired = _bytes(expected_value), _bytes(desired_value)
         current = self._data.kv.get(key)
         if current is None:

@@ -11,7 +11,7 @@ import threading
 import time
 import traceback
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 from unittest import mock
 
@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from . import backends, liveness
+from . import faults as _faults
 from . import trace as _trace
 from .arguments import integer, number
 from .cluster import Cluster, bind_thread, current_cluster
@@ -31,6 +32,7 @@ from .isolation import ProcessState
 from .process_group import (BACKEND_NAME, FakeFuture, FakeProcessGroup, register_backend,
                             requested_backend)
 from .profiling import world_profilers
+from .schedule import Schedule, as_schedule
 from .scheduler import Scheduler
 from .sites import _short, user_site
 from .store import world_store, world_stores
@@ -57,6 +59,7 @@ class SpawnResult:
     nprocs: int
     seed: int
     wall_time: float = 0.0
+    crashed: list[int] = field(default_factory=list)  # ranks an injected crash ended
 
     def to_json(self, path: str | os.PathLike | None = None) -> str:
         """The collective trace as JSON (bitwise identical for identical runs)."""
@@ -85,7 +88,9 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
           master_port: int = 29500,
           env: Callable[[int], Mapping[str, str]] | Mapping[str, str] | None = None,
           timeout: float | None = None, backend: str = "fakepg",
-          nccl_hazards: str | Mapping[str, str] | None = None) -> SpawnResult:
+          schedule: "Schedule | str | None" = None,
+          nccl_hazards: str | Mapping[str, str] | None = None,
+          faults: Sequence[Any] | None = None) -> SpawnResult:
     """Run ``fn(rank, *args)`` on ``nprocs`` ranks of a deterministic in-process cluster.
 
     Inside ``fn``, torch.distributed is already initialised with the ``"fakepg"`` backend
@@ -105,6 +110,9 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
     (``"error"``, ``"warn"``, ``"off"``, a mapping per hazard, or None for the defaults) says
     what NCCL's hazards do under the nccl personality (:mod:`fakepg.nccl_hazards`:
     inconsistent order across communicators, unbatched crossing isend/irecv, CPU tensors).
+    ``schedule`` (a token from :func:`fakepg.explore`, or a :class:`fakepg.schedule.Schedule`)
+    replays one alternative interleaving; None is the default schedule. ``faults`` (from
+    :mod:`fakepg.faults`) crash a rank or make it raise at a chosen collective.
 
     Example::
 
@@ -128,24 +136,27 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
     if timeout is not None:
         timeout = number("fakepg.spawn: timeout", timeout, positive=True, hint="seconds, or None")
     backends.get(backend)  # a clear error for an unknown name
+    schedule = as_schedule(schedule)
     hazard_modes = parse_modes(nccl_hazards)
+    faults = _faults.check(faults, nprocs)
     if not _SPAWN_LOCK.acquire(blocking=False):
         raise FakePGError("another fakepg world is running in this process; worlds run one "
                           "after another (use pytest-xdist for parallelism)")
     try:
         return _run_world(fn, tuple(args), nprocs, seed, hooks, hang_timeout, master_port, env,
-                          timeout, backend, hazard_modes)
+                          timeout, backend, schedule, hazard_modes, faults)
     finally:
         _SPAWN_LOCK.release()
 
 
 def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_env,
-               timeout, backend, hazard_modes=None) -> SpawnResult:
+               timeout, backend, schedule, hazard_modes=None, faults=()) -> SpawnResult:
     __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
     register_backend()
     t0 = time.perf_counter()
     cluster = Cluster(nprocs, seed, hooks)
     cluster.backend = backend
+    cluster.faults = faults
     cluster.hazards = NcclHazards(hazard_modes)
     extra = extra_env if callable(extra_env) else (lambda r: extra_env or {})  # noqa: E731
     processes = [ProcessState.for_rank(r, nprocs, seed,
@@ -154,6 +165,7 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_e
     host = ProcessState()
     host.save()
     sched = Scheduler(processes, cluster.hang_report)
+    sched.schedule = schedule
     cluster.scheduler = sched
     returns: list[Any] = [None] * nprocs
     failures: dict[int, BaseException] = {}
@@ -170,6 +182,8 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_e
                            store=world_store(_PG_TIMEOUT), timeout=_PG_TIMEOUT)
             returns[rank] = fn(rank, *args)
             cluster.complete_ready(rank)
+        except _faults.RankCrashed:
+            outcome = "crashed (fakepg.faults.crash)"
         except BaseException as e:  # noqa: BLE001 - every rank failure is reported by spawn
             failures[rank] = e
             outcome = f"raised {type(e).__name__}"
@@ -193,7 +207,8 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_e
     for r, t in enumerate(threads):
         sched.slots[r].thread = t
     _run_threads(threads, sched, cluster, hang_timeout, host, master_port, timeout)
-    result = SpawnResult(returns, cluster.trace, nprocs, seed, time.perf_counter() - t0)
+    result = SpawnResult(returns, cluster.trace, nprocs, seed, time.perf_counter() - t0,
+                         sorted(cluster.dead))
     if isinstance(sched.abort_error, SpawnTimeoutError):
         raise SpawnTimeoutError(sched.abort_error.report)
     _raise_outcome(sched, cluster, failures)

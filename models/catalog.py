@@ -21,11 +21,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from . import nets
+from . import nets, resnet
 from .scenario import Scenario, SeededBatches, cross_entropy_loss, rank_generator
 
 __all__ = [
     "SCENARIOS",
+    "WORKLOADS",
     "get",
     "mlp",
     "many_small_few_large",
@@ -39,9 +40,14 @@ __all__ = [
     "transformer_block",
     "param_order",
     "uneven_inputs",
+    "resnet50",
+    "resnet101",
 ]
 
 SCENARIOS: dict[str, Callable[..., Scenario]] = {}
+# Benchmark-sized models (published DDP figures), kept apart from SCENARIOS: the feature suite
+# trains every scenario, and one ResNet-50 step costs seconds on a CPU.
+WORKLOADS: dict[str, Callable[..., Scenario]] = {}
 
 
 def _register(factory: Callable[..., Scenario]) -> Callable[..., Scenario]:
@@ -57,10 +63,10 @@ def get(name: str, **overrides: Any) -> Scenario:
     >>> get("mlp", depth=3, ddp_kwargs={"static_graph": True}).ddp_kwargs
     {'static_graph': True}
     """
-    try:
-        factory = SCENARIOS[name]
-    except KeyError:
-        raise KeyError(f"unknown scenario {name!r}; known: {', '.join(sorted(SCENARIOS))}") from None
+    factory = SCENARIOS.get(name) or WORKLOADS.get(name)
+    if factory is None:
+        raise KeyError(f"unknown scenario {name!r}; known: "
+                       f"{', '.join(sorted(SCENARIOS) + sorted(WORKLOADS))}")
     accepted = inspect.signature(factory).parameters
     scenario = factory(**{k: v for k, v in overrides.items() if k in accepted})
     rest = {k: v for k, v in overrides.items() if k not in accepted}
@@ -386,3 +392,52 @@ def uneven_inputs(
         description=f"rank r runs {base} + r iterations (Join)",
         features=("uneven",),
     )
+
+
+# -- benchmark workloads (WORKLOADS, not SCENARIOS) ---------------------------------------------------
+
+
+def _images(
+    seed: int, rank: int, world_size: int, *, iterations: int, batch_size: int, image_size: int,
+    num_classes: int,
+) -> list[tuple[Tensor, Tensor]]:
+    g = rank_generator(seed, rank, "images")
+    return [(torch.randn(batch_size, 3, image_size, image_size, generator=g),
+             torch.randint(num_classes, (batch_size,), generator=g)) for _ in range(iterations)]
+
+
+def _resnet(name: str, depth_fn: Callable[..., nn.Module], batch_size: int, image_size: int,
+            iterations: int, seed: int, bucket_cap_mb: float | None) -> Scenario:
+    return Scenario(
+        name=name,
+        model=functools.partial(depth_fn, 1000),
+        batches=SeededBatches(_images, seed, dict(
+            iterations=iterations, batch_size=batch_size, image_size=image_size,
+            num_classes=1000)),
+        loss=cross_entropy_loss,
+        ddp_kwargs=_ddp(bucket_cap_mb),
+        optimizer=functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9),
+        iterations=iterations,
+        seed=seed,
+        description=f"torchvision-equal {name}, batch {batch_size}, {image_size}x{image_size}",
+        features=("benchmark", "buffers", "bucketing"),
+        reference_ok=False,  # BatchNorm's running stats are per rank under DDP
+    )
+
+
+def resnet50(batch_size: int = 32, image_size: int = 224, iterations: int = 3, seed: int = 0,
+             bucket_cap_mb: float | None = None) -> Scenario:
+    """torchvision's ResNet-50 (25.6 M parameters) on random ImageNet-shaped batches, SGD with
+    momentum: the PyTorch DDP paper's benchmark model. In ``WORKLOADS``."""
+    return _resnet("resnet50", resnet.resnet50, batch_size, image_size, iterations, seed,
+                   bucket_cap_mb)
+
+
+def resnet101(batch_size: int = 32, image_size: int = 224, iterations: int = 3, seed: int = 0,
+              bucket_cap_mb: float | None = None) -> Scenario:
+    """torchvision's ResNet-101 (44.5 M parameters), as :func:`resnet50`. In ``WORKLOADS``."""
+    return _resnet("resnet101", resnet.resnet101, batch_size, image_size, iterations, seed,
+                   bucket_cap_mb)
+
+
+WORKLOADS.update(resnet50=resnet50, resnet101=resnet101)

@@ -73,7 +73,7 @@ from fakepg.sites import skip_package as _skip_package
 
 from . import replay
 from .analysis import (CommSpan, IterationStats, ReplayResult, RunResult, SimResult, Span,
-                       Timeline)
+                       SweepResult, Timeline)
 from .engines import (CapturedIteration, Channel, CollectiveProcess, Fabric, Observer, capture,
                       mark_iteration, now, simulate, sweep)
 from . import faults
@@ -90,7 +90,7 @@ __all__ = [
     "Timeline", "Span", "CommSpan", "IterationStats", "RunResult",
     "CollectiveRaceError", "CollectiveTimeoutError", "now", "mark_iteration",
     "Fabric", "Channel", "CollectiveProcess",
-    "capture", "sweep", "CapturedIteration", "ReplayResult",
+    "capture", "sweep", "CapturedIteration", "ReplayResult", "SweepResult",
     "explore", "ExplorationError", "ExplorationSummary", "faults", "strategies",
 ]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from fakepg.errors import CollectiveTimeoutError as _FakePGTimeout
 from fakepg.errors import FakePGError
+from fakepg.exploration import ExplorationError as _FakeExplorationError
 
 __all__ = ["CollectiveRaceError", "CollectiveTimeoutError", "ExplorationError"]
 
@@ -52,8 +53,9 @@ class CollectiveTimeoutError(_FakePGTimeout):
         self.timeout, self.time = timeout, time
 
 
-class ExplorationError(FakePGError):
-    """:func:`simddp.explore` found a timing under which the program fails.
+class ExplorationError(_FakeExplorationError):
+    """:func:`simddp.explore` found a timing under which the program fails (a
+    :class:`fakepg.ExplorationError`, so one ``except`` catches both kinds of exploration).
 
     ``.schedule`` (also ``.token``) is the replay token (``"sd1:..."``) of the shrunk timing,
     ``.timing`` that :class:`~simddp.Timing`, ``.deviations`` how it differs from the base
@@ -64,7 +66,7 @@ class ExplorationError(FakePGError):
     def __init__(self, message: str, *, schedule: str, timing: object = None,
                  deviations: list[str] | None = None, runs: int = 0,
                  shrink_runs: int = 0) -> None:
-        super().__init__(message)
+        FakePGError.__init__(self, message)
         self.schedule = self.token = schedule
         self.timing = timing
         self.deviations = list(deviations or [])

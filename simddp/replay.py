@@ -18,6 +18,8 @@ Two steps::
     res.iteration_time, res.mean_exposed_comm              # seconds (means over iterations)
     res.timeline.plot("replay.png", ranks=range(8))        # the same Timeline as co-simulation
     rows = sweep(cap, world_size=[512, 4096], bucket_cap_mb=[5, 25], comm_hook=[None, "fp16"])
+    print(rows.table()); rows.to_pandas()                  # a SweepResult: a list of dict rows
+    sweep(cap, world_size=[512, 4096], executor=concurrent.futures.ProcessPoolExecutor())
 
 Capture (:func:`capture`)
 -------------------------
@@ -122,7 +124,7 @@ hook returned, which is a few ops after the Reducer issued the all_reduce inside
 and compute is replayed per segment, not per op. The test requires agreement within 5 %.
 """
 
-from .analysis import ReplayResult, write_csv
+from .analysis import ReplayResult, SweepResult, write_csv
 from .engines.capture import capture
 from .engines.plan import (COMM_HOOKS, CapturedIteration, ParamInfo, RankProfile,
                            assign_buckets)
@@ -130,4 +132,4 @@ from .engines.run import replay
 from .engines.sweep import sweep
 
 __all__ = ["capture", "replay", "sweep", "write_csv", "assign_buckets", "CapturedIteration",
-           "ParamInfo", "RankProfile", "ReplayResult", "COMM_HOOKS"]
+           "ParamInfo", "RankProfile", "ReplayResult", "SweepResult", "COMM_HOOKS"]

@@ -22,7 +22,6 @@ def _probes(rank):
     """Calls gloo refuses or accepts; each gives ("ok",) or (error type, first line)."""
     probes = {
         "premul_sum": lambda: dist.all_reduce(torch.ones(2), op=dist._make_nccl_premul_sum(2.0)),
-        "avg_int": lambda: dist.all_reduce(torch.ones(2, dtype=torch.int64), op=dist.ReduceOp.AVG),
         "avg_float": lambda: dist.all_reduce(torch.ones(2), op=dist.ReduceOp.AVG),
         "band_int": lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BAND),
         "all_to_all_unequal": lambda: dist.all_to_all([torch.zeros(1 + rank, 2) for _ in range(2)],
@@ -59,6 +58,17 @@ def test_a_gloo_world_refuses_and_accepts_what_real_gloo_does_with_its_messages(
     fake = fakepg.spawn(_probes, nprocs=2, backend="gloo").returns
     assert fake == real
     assert real[0]["premul_sum"] == ("RuntimeError", "Cannot use ReduceOp.PREMUL_SUM with Gloo")
+
+
+def test_a_gloo_world_refuses_an_integer_average_as_gloo_does():
+    # Seen on real gloo (torch 2.13): the sum is cast back to the integer input and fails.
+    def body(rank):
+        with pytest.raises(RuntimeError, match="result type Float can't be cast to the desired "
+                                               "output type Long"):
+            dist.all_reduce(torch.ones(2, dtype=torch.int64), op=dist.ReduceOp.AVG)
+        return True
+
+    assert fakepg.spawn(body, nprocs=2, backend="gloo").returns == [True, True]
 
 
 def test_the_fakepg_personality_allows_what_fakepg_can_compute():

@@ -260,7 +260,8 @@ def test_unknown_preset_error_lists_known_presets():
 def test_presets_have_their_fabrics_line_rate(name, GBps):
     net = Network.preset(name)
     assert (net.name, net.bandwidth_GBps, net.gpus_per_node) == (name, GBps, None)
-    assert set(PRESETS) == {"nvlink", "ib-hdr", "ib-ndr", "100gbe", "400gbe", "gloo-loopback"}
+    assert set(PRESETS) == {"nvlink", "ib-hdr", "ib-ndr", "100gbe", "400gbe", "gloo-loopback",
+                            "dgx1-v100"}
 
 
 @pytest.mark.parametrize("factory", [Network.infiniband_hdr, Network.infiniband_ndr,

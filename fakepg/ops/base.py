@@ -45,7 +45,7 @@ class Op:
         """Why ``call`` is invalid on its own (None when it is fine)."""
         if call.reduce_op is not None:
             for t in tensors_of(call.inputs, call.outputs):
-                why = check_supported(call.reduce_op, t.dtype)
+                why = check_supported(call.record.reduce_op, t.dtype)
                 if why:
                     return why
         if call.root is not None and not 0 <= call.root < group_size:

@@ -28,7 +28,7 @@ class AllReduce(Op):
             if self.name == "all_reduce_coalesced" and any(
                     first.inputs[i] is t for t in first.inputs[:i]):
                 continue  # gloo reduces a tensor listed twice once
-            red = reduce_tensors([c.inputs[i] for c in calls], first.reduce_op)
+            red = reduce_tensors([c.inputs[i] for c in calls], first.reduce_op, first.record.reduce_op)
             for c in calls:  # sparse too: gloo replaces the input's indices and values in place
                 c.inputs[i].copy_(red)
         for c in calls:
@@ -42,7 +42,8 @@ class Reduce(Op):
     def execute(self, calls: list["Call"]) -> None:
         root = calls[calls[0].root]
         for i in range(len(root.inputs)):
-            root.inputs[i].copy_(reduce_tensors([c.inputs[i] for c in calls], calls[0].reduce_op))
+            root.inputs[i].copy_(reduce_tensors([c.inputs[i] for c in calls], calls[0].reduce_op,
+                                                calls[0].record.reduce_op))
         for c in calls:
             c.result = list(c.inputs)
 
@@ -69,10 +70,10 @@ class ReduceScatter(Op):
         return sum(tensor_bytes(t) for t in flatten(call.outputs)) * group_size
 
     def execute(self, calls: list["Call"]) -> None:
-        op = calls[0].reduce_op
+        op, name = calls[0].reduce_op, calls[0].record.reduce_op
         for i in range(len(calls[0].outputs)):
             for j, c in enumerate(calls):
-                c.outputs[i].copy_(reduce_tensors([d.inputs[i][j] for d in calls], op))
+                c.outputs[i].copy_(reduce_tensors([d.inputs[i][j] for d in calls], op, name))
         for c in calls:
             c.result = list(c.outputs)
 
@@ -94,7 +95,8 @@ class ReduceScatterTensor(Op):
     def execute(self, calls: list["Call"]) -> None:
         n = len(calls)
         for i in range(len(calls[0].inputs)):
-            red = reduce_tensors([c.inputs[i].reshape(-1) for c in calls], calls[0].reduce_op)
+            red = reduce_tensors([c.inputs[i].reshape(-1) for c in calls], calls[0].reduce_op,
+                                 calls[0].record.reduce_op)
             for c, chunk in zip(calls, red.chunk(n)):
                 copy_into(c.outputs[i], chunk)
         for c in calls:

@@ -4,7 +4,8 @@ engines (:class:`SimResult`, :class:`ReplayResult`), which share one shape."""
 
 from .export import write_csv
 from .results import ReplayResult, RunResult, SimResult
+from .sweeps import SweepResult
 from .timeline import COMPUTE_KINDS, CommSpan, IterationStats, Lane, Span, Timeline
 
 __all__ = ["Timeline", "Lane", "Span", "CommSpan", "IterationStats", "COMPUTE_KINDS",
-           "RunResult", "SimResult", "ReplayResult", "write_csv"]
+           "RunResult", "SimResult", "ReplayResult", "SweepResult", "write_csv"]

@@ -2,13 +2,62 @@
 
 from __future__ import annotations
 
+import operator
 import os
 from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
     from .timeline import Timeline
 
-__all__ = ["plot"]
+__all__ = ["plot", "notable_ranks", "MAX_LANES"]
+
+MAX_LANES = 16  # ranks drawn by default; a bigger world shows its notable ranks
+
+
+def notable_ranks(tl: Timeline, limit: int = MAX_LANES) -> dict[int, str]:
+    """Up to ``limit`` ranks worth drawing, each with why: the slowest rank of each iteration,
+    the ranks with the most compute (stragglers), the most and the least waiting, rank 0,
+    then the lowest other ranks; in rank order. All ranks when the world has ``limit`` or
+    fewer.
+
+    Each figure is one pass over the per-iteration breakdown, so this stays linear in ranks.
+    """
+    n = tl.nranks
+    if n <= limit:
+        return {r: "" for r in range(n)}
+    compute = [0.0] * n
+    wait = [0.0] * n
+    durations: dict[int, list[tuple[float, int]]] = {}
+    for s in tl.breakdown():
+        compute[s.rank] += s.compute
+        wait[s.rank] += s.wait
+        durations.setdefault(s.iteration, []).append((s.duration, s.rank))
+    picks: dict[int, str] = {}
+
+    def add(rank: int, why: str) -> None:
+        if rank in picks:
+            if why and why not in picks[rank]:
+                picks[rank] = f"{picks[rank]}, {why}" if picks[rank] else why
+        elif len(picks) < limit:
+            picks[rank] = why
+
+    for it in durations.values():  # an iteration's slowest rank, where one stands out
+        it.sort(key=lambda d: (-d[0], d[1]))
+        if it[0][0] > it[len(it) // 2][0] * (1 + 1e-9):
+            add(it[0][1], "slowest")
+    by_compute = sorted(range(n), key=lambda r: (-compute[r], r))
+    typical = compute[by_compute[n // 2]]
+    for r in by_compute[:3]:
+        if compute[r] > typical * (1 + 1e-9):
+            add(r, "straggler")
+    add(max(range(n), key=lambda r: (wait[r], -r)), "most wait")
+    add(min(range(n), key=lambda r: (wait[r], r)), "least wait")
+    add(0, "")
+    for r in range(n):
+        if len(picks) >= limit:
+            break
+        add(r, "")
+    return dict(sorted(picks.items()))
 
 
 def _matplotlib() -> tuple[Any, Any, Any]:
@@ -26,10 +75,25 @@ def _matplotlib() -> tuple[Any, Any, Any]:
 def plot(tl: Timeline, path: str | os.PathLike, *, ranks: Sequence[int] | None = None,
          title: str | None = None, dpi: int = 110) -> str:
     """Draw ``tl`` (see :meth:`Timeline.plot`) with matplotlib's Agg canvas directly (no
-    pyplot, no global backend change); returns the path written."""
+    pyplot, no global backend change); returns the path written. ``ranks=None`` draws every
+    rank of a world of up to :data:`MAX_LANES` ranks, else its :func:`notable_ranks` (the
+    slowest, stragglers, most/least waiting), each labelled with why."""
     FigureCanvasAgg, Figure, Patch = _matplotlib()
 
-    shown = list(range(tl.nranks)) if ranks is None else list(ranks)
+    if ranks is None:
+        why = notable_ranks(tl)
+    else:
+        why = {}
+        for r in ranks:
+            try:
+                k = operator.index(r)
+            except TypeError:
+                k = -1
+            if not 0 <= k < tl.nranks:
+                raise ValueError(f"plot(ranks=...): rank {r!r} is not in this timeline of "
+                                 f"{tl.nranks} ranks (0..{tl.nranks - 1})")
+            why[k] = ""
+    shown = list(why)
     colors = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A868",
               "wait": "#C44E52", "callback": "#8172B3"}
     comm_colors = ("#937860", "#DA8BC3")
@@ -57,13 +121,17 @@ def plot(tl: Timeline, path: str | os.PathLike, *, ranks: Sequence[int] | None =
         for t in tl.boundaries[r]:
             ax.vlines(t * scale, base, base + 1.9, colors="black", linewidth=0.6)
         yticks += [base + 0.5, base + 1.4]
-        ylabels += [f"rank {r} comm", f"rank {r} compute"]
+        tag = f" ({why[r]})" if why[r] else ""
+        ylabels += [f"rank {r} comm", f"rank {r}{tag} compute"]
     ax.set_yticks(yticks)
     ax.set_yticklabels(ylabels, fontsize=8)
     ax.set_xlabel(f"virtual time ({unit})")
     ax.set_xlim(0, max(tl.makespan * scale, 1e-12))
-    ax.set_title(title or f"simddp timeline: {tl.nranks} ranks, "
-                          f"{tl.num_iterations()} iterations")
+    if title is None:
+        what = (f"{tl.nranks} ranks" if len(shown) == tl.nranks and shown == sorted(shown)
+                else f"ranks {_ranges(shown)} of {tl.nranks}")
+        title = f"simddp timeline: {what}, {tl.num_iterations()} iterations"
+    ax.set_title(title)
     handles = [Patch(facecolor=colors[k], label=k, hatch="//" if k == "wait" else None)
                for k in colors] + [Patch(facecolor=comm_colors[0], label="collective")]
     ax.legend(handles=handles, loc="upper right", fontsize=8, ncol=len(handles))
@@ -71,3 +139,16 @@ def plot(tl: Timeline, path: str | os.PathLike, *, ranks: Sequence[int] | None =
     fig.tight_layout()
     fig.savefig(os.fspath(path), dpi=dpi, format="png")
     return os.fspath(path)
+
+
+def _ranges(ranks: Sequence[int]) -> str:
+    """"0-3, 17, 40" for [0, 1, 2, 3, 17, 40] (order kept)."""
+    parts: list[str] = []
+    i = 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ", ".join(parts)

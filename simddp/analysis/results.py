@@ -153,10 +153,18 @@ class ReplayResult(RunResult):
         return write_csv(rows, path)
 
     def summary(self) -> str:
-        k = ", ".join(f"{a}={b}" for a, b in self.knobs.items() if b not in (None, 0.0, 1, False))
+        k = ", ".join(f"{a}={_rank_keys(b)}" for a, b in self.knobs.items()
+                      if b not in (None, 0.0, 1, False))
         return (f"replay: {self.world_size} ranks, {len(self.buckets)} buckets, {k}\n"
                 f"  iteration {self.iteration_time * 1e3:.3f} ms, exposed comm "
                 f"{self.mean_exposed_comm * 1e3:.3f} ms, "
                 f"{self.collectives_per_iteration:g} collectives and "
                 f"{self.comm_bytes_per_iteration / 1e6:.3f} MB per iteration (rank 0); "
                 f"simulated in {self.wall_time:.3f} s")
+
+
+def _rank_keys(value: Any) -> Any:
+    """A ``{"3": 0.5}`` knob (string keys, as JSON keeps them) shown with rank numbers."""
+    if isinstance(value, dict) and all(isinstance(k, str) and k.isdigit() for k in value):
+        return {int(k): v for k, v in value.items()}
+    return value

@@ -346,11 +346,20 @@ class Timeline:
     def plot(self, path: str | os.PathLike, *, ranks: Sequence[int] | None = None,
              title: str | None = None, dpi: int = 110) -> str:
         """A PNG Gantt chart: per rank a compute lane (forward, backward, optimizer, waits,
-        callbacks) and a comm lane (each collective), iteration ends as ticks. Needs
-        matplotlib (``pip install 'fakepg-simddp[plot]'``)."""
+        callbacks) and a comm lane (each collective), iteration ends as ticks. ``ranks=None``:
+        every rank up to 16, else :meth:`notable_ranks` (slowest, stragglers, most and least
+        waiting), labelled with why. Needs matplotlib (``pip install 'fakepg-simddp[plot]'``)."""
         from .plot import plot
 
         return plot(self, path, ranks=ranks, title=title, dpi=dpi)
+
+    def notable_ranks(self, limit: int = 16) -> dict[int, str]:
+        """Up to ``limit`` ranks worth looking at, {rank: why} in rank order: each
+        iteration's slowest rank, stragglers (most compute), most and least waiting, rank 0,
+        then the lowest others (:func:`simddp.analysis.plot.notable_ranks`)."""
+        from .plot import notable_ranks
+
+        return notable_ranks(self, limit)
 
     def to_csv(self, path: str | os.PathLike | None = None) -> str:
         """:meth:`breakdown` as CSV (one row per iteration and rank, seconds)."""

@@ -8,10 +8,10 @@
 
 from . import noise
 from .compute import (DEVICES, Compute, ConstantCompute, DevicePreset, ProfileCompute,
-                      RooflineCompute)
+                      RooflineCompute, ScaledCompute)
 from .network import PRESETS, Network
 from .protocols import ComputeModel, NetworkModel, collective_time
 
 __all__ = ["NetworkModel", "ComputeModel", "collective_time", "Network", "PRESETS", "Compute",
            "DevicePreset", "DEVICES", "RooflineCompute", "ConstantCompute", "ProfileCompute",
-           "noise"]
+           "ScaledCompute", "noise"]

@@ -31,7 +31,7 @@ from torch.utils.flop_counter import flop_registry, shape_wrapper
 from fakepg.arguments import number
 
 __all__ = ["Compute", "DevicePreset", "DEVICES", "RooflineCompute", "ConstantCompute",
-           "ProfileCompute"]
+           "ProfileCompute", "ScaledCompute"]
 
 _Tensor = torch.Tensor
 _aten = torch.ops.aten
@@ -58,6 +58,10 @@ class DevicePreset:
 
 
 DEVICES: dict[str, DevicePreset] = {
+    # NVIDIA Tesla V100 datasheet (SXM2 32GB): FP32 15.7, FP16 tensor 125, FP64 7.8 TFLOP/s;
+    # HBM2 900 GB/s.
+    "v100": DevicePreset("v100", fp32_tflops=15.7, fp16_tflops=125.0, fp64_tflops=7.8,
+                         mem_bandwidth_GBps=900.0, op_overhead_us=5.0),
     # NVIDIA A100 datasheet (SXM 80GB): FP32 19.5, BF16/FP16 tensor 312 dense, FP64 tensor 19.5
     # TFLOP/s; HBM2e 2,039 GB/s. Overhead: ~5 µs of eager dispatch + kernel launch per op.
     "a100": DevicePreset("a100", fp32_tflops=19.5, fp16_tflops=312.0, fp64_tflops=19.5,
@@ -203,6 +207,15 @@ class Compute:
         """
         return ProfileCompute(profile, fallback=fallback)
 
+    def scaled(self, factor: float) -> ScaledCompute:
+        """This model with every op's time multiplied by ``factor``: how a model is calibrated
+        to one measured step time (``simddp whatif --step-time``).
+
+        >>> Compute.constant(1e-5).scaled(2.0).op_time(None, (), {}, None)
+        2e-05
+        """
+        return ScaledCompute(self, factor)
+
 
 class ConstantCompute(Compute):
     def __init__(self, seconds_per_op: float) -> None:
@@ -214,6 +227,21 @@ class ConstantCompute(Compute):
 
     def __repr__(self) -> str:
         return f"Compute.constant({self.seconds_per_op!r})"
+
+
+class ScaledCompute(Compute):
+    """``inner``'s op times × ``factor`` (see :meth:`Compute.scaled`)."""
+
+    def __init__(self, inner: Any, factor: float) -> None:
+        self.inner = inner
+        self.factor = number("factor", factor, positive=True,
+                             hint="give the ratio of wanted to modelled time, e.g. 1.5")
+
+    def op_time(self, func: Any, args: tuple, kwargs: Mapping[str, Any], out: Any) -> float:
+        return self.factor * self.inner.op_time(func, args, kwargs, out)
+
+    def __repr__(self) -> str:
+        return f"{self.inner!r}.scaled({self.factor!r})"
 
 
 class RooflineCompute(Compute):

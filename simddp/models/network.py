@@ -296,16 +296,18 @@ class Network:
     # ---- presets ------------------------------------------------------------------------------
 
     @classmethod
-    def preset(cls, name: str, **kw: Any) -> Network:
-        """A named fabric: "nvlink", "ib-hdr", "ib-ndr", "100gbe", "400gbe", "gloo-loopback".
+    def preset(cls, preset: str, /, **kw: Any) -> Network:
+        """A named fabric: "nvlink", "ib-hdr", "ib-ndr", "100gbe", "400gbe", "gloo-loopback",
+        "dgx1-v100".
 
         Keyword arguments override fields, e.g. ``Network.preset("ib-ndr", gpus_per_node=8)``
-        (NVLink inside each node, NDR InfiniBand between nodes) or ``algorithm="tree"``.
+        (NVLink inside each node, NDR InfiniBand between nodes), ``algorithm="tree"`` or
+        ``name="my-fabric"`` (the preset's name is positional-only, so ``name`` is a field).
         """
         try:
-            factory = PRESETS[name]
+            factory = PRESETS[preset]
         except KeyError:
-            raise ValueError(f"unknown network preset {name!r}; known presets: "
+            raise ValueError(f"unknown network preset {preset!r}; known presets: "
                              f"{', '.join(PRESETS)} (or build Network(bandwidth_GBps=..., "
                              f"latency_us=...) yourself)") from None
         return factory(**kw)
@@ -348,6 +350,19 @@ class Network:
                          kw, False)
 
     @classmethod
+    def dgx1_v100(cls, **kw: Any) -> Network:
+        """DGX-1 (V100): 8 GPUs per node on an NVLink2 hybrid cube-mesh, 4 EDR InfiniBand NICs
+        per node. MINIMAL ENTRY added for ``simddp whatif --network dgx1-v100`` (the cost
+        models' presets may replace it). Sources: NVIDIA "DGX-1 with Tesla V100 System
+        Architecture" whitepaper (WP-08437-002): 6 NVLink2 links × 25 GB/s per direction per
+        GPU; NCCL rings over the cube-mesh reach ~130 GB/s all_reduce busbw (nccl-tests on
+        DGX-1V); 4 × 100 Gb/s EDR = 50 GB/s per node shared by 8 GPUs, i.e. 6.25 GB/s per
+        GPU (this model has one NIC per GPU)."""
+        defaults = dict(bandwidth_GBps=6.25, latency_us=5.0, gpus_per_node=8,
+                        intra_bandwidth_GBps=130.0, intra_latency_us=2.0, name="dgx1-v100")
+        return cls._make(defaults, kw, False)
+
+    @classmethod
     def _make(cls, defaults: dict[str, Any], kw: dict[str, Any], nvlink_inside: bool) -> Network:
         fields = {**defaults, **kw}
         if nvlink_inside and fields.get("gpus_per_node") is not None:
@@ -373,4 +388,5 @@ PRESETS: dict[str, Callable[..., Network]] = {
     "100gbe": Network.ethernet_100g,
     "400gbe": Network.ethernet_400g,
     "gloo-loopback": Network.gloo_loopback,
+    "dgx1-v100": Network.dgx1_v100,  # minimal entry (cli branch); see Network.dgx1_v100
 }

@@ -1,0 +1,303 @@
+"""``simddp``: what-if studies of DDP training from the command line.
+
+::
+
+    simddp whatif mlp --world-size 64,1024 --network ib-ndr --gpus-per-node 8 \\
+        --bucket-cap-mb 1,25 --straggler 3:0.5 --out results/
+    simddp whatif resnet50 --batch-size 32 --gpu v100 --step-time 0.097 --network dgx1-v100 \\
+        --gpus-per-node 8 --world-size 1,2,4,8,16 --bucket-cap-mb 1,25 --json rows.json
+    simddp replay results/capture.json --world-size 4096 --comm-hook none,fp16
+    simddp calibrate --world-size 2 --sizes 4K,1M,16M
+
+``whatif`` takes a zoo scenario name (``fakepg.zoo``) or a script defining ``scenario``, runs
+torch's real DDP once on the fake cluster (a capture), then replays one row per configuration
+(world sizes × networks × bucket caps × comm hooks) — see :mod:`simddp.engines.whatif`.
+Progress goes to stderr, the table to stdout (80 columns unless ``$COLUMNS`` says otherwise);
+``--out DIR`` writes rows.csv, scaling.png, breakdown.png, timeline.png (the slowest
+configuration's notable ranks) and capture.json; ``--json FILE`` the rows.
+``--workers N`` replays on a local process pool, ``--dask ADDRESS`` on a Dask cluster.
+Exit status: 0, 1 on an error (one line on stderr), 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import os
+import sys
+from typing import Any, Callable, Iterator, Sequence
+
+__all__ = ["main"]
+
+_SUFFIX = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def _list(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
+    def parse(text: str) -> list[Any]:
+        try:
+            return [kind(x.strip()) for x in text.split(",") if x.strip()]
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
+    return parse
+
+
+def _hook(text: str) -> str | None:
+    return None if text.lower() in ("none", "no", "-") else text
+
+
+def _cap(text: str) -> float | None:
+    return None if text.lower() in ("none", "default") else float(text)
+
+
+def _size(text: str) -> int:
+    t = text.upper().rstrip("B").rstrip("I")
+    mult = _SUFFIX.get(t[-1:], 1)
+    return int(float(t[:-1] if t[-1:] in _SUFFIX else t) * mult)
+
+
+def _straggler(text: str) -> dict[int, float]:
+    out = {}
+    for part in text.split(","):
+        rank, sep, speed = part.partition(":")
+        try:
+            out[int(rank)] = float(speed)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{part!r}: give RANK:SPEED, e.g. 3:0.5 (rank 3 at half speed)") from None
+        if not sep:
+            raise argparse.ArgumentTypeError(f"{part!r}: give RANK:SPEED, e.g. 3:0.5")
+    return out
+
+
+def _grid_flags(p: argparse.ArgumentParser, *, world_default: str | None) -> None:
+    g = p.add_argument_group("configurations (comma-separated lists: one row per combination)")
+    g.add_argument("--world-size", type=_list(int), required=world_default is None,
+                   default=None if world_default is None else _list(int)(world_default),
+                   help="world sizes, e.g. 64,1024")
+    g.add_argument("--network", type=_list(str), default=["ib-ndr"],
+                   help="network presets (simddp.Network.preset), e.g. ib-ndr,100gbe")
+    g.add_argument("--gpus-per-node", type=int, default=None,
+                   help="ranks per node (NVLink inside, the network between nodes)")
+    g.add_argument("--bucket-cap-mb", type=_list(_cap), default=[None],
+                   help="DDP bucket caps in MB ('none': as captured)")
+    g.add_argument("--comm-hook", type=_list(_hook), default=[None],
+                   help="comm hooks: none, fp16, bf16, powersgd")
+    g.add_argument("--straggler", type=_straggler, action="append", default=[],
+                   help="RANK:SPEED, e.g. 3:0.5 (repeatable; left out where a world is smaller)")
+    g.add_argument("--iterations", type=int, default=1, help="iterations replayed (default 1)")
+    g.add_argument("--jitter", type=float, default=0.0, help="relative noise per segment")
+    g.add_argument("--seed", type=int, default=0)
+    o = p.add_argument_group("output and execution")
+    o.add_argument("--out", metavar="DIR", help="write rows.csv and plots here")
+    o.add_argument("--json", metavar="FILE", help="write the rows as JSON")
+    o.add_argument("--workers", type=int, default=None,
+                   help="replay on a local pool of N processes")
+    o.add_argument("--dask", metavar="SCHEDULER_ADDRESS",
+                   help="replay on a Dask distributed cluster, e.g. tcp://10.0.0.5:8786")
+    o.add_argument("--no-progress", action="store_true", help="no progress display")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="simddp", description="What-if timing of PyTorch DDP: "
+                                "torch's real DDP on a fake cluster, replayed at any scale.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    w = sub.add_parser("whatif", help="capture a workload once, replay it per configuration",
+                       description="One row per configuration of a zoo scenario or script.")
+    w.add_argument("workload", help="zoo scenario (mlp, resnet50, ...) or a .py script "
+                                    "defining `scenario`")
+    w.add_argument("--gpu", default="a100", help="compute preset for the roofline model: "
+                   "v100, a100, h100, cpu (default a100)")
+    w.add_argument("--step-time", type=float, default=None, metavar="SECONDS",
+                   help="scale compute so one rank's step without DDP takes this long")
+    w.add_argument("--batch-size", type=int, default=None, help="the workload's batch size")
+    w.add_argument("--capture-ranks", type=int, default=1,
+                   help="fake ranks the capture runs on (default 1)")
+    w.add_argument("--save-capture", metavar="FILE", help="write the capture (JSON)")
+    _grid_flags(w, world_default=None)
+    r = sub.add_parser("replay", help="replay a saved capture per configuration",
+                       description="Replay a capture (whatif --out DIR writes DIR/capture.json).")
+    r.add_argument("capture", help="a capture JSON (CapturedIteration.save)")
+    _grid_flags(r, world_default=None)
+    c = sub.add_parser("calibrate", help="measure collectives on this machine's backend and "
+                       "fit a network model", description="nccl-tests-style timing of "
+                       "collectives (gloo on CPU, NCCL with GPUs), one process per rank.")
+    c.add_argument("--world-size", type=_list(int), default=[2], help="e.g. 2,4")
+    c.add_argument("--sizes", type=_list(_size), default=_list(_size)("4K,64K,1M,8M"),
+                   help="message sizes, e.g. 4K,1M,16M")
+    c.add_argument("--op", type=_list(str), default=["all_reduce"],
+                   help="all_reduce, all_gather, reduce_scatter, broadcast")
+    c.add_argument("--reps", type=int, default=5)
+    c.add_argument("--backend", choices=["gloo", "nccl"], default=None)
+    c.add_argument("--json", metavar="FILE", help="write measurements and the fit as JSON")
+    return p
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool) -> Iterator[tuple[Callable[[str], None], Any]]:
+    """(status, progress) callbacks drawing a rich progress display on stderr."""
+    if not enabled:
+        yield (lambda text: None), None
+        return
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
+                               TextColumn, TimeElapsedColumn)
+
+    console = Console(stderr=True)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                  MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                  transient=console.is_terminal) as prog:
+        state: dict[str, Any] = {"task": None, "rows": None}
+
+        def status(text: str) -> None:
+            if state["task"] is not None:
+                prog.update(state["task"], completed=1, total=1)
+            state["task"] = prog.add_task(text, total=None)
+            if not console.is_terminal:
+                console.print(f"simddp: {text}")
+
+        def rows(done: int, total: int, row: dict) -> None:
+            if state["rows"] is None:
+                if state["task"] is not None:
+                    prog.update(state["task"], completed=1, total=1)
+                state["rows"] = prog.add_task("replaying configurations", total=total)
+            prog.update(state["rows"], completed=done)
+
+        yield status, rows
+
+
+@contextlib.contextmanager
+def _executor(args: argparse.Namespace) -> Iterator[concurrent.futures.Executor | None]:
+    if args.dask:
+        try:
+            from distributed import Client
+        except ImportError as e:
+            raise RuntimeError(f"--dask needs dask.distributed ({e}): "
+                               f"pip install 'fakepg-simddp[sweeps]'") from None
+        client = Client(args.dask, timeout=30)
+        try:
+            yield client.get_executor()
+        finally:
+            client.close()
+    elif args.workers:
+        with concurrent.futures.ProcessPoolExecutor(args.workers) as ex:
+            yield ex
+    else:
+        yield None
+
+
+def _grid_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    speeds: dict[int, float] = {}
+    for s in args.straggler:
+        speeds.update(s)
+    return dict(world_size=args.world_size, network=args.network,
+                gpus_per_node=args.gpus_per_node, bucket_cap_mb=args.bucket_cap_mb,
+                comm_hook=args.comm_hook, rank_speed=speeds)
+
+
+def _write_outputs(res: Any, args: argparse.Namespace) -> list[str]:
+    written = []
+    if args.json:
+        res.to_json(args.json)
+        written.append(args.json)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        written.append(res.to_csv(os.path.join(args.out, "rows.csv")) and
+                       os.path.join(args.out, "rows.csv"))
+        written.append(res.plot_scaling(os.path.join(args.out, "scaling.png")))
+        written.append(res.plot_breakdown(os.path.join(args.out, "breakdown.png")))
+        # the slowest configuration at the largest world: where stragglers show most
+        top = max(r["world_size"] for r in res)
+        i = max((k for k, r in enumerate(res) if r["world_size"] == top),
+                key=lambda k: (res[k]["iteration_time_s"], -k))
+        tl = res.replay(i).timeline
+        written.append(tl.plot(os.path.join(args.out, "timeline.png"),
+                               title=f"simddp timeline: {res.configuration(res[i])}, "
+                                     f"{top} ranks (notable ranks)"
+                               if tl.nranks > 16 else None))
+        path = os.path.join(args.out, "capture.json")
+        res.captured.save(path)
+        written.append(path)
+    return written
+
+
+def _whatif(args: argparse.Namespace) -> int:
+    from .engines.whatif import whatif
+
+    with _executor(args) as ex, _progress(not args.no_progress) as (status, rows):
+        res = whatif(args.workload, **_grid_kwargs(args), gpu=args.gpu,
+                     step_time_s=args.step_time, batch_size=args.batch_size,
+                     capture_ranks=args.capture_ranks, iterations=args.iterations,
+                     jitter=args.jitter, seed=args.seed, executor=ex, progress=rows,
+                     status=status)
+    if args.save_capture:
+        res.captured.save(args.save_capture)
+    return _finish(res, args)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from .engines.plan import CapturedIteration
+    from .engines.whatif import replay_grid
+
+    cap = CapturedIteration.load(args.capture)
+    with _executor(args) as ex, _progress(not args.no_progress) as (status, rows):
+        res = replay_grid(cap, **_grid_kwargs(args), iterations=args.iterations,
+                          jitter=args.jitter, seed=args.seed, executor=ex, progress=rows,
+                          title=f"simddp replay {cap.name} (captured on {cap.world_size} ranks)")
+    return _finish(res, args)
+
+
+def _finish(res: Any, args: argparse.Namespace) -> int:
+    print(res.table(), end="")
+    for path in _write_outputs(res, args):
+        print(f"wrote {path}")
+    return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    import json
+
+    from .engines.measure import measure
+    from .models import Network
+
+    rows = measure(world_sizes=args.world_size, sizes=args.sizes, ops=args.op, reps=args.reps,
+                   backend=args.backend)
+    print(f"{'op':<15}{'ranks':>6}{'bytes':>12}{'time us':>12}{'busbw GB/s':>12}")
+    for r in rows:
+        bus = Network.bus_bandwidth_factor(r["op"], r["world_size"]) * r["bytes"] / r["seconds"]
+        print(f"{r['op']:<15}{r['world_size']:>6}{r['bytes']:>12}{r['seconds'] * 1e6:>12.1f}"
+              f"{bus / 1e9:>12.3f}")
+    fits = {}
+    for op in args.op:
+        data = [(r["bytes"], r["world_size"], r["seconds"]) for r in rows if r["op"] == op]
+        try:
+            net = Network.calibrate(data, op=op, name=f"calibrated-{rows[0]['backend']}")
+        except ValueError as e:
+            print(f"{op}: no α–β fit ({e})")
+            continue
+        fits[op] = {"bandwidth_GBps": net.bandwidth_GBps, "latency_us": net.latency_us}
+        print(f"{op}: α–β fit: latency {net.latency_us:.1f} us, bandwidth "
+              f"{net.bandwidth_GBps:.3f} GB/s (Network(bandwidth_GBps=..., latency_us=...))")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"measurements": rows, "alpha_beta": fits}, f, indent=1)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``simddp`` console script; returns the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        return {"whatif": _whatif, "replay": _replay, "calibrate": _calibrate}[args.command](args)
+    except KeyboardInterrupt:
+        print("simddp: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, TypeError, KeyError, FileNotFoundError, RuntimeError, OSError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"simddp {args.command}: error: {msg}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

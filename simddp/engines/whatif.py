@@ -1,0 +1,202 @@
+"""The what-if engine behind ``simddp whatif``: a workload, a compute model (optionally
+calibrated to a measured step time), one capture, then a replay per configuration.
+
+::
+
+    from simddp.engines.whatif import whatif
+    rows = whatif("mlp", world_size=[64, 1024], network="ib-ndr", gpus_per_node=8,
+                  bucket_cap_mb=[1, 25], rank_speed={3: 0.5})
+    print(rows.table())
+
+Steps:
+
+1. the workload: a zoo scenario name (``fakepg.zoo.get``, ResNet-50/101 included) or a user
+   script defining ``scenario`` (a ``fakepg.zoo.Scenario``, or a function returning one and
+   taking the overrides, e.g. ``batch_size``), see :func:`load_workload`;
+2. compute: ``Compute.roofline(gpu)``; with ``step_time`` it is scaled so that one rank's
+   training step *without DDP* (zero_grad, forward, loss, backward, optimizer step; the last
+   of two, so the optimizer's state exists) takes ``step_time`` seconds — the number users
+   have from a single-GPU run (:func:`calibrate_compute`). That step is timed on the meta
+   device (shapes only, no arithmetic), falling back to CPU tensors if the model cannot run
+   there;
+3. one capture (:func:`simddp.replay.capture`, torch's real DDP on ``capture_ranks`` fake
+   ranks), then one replay per configuration (:func:`simddp.replay.sweep`'s rows), here or on
+   an executor. Straggler ranks a world does not have are left out of that world's row.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import inspect
+import os
+import runpy
+from typing import Any, Callable, Mapping, Sequence
+
+from ..analysis.sweeps import SweepResult
+from ..models import Compute, Network, NetworkModel
+from ..timing import Timing
+from .capture import capture
+from .plan import CapturedIteration
+from .simulate import now, simulate
+from .sweep import Progress, run_configs
+
+__all__ = ["whatif", "replay_grid", "load_workload", "step_time", "calibrate_compute",
+           "network_for"]
+
+
+def load_workload(spec: Any, **overrides: Any) -> Any:
+    """The scenario ``spec`` names: a ``Scenario`` as is, a zoo name, or a ``.py`` script
+    defining ``scenario``. ``overrides`` (e.g. ``batch_size=32``) go to the factory."""
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if not isinstance(spec, (str, os.PathLike)):
+        if overrides:
+            return spec.with_(**overrides)
+        return spec
+    spec = os.fspath(spec)
+    if spec.endswith(".py") or os.path.sep in spec:
+        if not os.path.isfile(spec):
+            raise FileNotFoundError(f"workload script {spec!r} does not exist")
+        ns = runpy.run_path(spec, run_name="__simddp_workload__")
+        sc = ns.get("scenario")
+        if sc is None:
+            raise ValueError(
+                f"workload script {spec!r} defines no `scenario`: define "
+                f"`scenario = fakepg.zoo.Scenario(...)` (or `zoo.get('mlp', ...)`), or "
+                f"`def scenario(**overrides)` returning one")
+        if callable(sc) and not hasattr(sc, "build_model"):
+            accepted = inspect.signature(sc).parameters
+            takes_all = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
+            unknown = [k for k in overrides if k not in accepted and not takes_all]
+            if unknown:
+                raise ValueError(f"workload script {spec!r}: scenario() takes no "
+                                 f"{', '.join(unknown)}")
+            return sc(**overrides)
+        return load_workload(sc, **overrides)
+    from fakepg import zoo
+
+    factory = zoo.SCENARIOS.get(spec) or zoo.WORKLOADS.get(spec)
+    if factory is None:
+        known = sorted(zoo.SCENARIOS) + sorted(zoo.WORKLOADS)
+        raise ValueError(f"unknown workload {spec!r}: give a zoo scenario ({', '.join(known)}) "
+                         f"or a path to a .py script defining `scenario`")
+    accepted = inspect.signature(factory).parameters
+    unknown = [k for k in overrides if k not in accepted]
+    if unknown:
+        raise ValueError(f"workload {spec!r} has no {', '.join(unknown)} parameter "
+                         f"(it takes: {', '.join(accepted)})")
+    return zoo.get(spec, **overrides)
+
+
+def _plain_steps(scenario: Any, steps: int, device: str) -> Callable[[int], list[float]]:
+    def run(rank: int) -> list[float]:
+        model = scenario.build_model().to(device)
+        opt = scenario.optimizer(model.parameters())
+        batches = scenario.inputs(0, 1, device=device)
+        times = []
+        for i in range(steps):
+            t0 = now()
+            opt.zero_grad(set_to_none=True)
+            scenario.step(model, batches[i % len(batches)]).backward()
+            opt.step()
+            times.append(now() - t0)
+        return times
+    return run
+
+
+def step_time(scenario: Any, compute: Any, *, device: str | None = None) -> float:
+    """Virtual seconds one rank's training step takes without DDP under ``compute`` (the
+    second of two steps). ``device``: "meta" or "cpu"; None tries meta, then CPU."""
+    timing = Timing(compute=compute)
+    for dev in ([device] if device else ["meta", "cpu"]):
+        try:
+            res = simulate(_plain_steps(scenario, 2, dev), (), 1, timing=timing, seed=0)
+        except Exception:  # noqa: BLE001 - a model the meta device cannot run: use CPU
+            if device or dev == "cpu":
+                raise
+            continue
+        return float(res.returns[0][-1])
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def calibrate_compute(scenario: Any, compute: Any, seconds: float) -> tuple[Any, float]:
+    """``compute`` scaled so that :func:`step_time` is ``seconds``; returns (model, factor)."""
+    if not seconds > 0:
+        raise ValueError(f"step_time must be > 0 seconds, got {seconds!r}")
+    modelled = step_time(scenario, compute)
+    if not modelled > 0:
+        raise ValueError(f"the compute model {compute!r} charges nothing for a step of "
+                         f"{getattr(scenario, 'name', scenario)!r}, so it cannot be scaled "
+                         f"to {seconds} s")
+    factor = seconds / modelled
+    return compute.scaled(factor), factor
+
+
+def network_for(spec: Any, gpus_per_node: int | None = None) -> NetworkModel:
+    """A network model from a preset name (``gpus_per_node`` applied) or a model as is."""
+    if isinstance(spec, str):
+        kw = {} if gpus_per_node is None else {"gpus_per_node": gpus_per_node}
+        return Network.preset(spec, **kw)
+    if gpus_per_node is not None and isinstance(spec, Network):
+        return spec.with_(gpus_per_node=gpus_per_node)
+    return spec
+
+
+def _as_list(v: Any) -> list[Any]:
+    return list(v) if isinstance(v, (list, tuple, range)) else [v]
+
+
+def replay_grid(captured: CapturedIteration, *, world_size: Any, network: Any = "ib-ndr",
+                gpus_per_node: int | None = None, bucket_cap_mb: Any = None,
+                comm_hook: Any = None, rank_speed: Mapping[int, float] | None = None,
+                executor: concurrent.futures.Executor | None = None,
+                progress: Progress | None = None, title: str | None = None,
+                **knobs: Any) -> SweepResult:
+    """Replay ``captured`` over world sizes × networks × bucket caps × comm hooks (lists or
+    single values), stragglers ``rank_speed`` applied where the world has those ranks;
+    ``knobs``: other :func:`~simddp.replay.replay` keywords (single values)."""
+    nets = [network_for(n, gpus_per_node) for n in _as_list(network)]
+    speeds = dict(rank_speed or {})
+    configs = []
+    for n in _as_list(world_size):
+        for net in nets:
+            for cap_mb in _as_list(bucket_cap_mb):
+                for hook in _as_list(comm_hook):
+                    configs.append({"world_size": n, "network": net, "bucket_cap_mb": cap_mb,
+                                    "comm_hook": hook, **knobs,
+                                    "rank_speed": {r: s for r, s in speeds.items() if r < n}})
+    rows = run_configs(captured, configs, executor=executor, progress=progress)
+    return SweepResult(rows, captured=captured, configs=configs, title=title)
+
+
+def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
+           gpus_per_node: int | None = None, bucket_cap_mb: Any = None, comm_hook: Any = None,
+           rank_speed: Mapping[int, float] | None = None, gpu: str = "a100",
+           compute: Any = None, step_time_s: float | None = None,
+           batch_size: int | None = None, capture_ranks: int = 1, iterations: int = 1,
+           jitter: float = 0.0, seed: int = 0,
+           executor: concurrent.futures.Executor | None = None,
+           progress: Progress | None = None,
+           status: Callable[[str], None] | None = None) -> SweepResult:
+    """One row per configuration of ``workload`` (see the module docstring). ``compute``
+    overrides ``Compute.roofline(gpu)``; ``status(text)`` hears each stage as it starts.
+    The result's ``meta`` dict says what was modelled (compute, calibration factor)."""
+    say = status or (lambda text: None)
+    sc = load_workload(workload, batch_size=batch_size)
+    model = Compute.roofline(gpu) if compute is None else compute
+    factor = None
+    if step_time_s is not None:
+        say(f"calibrating compute: one rank's step without DDP = {step_time_s * 1e3:g} ms")
+        model, factor = calibrate_compute(sc, model, step_time_s)
+    first_net = network_for(_as_list(network)[0], gpus_per_node)
+    say(f"capturing {sc.name} (torch's DDP) on {capture_ranks} fake rank(s)")
+    cap = capture(sc, nprocs=capture_ranks, timing=Timing(network=first_net, compute=model),
+                  seed=seed)
+    title = f"{sc.name}, {gpu if compute is None else 'custom'} compute" + (
+        f" ×{factor:.3g} ({step_time_s * 1e3:g} ms step)" if factor else "")
+    res = replay_grid(cap, world_size=world_size, network=network, gpus_per_node=gpus_per_node,
+                      bucket_cap_mb=bucket_cap_mb, comm_hook=comm_hook, rank_speed=rank_speed,
+                      executor=executor, progress=progress, title=title,
+                      iterations=iterations, jitter=jitter, seed=seed)
+    res.meta = {"workload": sc.name, "compute": repr(model), "calibration_factor": factor,
+                "step_time_s": step_time_s, "capture_ranks": capture_ranks}
+    return res
