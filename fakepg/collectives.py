@@ -53,6 +53,7 @@ class Call:
     p2p_order: int = -1  # arrival order of an unmatched p2p call (recv from any source)
     ext: Any = None  # a slot for the layer above (a timing model's per-call state)
     personality: str = "fakepg"  # the group's backend personality (fakepg.backends)
+    root_tensor: int = 0  # broadcast: which of the root's tensors goes to every tensor (gloo)
 
     def describe(self) -> str:
         return f"{self.record.describe()} at {self.site}"

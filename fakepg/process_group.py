@@ -325,7 +325,8 @@ class FakeProcessGroup(PythonProcessGroup):
     def issue(self, op: ops.Op, inputs: list[Any], outputs: list[Any] | None = None, *,
               root: int | None = None, reduce_op: Any = None, in_splits: list[int] | None = None,
               out_splits: list[int] | None = None, peer: int | None = None, tag: int = 0,
-              shape_of: Sequence[Any] | None = None, per_rank_outputs: bool = False) -> FakeWork:
+              shape_of: Sequence[Any] | None = None, per_rank_outputs: bool = False,
+              root_tensor: int = 0) -> FakeWork:
         """Issue this rank's part of ``op`` (the registry's c10d methods call this).
 
         ``root`` and ``peer`` are group ranks; ``shape_of`` names the tensors the trace
@@ -353,7 +354,7 @@ class FakeProcessGroup(PythonProcessGroup):
         call = Call(rank=self._global_rank, grank=self._grank, op=op.name, spec=op,
                     inputs=list(inputs), outputs=outputs, site=site, record=rec, root=root,
                     reduce_op=reduce_op, in_splits=in_splits, out_splits=out_splits,
-                    peer=peer, tag=tag, per_rank_outputs=per_rank_outputs)
+                    peer=peer, tag=tag, per_rank_outputs=per_rank_outputs, root_tensor=root_tensor)
         rec.bytes = op.nbytes(call, g.size)
         work = FakeWork(self._cluster, call)
         # Inside backward the caller is the Reducer (or a comm hook it runs); it will wait

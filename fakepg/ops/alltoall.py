@@ -90,6 +90,8 @@ def _alltoall(pg, output_tensors, input_tensors, opts=None):
 @c10d_method("all_to_all_single", "alltoall_base")
 def _all_to_all_single(pg, output, input, output_split_sizes, input_split_sizes, opts=None):
     n = pg.size()
+    if pg.personality.name != "fakepg" and not (input.is_contiguous() and output.is_contiguous()):
+        raise ValueError("Tensors must be contiguous")  # gloo's and NCCL's tensor checks
     ins = list(input_split_sizes) or [input.shape[0] // n] * n
     outs = list(output_split_sizes) or [output.shape[0] // n] * n
     if not input_split_sizes and input.shape[0] % n:

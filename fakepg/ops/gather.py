@@ -19,10 +19,15 @@ class Broadcast(Op):
 
     def execute(self, calls: list["Call"]) -> None:
         src = calls[calls[0].root]
+        if len(src.inputs) > 1:  # gloo: the root's tensors[rootTensor] goes to every tensor
+            s = src.inputs[src.root_tensor]
+            for c in calls:
+                for d in c.inputs:
+                    if d is not s:
+                        d.copy_(s)
         for c in calls:
-            if c is not src:
-                for d, s in zip(c.inputs, src.inputs):
-                    d.copy_(s)
+            if c is not src and len(src.inputs) == 1:
+                c.inputs[0].copy_(src.inputs[0])
             c.result = list(c.inputs)
 
 
@@ -31,10 +36,21 @@ class _GatherBytes(Op):
         return sum(tensor_bytes(t) for t in flatten(call.inputs)) * group_size
 
 
+def _gathers_all_inputs(call: "Call", group_size: int) -> bool:
+    """gloo's allgather of n > 1 inputs: each output list has world_size × n tensors and
+    receives every rank's inputs in rank order."""
+    n = len(call.inputs)
+    return (n > 1 and not call.per_rank_outputs
+            and all(len(outs) == group_size * n for outs in call.outputs)
+            and all(o.numel() == call.inputs[0].numel() for outs in call.outputs for o in outs))
+
+
 class AllGather(_GatherBytes):
     """``outputs[i][rank]`` receives ``rank``'s ``inputs[i]``."""
 
     def validate_shapes(self, call: "Call", group_size: int) -> str | None:
+        if _gathers_all_inputs(call, group_size):
+            return None
         for i, outs in enumerate(call.outputs):
             if len(outs) != group_size:
                 return f"output list {i} has {len(outs)} tensors; the group has {group_size} ranks"
@@ -46,6 +62,14 @@ class AllGather(_GatherBytes):
 
     def execute(self, calls: list["Call"]) -> None:
         n = len(calls)
+        if _gathers_all_inputs(calls[0], n):
+            sources = [t for c in calls for t in c.inputs]
+            for c in calls:
+                for outs in c.outputs:
+                    for o, s in zip(outs, sources):
+                        o.copy_(s)
+                c.result = gloo_future_value(c.outputs)
+            return
         for c in calls:
             for i, outs in enumerate(c.outputs):
                 for j, o in enumerate(outs):
@@ -141,9 +165,12 @@ SCATTER = register(Scatter("scatter", "scatter", "SCATTER", "scatter", ("scatter
 # -- the ProcessGroup methods ------------------------------------------------------------
 
 @c10d_method("broadcast")
-def _broadcast(pg, tensors, opts=None):
-    root = opts.rootRank if opts is not None and not isinstance(opts, int) else (opts or 0)
-    return pg.issue(BROADCAST, as_list(tensors), root=root)
+def _broadcast(pg, tensors, opts=None, root=None):
+    # the bindings: broadcast(tensors, opts) and broadcast(tensor, root)
+    if root is None:
+        root = opts.rootRank if opts is not None and not isinstance(opts, int) else (opts or 0)
+    root_tensor = getattr(opts, "rootTensor", 0) if not isinstance(opts, (int, type(None))) else 0
+    return pg.issue(BROADCAST, as_list(tensors), root=root, root_tensor=root_tensor)
 
 
 @c10d_method("allgather")

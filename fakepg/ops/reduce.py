@@ -25,6 +25,9 @@ class AllReduce(Op):
     def execute(self, calls: list["Call"]) -> None:
         first = calls[0]
         for i in range(len(first.inputs)):
+            if self.name == "all_reduce_coalesced" and any(
+                    first.inputs[i] is t for t in first.inputs[:i]):
+                continue  # gloo reduces a tensor listed twice once
             red = reduce_tensors([c.inputs[i] for c in calls], first.reduce_op, first.record.reduce_op)
             for c in calls:  # sparse too: gloo replaces the input's indices and values in place
                 c.inputs[i].copy_(red)
@@ -52,10 +55,16 @@ class ReduceScatter(Op):
         for ins in call.inputs:
             if len(ins) != group_size:
                 return f"input list has {len(ins)} tensors; the group has {group_size} ranks"
+        for out, ins in zip(call.outputs, call.inputs):
+            mine = ins[call.grank]
+            if out.numel() != mine.numel() or out.dtype != mine.dtype:
+                return (f"output {tuple(out.shape)} {out.dtype} does not fit this rank's input "
+                        f"slot {tuple(mine.shape)} {mine.dtype}")
         return None
 
     def agreed(self, call: "Call") -> list[tuple[str, Any]]:
-        return [("tensors", signature(call.outputs))]
+        # outputs may differ in size per rank (gloo allows it); the input lists must agree
+        return [("tensors", signature(flatten(call.inputs)))]
 
     def nbytes(self, call: "Call", group_size: int) -> int:
         return sum(tensor_bytes(t) for t in flatten(call.outputs)) * group_size
@@ -115,6 +124,10 @@ REDUCE_SCATTER_TENSOR_COALESCED = register(ReduceScatterTensor(
 
 @c10d_method("allreduce")
 def _allreduce(pg, tensors, opts=None):
+    if not isinstance(tensors, torch.Tensor) and not tensors:
+        raise NotImplementedError(
+            "There were no tensor arguments to this function (e.g., you passed an empty list of "
+            "Tensors), but no fallback function is registered for schema c10d::allreduce_.")
     return pg.issue(ALL_REDUCE, as_list(tensors), reduce_op=reduce_op_of(opts))
 
 
