@@ -76,7 +76,8 @@ def _grid_flags(p: argparse.ArgumentParser, *, world_default: str | None) -> Non
                    default=None if world_default is None else _list(int)(world_default),
                    help="world sizes, e.g. 64,1024")
     g.add_argument("--network", type=_list(str), default=["ib-ndr"],
-                   help="network presets (simddp.Network.preset), e.g. ib-ndr,100gbe")
+                   help="network presets (simddp.Network.preset), e.g. ib-ndr,100gbe, or a "
+                        "`simddp calibrate --json` file (this machine's measured costs)")
     g.add_argument("--gpus-per-node", type=int, default=None,
                    help="ranks per node (NVLink inside, the network between nodes)")
     g.add_argument("--bucket-cap-mb", type=_list(_cap), default=[None],
@@ -281,7 +282,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"measurements": rows, "alpha_beta": fits}, f, indent=1)
-        print(f"wrote {args.json}")
+        print(f"wrote {args.json}: use it as a measured network model, e.g. "
+              f"`simddp whatif mlp --network {args.json}` or Network.from_measurements(path)")
     return 0
 
 

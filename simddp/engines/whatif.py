@@ -132,9 +132,12 @@ def calibrate_compute(scenario: Any, compute: Any, seconds: float) -> tuple[Any,
 
 
 def network_for(spec: Any, gpus_per_node: int | None = None) -> NetworkModel:
-    """A network model from a preset name (``gpus_per_node`` applied) or a model as is."""
+    """A network model from a preset name or a ``simddp calibrate --json`` file
+    (``gpus_per_node`` applied), or a model as is."""
     if isinstance(spec, str):
         kw = {} if gpus_per_node is None else {"gpus_per_node": gpus_per_node}
+        if spec.endswith(".json"):  # a `simddp calibrate --json` file
+            return Network.from_measurements(spec, **kw)
         return Network.preset(spec, **kw)
     if gpus_per_node is not None and isinstance(spec, Network):
         return spec.with_(gpus_per_node=gpus_per_node)

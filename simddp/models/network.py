@@ -61,6 +61,7 @@ treated as full (an approximation).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable
 
@@ -292,6 +293,17 @@ class Network:
                              "can be fitted; include larger messages (MBs to GBs)")
         return cls(bandwidth_GBps=float(1.0 / inv_bw) / 1e9, latency_us=float(alpha) * 1e6,
                    algorithm=algorithm, name=name)
+
+    @staticmethod
+    def from_measurements(rows: Any, **kw: Any) -> Any:
+        """A :class:`~simddp.models.MeasuredNetwork`: collective times interpolated (piecewise in
+        log-size) from ``rows`` of ``{op, world_size, bytes, seconds}`` or the path of a
+        ``simddp calibrate --json`` file, with an α–β fit as the fallback."""
+        from .measured import MeasuredNetwork
+
+        if isinstance(rows, (str, os.PathLike)):
+            return MeasuredNetwork.load(rows, **kw)
+        return MeasuredNetwork(rows, **kw)
 
     # ---- presets ------------------------------------------------------------------------------
 
