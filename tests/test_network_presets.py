@@ -212,3 +212,14 @@ def test_validate_script_prints_the_table():
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
     assert "8×H100 (DGX H100), auto/NVLS" in out.stdout and "err %" in out.stdout
+
+
+def test_gpu_compute_presets_cover_the_dgx_generations():
+    from simddp.models.compute import DEVICES, Compute
+    for name in ("v100", "a100", "h100", "b200"):
+        assert name in DEVICES and Compute.roofline(name).device.name == name
+    peaks = [DEVICES[n].fp16_tflops for n in ("v100", "a100", "h100", "b200")]
+    hbm = [DEVICES[n].mem_bandwidth_GBps for n in ("v100", "a100", "h100", "b200")]
+    assert peaks == sorted(peaks) and hbm == sorted(hbm)
+    assert DEVICES["v100"].tf32_tflops is None  # Volta has no TF32
+    assert DEVICES["a100"].tf32_tflops == 156.0 and DEVICES["b200"].tf32_tflops == 1125.0
