@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import itertools
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -42,7 +42,7 @@ class Call:
     peer: int | None = None  # group rank of the p2p peer (None: any source)
     tag: int = 0
     work: Any = None
-    result: list[Any] | None = None
+    result: list[Any] | Callable[[], list[Any]] | None = None  # see value()
     source: int | None = None  # for recv from any source: the group rank that sent
     per_rank_outputs: bool = False  # allgather_coalesced: the caller's lists are output_lists[rank][i]
     in_backward: bool = False  # issued inside autograd's backward (by the Reducer or a comm hook)
@@ -57,6 +57,13 @@ class Call:
 
     def describe(self) -> str:
         return f"{self.record.describe()} at {self.site}"
+
+    def value(self) -> list[Any]:
+        """What the work's future holds; an op may leave ``result`` as a function that makes
+        it, so that a world of n ranks does not hold n views per rank nobody asks for."""
+        if callable(self.result):
+            self.result = self.result()
+        return self.result if self.result is not None else []
 
     def written(self) -> list[torch.Tensor]:
         """Tensors this call's collective writes on this rank (for race detection)."""

@@ -97,7 +97,7 @@ class FakeWork(dist.Work):
         if self._error is not None:
             fut.set_exception(_fresh(self._error))  # type: ignore[arg-type]
         else:
-            fut.set_result(self._call.result if self._call is not None else [])
+            fut.set_result(self._call.value() if self._call is not None else [])
 
     def _complete(self, error: BaseException | None) -> None:
         self._done = True
@@ -134,7 +134,7 @@ class FakeWork(dist.Work):
 
     def result(self) -> list[torch.Tensor]:
         self.wait()
-        res = self._call.result if self._call is not None else []
+        res = self._call.value() if self._call is not None else []
         if any(isinstance(x, list) for x in res):  # as gloo's AsyncWork::result()
             raise RuntimeError("work result does not support list of lists, use .getFuture() and value()")
         return list(res)
@@ -158,7 +158,7 @@ class FakeWork(dist.Work):
             # scheduler must see; so do works issued from Python outside backward (no C++
             # consumer), whose then-callbacks the world hooks must see (for virtual clocks).
             if self._typed_future is None:
-                res = self._call.result
+                res = self._call.value()
                 if res and all(isinstance(t, torch.Tensor) for t in res):
                     self._typed_future = torch._C.fork(_as_is, list(res))
                 else:

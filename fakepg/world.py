@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from . import backends, liveness
+from . import backends, ddp_checks, liveness
 from . import faults as _faults
 from . import trace as _trace
 from .arguments import integer, number
@@ -381,6 +381,11 @@ def _patches(nprocs: int) -> contextlib.ExitStack:
         # collective of an "nccl" group fails, and would hide the real error behind that one.
         from torch.cuda import nccl
         stack.enter_context(mock.patch.object(nccl, "version", lambda: (0, 0, 0)))
+    if nprocs >= ddp_checks.LARGE_WORLD:
+        import torch.nn.parallel.distributed as ddp_module
+
+        stack.enter_context(mock.patch.object(ddp_module, "_verify_param_shape_across_processes",
+                                              ddp_checks.verify_params_across_processes))
     for name, original in (("wait_all", torch.futures.wait_all),
                            ("collect_all", torch.futures.collect_all)):
         stack.enter_context(mock.patch.object(torch.futures, name, _settling(original)))
