@@ -39,12 +39,15 @@ class Cluster:
         self.nprocs = nprocs
         self.seed = seed
         self.hooks = hooks or WorldHooks()
+        self.plain = type(self.hooks) is WorldHooks  # no timing model watches this world
         self.scheduler: Scheduler = None  # type: ignore[assignment]  # set by spawn
         self.groups: dict[tuple[str, tuple[int, ...]], GroupState] = {}
         self.trace: list[list[CollectiveRecord]] = [[] for _ in range(nprocs)]
         self.outstanding: list[list[Any]] = [[] for _ in range(nprocs)]
         self._completing = [False] * nprocs
         self._settled = [0] * nprocs  # per rank: outstanding calls whose collective settled
+        self._deferred: list[list[Call]] = [[] for _ in range(nprocs)]  # see settle_before_backward_ends
+        self._deferred_task = [-1] * nprocs
         self.failed_rank: int | None = None
         self.backend = "fakepg"  # the personality the world shows (fakepg.backends)
         self.faults: tuple[Any, ...] = ()  # fakepg.faults, set by spawn
@@ -279,6 +282,33 @@ class Cluster:
         if coll.error is not None:
             raise _fresh(coll.error)
         self.hooks.wait_finished(call.rank, coll)
+
+    def settle_before_backward_ends(self, call: Call) -> None:
+        """``call`` was issued inside backward by the Reducer, which waits on it from C++ in
+        its end-of-backward callback, where the scheduler cannot see the wait. Rather than
+        settling it at issue (a hand-over per bucket), settle every such call of this rank in
+        an autograd callback queued before the Reducer's: the rank runs its whole backward,
+        then hands over once."""
+        pending = self._deferred[call.rank]
+        task = torch._C._current_graph_task_id()
+        if not pending or self._deferred_task[call.rank] != task:
+            # (a backward that raised before its callbacks ran leaves calls here: settled now)
+            self._deferred_task[call.rank] = task
+            torch.autograd.Variable._execution_engine.queue_callback(
+                lambda rank=call.rank: self._settle_deferred(rank))
+        pending.append(call)
+
+    def _settle_deferred(self, rank: int) -> None:
+        pending, self._deferred[rank] = self._deferred[rank], []
+        for call in pending:
+            coll = call.collective
+            if not coll.settled:
+                self.scheduler.block(rank, lambda: coll.settled,
+                                     lambda: self._waiting_text(call), collective_wait(self, call))
+        self.complete_ready(rank)
+        for call in pending:
+            if call.collective.error is not None:
+                raise _fresh(call.collective.error)
 
     def complete_ready(self, rank: int) -> None:
         """Complete, on this rank's thread and in issue order, every settled Work it owns."""

@@ -96,7 +96,10 @@ def test_deterministic_algorithms_and_warn_only_are_per_rank():
     assert not torch.are_deterministic_algorithms_enabled()
 
 
-def test_backend_switches_and_matmul_precision_are_per_rank():
+def test_backend_switches_and_matmul_precision_are_per_rank(monkeypatch):
+    # importing torch.testing._internal.common_utils (torch's suite, in another test of this
+    # worker) freezes the cudnn flags process-wide: unfreeze them for this test
+    monkeypatch.setitem(torch.backends.flags_frozen.__globals__, "__allow_nonbracketed_mutation_flag", True)
     einsum = torch.backends.opt_einsum.enabled  # True only where the opt_einsum package is
 
     def switches():
