@@ -14,6 +14,21 @@ __all__ = ["plot", "notable_ranks", "MAX_LANES"]
 MAX_LANES = 16  # ranks drawn by default; a bigger world shows its notable ranks
 
 
+
+class _Picks(dict):
+    """Notable ranks and why, at most ``limit``; a rank picked twice keeps both reasons."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def add(self, rank: int, why: str) -> None:
+        if rank in self:
+            if why and why not in self[rank]:
+                self[rank] = f"{self[rank]}, {why}" if self[rank] else why
+        elif len(self) < self.limit:
+            self[rank] = why
+
 def notable_ranks(tl: Timeline, limit: int = MAX_LANES) -> dict[int, str]:
     """Up to ``limit`` ranks worth drawing, each with why: the slowest rank of each iteration,
     the ranks with the most compute (stragglers), the most and the least waiting, rank 0,
@@ -34,14 +49,8 @@ def notable_ranks(tl: Timeline, limit: int = MAX_LANES) -> dict[int, str]:
         compute[s.rank] += s.compute
         wait[s.rank] += s.wait
         durations.setdefault(s.iteration, []).append((s.duration, s.rank))
-    picks: dict[int, str] = {}
-
-    def add(rank: int, why: str) -> None:
-        if rank in picks:
-            if why and why not in picks[rank]:
-                picks[rank] = f"{picks[rank]}, {why}" if picks[rank] else why
-        elif len(picks) < limit:
-            picks[rank] = why
+    picks = _Picks(limit)
+    add = picks.add
 
     for it in durations.values():  # an iteration's slowest rank, where one stands out
         it.sort(key=lambda d: (-d[0], d[1]))
@@ -78,14 +87,8 @@ def _notable_classes(tl: Timeline, limit: int) -> dict[int, str]:
         compute[c] += s.compute
         wait[c] += s.wait
         durations.setdefault(s.iteration, []).append((s.duration, s.rank))
-    picks: dict[int, str] = {}
-
-    def add(rank: int, why: str) -> None:
-        if rank in picks:
-            if why and why not in picks[rank]:
-                picks[rank] = f"{picks[rank]}, {why}" if picks[rank] else why
-        elif len(picks) < limit:
-            picks[rank] = why
+    picks = _Picks(limit)
+    add = picks.add
 
     def at_position(order: list[tuple[float, int]], k: int) -> float:
         """The value at position k of the per-rank list these (value, first rank) rows,
