@@ -29,6 +29,7 @@ class _Picks(dict):
         elif len(self) < self.limit:
             self[rank] = why
 
+
 def notable_ranks(tl: Timeline, limit: int = MAX_LANES) -> dict[int, str]:
     """Up to ``limit`` ranks worth drawing, each with why: the slowest rank of each iteration,
     the ranks with the most compute (stragglers), the most and the least waiting, rank 0,
