@@ -9,7 +9,8 @@ import torch
 from torch._ops import _len_torch_dispatch_stack_pre_dispatch as _len_pre_dispatch_stack
 from torch.utils._python_dispatch import _disable_current_modes
 
-from .collectives import Call, GroupState, PendingCollective, check_match, mismatch_message
+from .collectives import (Call, GroupState, PendingCollective, check_match, mismatch_message,
+                          rank_list)
 from .ops.p2p import SEND
 from .errors import (CollectiveHangError, CollectiveMismatchError, FakePGError,
                      InvalidCollectiveError, PeerCrashedError, RankFailedError, WorldAbortedError)
@@ -349,41 +350,70 @@ class Cluster:
                     f"issued at {call.site}; the peer never posted the matching "
                     f"{'recv' if call.op == 'send' else 'send'}")
         return (f"{call.record.describe()} #{coll.seq} on group {coll.group.label}, issued at "
-                f"{call.site}; waits for ranks {coll.missing_ranks()}")
+                f"{call.site}; waits for ranks {rank_list(coll.missing_ranks())}")
 
     # -- reports ------------------------------------------------------------------
     def hang_report(self) -> str:
         sched = self.scheduler
         lines = [f"fakepg: hang detected: no rank can make progress "
                  f"({self.nprocs} ranks, seed {self.seed}). Per rank:"]
+        states = []
         for slot in sched.slots:
             extra = self.hooks.describe_rank(slot.rank)
             extra = f" [{extra}]" if extra else ""
             if slot.state == BLOCKED:
-                lines.append(f"  rank {slot.rank}: blocked waiting on {slot.waiting_for()}{extra}")
+                text = f"blocked waiting on {slot.waiting_for()}{extra}"
             elif slot.state == DONE:
-                lines.append(f"  rank {slot.rank}: finished ({slot.outcome}){extra}")
+                text = f"finished ({slot.outcome}){extra}"
             elif slot.state == NEW:
-                lines.append(f"  rank {slot.rank}: never started{extra}")
+                text = f"never started{extra}"
             else:
-                lines.append(f"  rank {slot.rank}: running{extra}")
+                text = f"running{extra}"
             unmatched = [c for c in self.outstanding[slot.rank] if not c.collective.settled]
             for c in unmatched:
                 if slot.state != BLOCKED or c is not unmatched[-1]:
-                    lines.append(f"      also pending: {self._waiting_text(c)}")
+                    text += f"\n      also pending: {self._waiting_text(c)}"
+            states.append(text)
+        for ranks, text in _runs(range(self.nprocs), states, self.nprocs > _SPELL_OUT):
+            lines.append(f"  {ranks}: {text}")
         lines.append("Last completed collective per group (sequence numbers start at 0):")
         for g in self.groups.values():
-            done = ", ".join(f"rank {r}: #{s}" for r, s in zip(g.ranks, g.last_done))
+            done = ", ".join(f"{ranks}: #{s}" for ranks, s in
+                             _runs(g.ranks, g.last_done, len(g.ranks) > _SPELL_OUT))
             lines.append(f"  group {g.label}: {done}")
             for coll in sorted(g.pending.values(), key=lambda c: c.seq):
-                issued = ", ".join(f"rank {c.rank} at {c.site}" for c in coll.members())
+                members = coll.members()
+                issued = ", ".join(f"{ranks} at {site}" for ranks, site in
+                                   _runs([c.rank for c in members], [c.site for c in members],
+                                         len(members) > _SPELL_OUT))
                 lines.append(f"    pending #{coll.seq} {coll.op}: issued by {issued}; "
-                             f"still waits for ranks {coll.missing_ranks()}")
+                             f"still waits for ranks {rank_list(coll.missing_ranks())}")
         lines.extend(self.hazards.hang_notes())
         lines.append("Typical causes: ranks with different numbers of batches (use "
                      "torch.distributed.algorithms.Join), a rank that skipped backward or "
                      "returned early, or collectives issued in different orders.")
         return "\n".join(lines)
+
+
+_SPELL_OUT = 16  # worlds up to this size list every rank on its own line
+
+
+def _runs(ranks: Any, values: list[Any], collapse: bool) -> list[tuple[str, Any]]:
+    """("rank r", value) per rank; with ``collapse``, consecutive ranks with equal values
+    share one entry ("ranks 0-6", value): a 4,096-rank report stays a few lines."""
+    ranks = list(ranks)
+    if not collapse:
+        return [(f"rank {r}", v) for r, v in zip(ranks, values)]
+    out: list[tuple[str, Any]] = []
+    i = 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and values[j + 1] == values[i]:
+            j += 1
+        who = f"rank {ranks[i]}" if i == j else f"ranks {rank_list(ranks[i:j + 1], spell_out=0)[1:-1]}"
+        out.append((who, values[i]))
+        i = j + 1
+    return out
 
 
 def _fresh(error: FakePGError) -> FakePGError:

@@ -114,7 +114,25 @@ class GroupState:
 
     @property
     def label(self) -> str:
-        return f"'{self.name}' (ranks {list(self.ranks)})"
+        return f"'{self.name}' (ranks {rank_list(self.ranks)})"
+
+
+def rank_list(ranks: Sequence[int], *, spell_out: int = 8) -> str:
+    """``[0, 1, 2]``; past ``spell_out`` ranks, runs as ranges (``[0-6, 8-1023]``), so that a
+    report on a big world stays a report."""
+    ranks = list(ranks)
+    if len(ranks) <= spell_out:
+        return str(ranks)
+    runs: list[str] = []
+    start = prev = ranks[0]
+    for r in ranks[1:] + [None]:  # type: ignore[list-item]
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        runs.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return f"[{', '.join(runs)}]"
 
 
 def check_match(coll: PendingCollective) -> str | None:
