@@ -9,8 +9,8 @@ import torch
 from torch._ops import _len_torch_dispatch_stack_pre_dispatch as _len_pre_dispatch_stack
 from torch.utils._python_dispatch import _disable_current_modes
 
-from .collectives import (Call, GroupState, PendingCollective, check_match, mismatch_message,
-                          rank_list)
+from .collectives import (SPELL_OUT, Call, GroupState, PendingCollective, check_match,
+                          mismatch_message, rank_list, rank_runs)
 from .ops.p2p import SEND
 from .errors import (CollectiveHangError, CollectiveMismatchError, FakePGError,
                      InvalidCollectiveError, PeerCrashedError, RankFailedError, WorldAbortedError)
@@ -374,18 +374,18 @@ class Cluster:
                 if slot.state != BLOCKED or c is not unmatched[-1]:
                     text += f"\n      also pending: {self._waiting_text(c)}"
             states.append(text)
-        for ranks, text in _runs(range(self.nprocs), states, self.nprocs > _SPELL_OUT):
+        for ranks, text in rank_runs(range(self.nprocs), states, self.nprocs > SPELL_OUT):
             lines.append(f"  {ranks}: {text}")
         lines.append("Last completed collective per group (sequence numbers start at 0):")
         for g in self.groups.values():
             done = ", ".join(f"{ranks}: #{s}" for ranks, s in
-                             _runs(g.ranks, g.last_done, len(g.ranks) > _SPELL_OUT))
+                             rank_runs(g.ranks, g.last_done, len(g.ranks) > SPELL_OUT))
             lines.append(f"  group {g.label}: {done}")
             for coll in sorted(g.pending.values(), key=lambda c: c.seq):
                 members = coll.members()
                 issued = ", ".join(f"{ranks} at {site}" for ranks, site in
-                                   _runs([c.rank for c in members], [c.site for c in members],
-                                         len(members) > _SPELL_OUT))
+                                   rank_runs([c.rank for c in members], [c.site for c in members],
+                                         len(members) > SPELL_OUT))
                 lines.append(f"    pending #{coll.seq} {coll.op}: issued by {issued}; "
                              f"still waits for ranks {rank_list(coll.missing_ranks())}")
         lines.extend(self.hazards.hang_notes())
@@ -393,27 +393,6 @@ class Cluster:
                      "torch.distributed.algorithms.Join), a rank that skipped backward or "
                      "returned early, or collectives issued in different orders.")
         return "\n".join(lines)
-
-
-_SPELL_OUT = 16  # worlds up to this size list every rank on its own line
-
-
-def _runs(ranks: Any, values: list[Any], collapse: bool) -> list[tuple[str, Any]]:
-    """("rank r", value) per rank; with ``collapse``, consecutive ranks with equal values
-    share one entry ("ranks 0-6", value): a 4,096-rank report stays a few lines."""
-    ranks = list(ranks)
-    if not collapse:
-        return [(f"rank {r}", v) for r, v in zip(ranks, values)]
-    out: list[tuple[str, Any]] = []
-    i = 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and values[j + 1] == values[i]:
-            j += 1
-        who = f"rank {ranks[i]}" if i == j else f"ranks {rank_list(ranks[i:j + 1], spell_out=0)[1:-1]}"
-        out.append((who, values[i]))
-        i = j + 1
-    return out
 
 
 def _fresh(error: FakePGError) -> FakePGError:

@@ -135,6 +135,27 @@ def rank_list(ranks: Sequence[int], *, spell_out: int = 8) -> str:
     return f"[{', '.join(runs)}]"
 
 
+SPELL_OUT = 16  # worlds up to this size list every rank on its own line
+
+
+def rank_runs(ranks: Any, values: list[Any], collapse: bool) -> list[tuple[str, Any]]:
+    """("rank r", value) per rank; with ``collapse``, consecutive ranks with equal values
+    share one entry ("ranks 0-6", value): a 4,096-rank report stays a few lines."""
+    ranks = list(ranks)
+    if not collapse:
+        return [(f"rank {r}", v) for r, v in zip(ranks, values)]
+    out: list[tuple[str, Any]] = []
+    i = 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and values[j + 1] == values[i]:
+            j += 1
+        who = f"rank {ranks[i]}" if i == j else f"ranks {rank_list(ranks[i:j + 1], spell_out=0)[1:-1]}"
+        out.append((who, values[i]))
+        i = j + 1
+    return out
+
+
 def check_match(coll: PendingCollective) -> str | None:
     """None when the members agree, else the differing properties (or how they misfit)."""
     calls = coll.members()
@@ -155,8 +176,8 @@ def mismatch_message(coll: PendingCollective, differing: str) -> str:
     if len(set(texts)) == 1:  # what differs is not in the short form: say the devices
         texts = [f"{t} on {', '.join(str(x.device) for x in tensors_of(c.inputs, c.outputs))}"
                  for t, c in zip(texts, members)]
-    for c, text in zip(members, texts):
-        lines.append(f"  rank {c.rank}: {text}")
+    for who, text in rank_runs([c.rank for c in members], texts, len(members) > SPELL_OUT):
+        lines.append(f"  {who}: {text}")
     lines.append("Every rank of a group must issue the same sequence of collectives with "
                  "matching op, shapes, dtypes, reduce op and root.")
     return "\n".join(lines)
