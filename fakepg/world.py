@@ -304,8 +304,9 @@ def _watch(sched: Scheduler, cluster: Cluster, hang_timeout: float, deadline: fl
         # Suspicious: outstanding Works and no scheduler event for a while. A thread that
         # burns CPU (Python code, an import, a long kernel) is working; one blocked in a wait
         # inside C++ burns none.
-        cpu = _cpu_seconds(sched.slots[holder].thread)
-        if seen is None or seen[0] != holder or cpu - seen[1] > 0.002:
+        thread = sched.slots[holder].thread
+        cpu = _cpu_seconds(thread)
+        if seen is None or seen[0] != holder or cpu - seen[1] > 0.002 or not _asleep(thread):
             if seen is not None:
                 sched.last_progress_time = time.monotonic()
             seen = (holder, cpu)
@@ -335,6 +336,18 @@ def _cpu_seconds(thread: threading.Thread | None) -> float:
         return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))  # type: ignore[union-attr]
     except (AttributeError, OSError, TypeError):
         return time.monotonic()
+
+
+def _asleep(thread: threading.Thread | None) -> bool:
+    """Whether the kernel has ``thread`` asleep in a wait (Linux state S). A thread that is
+    runnable but starved of a core (R), or in disk I/O such as a cold import (D), burns no
+    CPU either, yet is working. Where the state cannot be read: True (CPU time decides)."""
+    try:
+        with open(f"/proc/self/task/{thread.native_id}/stat", "rb") as f:  # type: ignore[union-attr]
+            stat = f.read()
+        return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3] == b"S"
+    except (AttributeError, OSError, ValueError, TypeError):
+        return True
 
 
 def _raise_outcome(sched: Scheduler, cluster: Cluster, failures: dict[int, BaseException]) -> None:

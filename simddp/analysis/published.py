@@ -21,7 +21,8 @@ from typing import Any
 
 from ..models.network import Network
 
-__all__ = ["PublishedBusBw", "ValidationRow", "PUBLISHED", "validate", "format_table"]
+__all__ = ["PublishedBusBw", "ValidationRow", "PUBLISHED", "validate", "format_table",
+           "DDP_BENCHMARK"]
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -154,3 +155,18 @@ def format_table(rows: list[ValidationRow], *, goal_pct: float = 5.0) -> str:
     lines.append(f"{len(ok)} of {len(counted)} goal rows within ±{goal_pct:g} %"
                  + (f"; worst {worst.config}: {worst.error_pct:+.1f} %" if worst else ""))
     return "\n".join(lines)
+
+
+# PyTorch's DDP benchmark (pytorch/pytorch, benchmarks/distributed/ddp/README.md): seconds per
+# iteration (p50) at batch size 32 on DGX-1 machines (8×V100, NVLink hybrid cube-mesh, 4×100 Gb
+# InfiniBand per machine), NCCL, default 25 MB buckets; 16 GPUs = 2 machines. "no ddp" is the
+# one-GPU step without DDP — the only figure a prediction may be calibrated on. The same
+# README's diff table gives 1 MB buckets against 25 MB (p75): slower by the percentages below.
+DDP_BENCHMARK: dict[str, dict[str, Any]] = {
+    "resnet50": {"no_ddp_s": 0.097,
+                 "iteration_s": {1: 0.100, 2: 0.103, 4: 0.103, 8: 0.104, 16: 0.104},
+                 "cap1_vs_cap25_pct": {1: -0.3, 2: -1.0, 4: -1.6, 8: -2.6, 16: -3.8}},
+    "resnet101": {"no_ddp_s": 0.162,
+                  "iteration_s": {1: 0.171, 2: 0.176, 4: 0.176, 8: 0.179, 16: 0.179},
+                  "cap1_vs_cap25_pct": {1: -1.2, 2: -2.1, 4: -2.6, 8: -3.5, 16: -0.1}},
+}
