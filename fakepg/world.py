@@ -90,7 +90,7 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
           timeout: float | None = None, backend: str = "fakepg",
           schedule: "Schedule | str | None" = None,
           nccl_hazards: str | Mapping[str, str] | None = None,
-          faults: Sequence[Any] | None = None) -> SpawnResult:
+          faults: Sequence[Any] | None = None, isolation: str = "thread") -> SpawnResult:
     """Run ``fn(rank, *args)`` on ``nprocs`` ranks of a deterministic in-process cluster.
 
     Inside ``fn``, torch.distributed is already initialised with the ``"fakepg"`` backend
@@ -113,6 +113,9 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
     ``schedule`` (a token from :func:`fakepg.explore`, or a :class:`fakepg.schedule.Schedule`)
     replays one alternative interleaving; None is the default schedule. ``faults`` (from
     :mod:`fakepg.faults`) crash a rank or make it raise at a chosen collective.
+    ``isolation="process"`` runs each rank in its own OS process forked from this one
+    (:mod:`fakepg.process_mode`): the same world, results and reports, with everything a
+    process owns (module globals, pid, cwd, signal handlers) really per rank.
 
     Example::
 
@@ -139,18 +142,21 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
     schedule = as_schedule(schedule)
     hazard_modes = parse_modes(nccl_hazards)
     faults = _faults.check(faults, nprocs)
+    if isolation not in ("thread", "process"):
+        raise ValueError(f"fakepg.spawn: isolation must be 'thread' or 'process', got {isolation!r}")
     if not _SPAWN_LOCK.acquire(blocking=False):
         raise FakePGError("another fakepg world is running in this process; worlds run one "
                           "after another (use pytest-xdist for parallelism)")
     try:
         return _run_world(fn, tuple(args), nprocs, seed, hooks, hang_timeout, master_port, env,
-                          timeout, backend, schedule, hazard_modes, faults)
+                          timeout, backend, schedule, hazard_modes, faults, isolation)
     finally:
         _SPAWN_LOCK.release()
 
 
 def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_env,
-               timeout, backend, schedule, hazard_modes=None, faults=()) -> SpawnResult:
+               timeout, backend, schedule, hazard_modes=None, faults=(),
+               isolation="thread") -> SpawnResult:
     __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
     register_backend()
     t0 = time.perf_counter()
@@ -164,6 +170,22 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_e
                  for r in range(nprocs)]
     host = ProcessState()
     host.save()
+    children = None
+    if isolation == "process":  # fork the ranks' processes before any rank thread exists
+        from .process_mode import Children
+        children = Children(fn, args, processes)
+        fn, args = children.serve, ()
+    try:
+        return _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backend,
+                          cluster, processes, host, schedule, t0)
+    finally:
+        if children is not None:
+            children.close()
+
+
+def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backend, cluster,
+               processes, host, schedule, t0) -> SpawnResult:
+    __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
     sched = Scheduler(processes, cluster.hang_report)
     sched.schedule = schedule
     cluster.scheduler = sched
@@ -331,6 +353,9 @@ def _watch(sched: Scheduler, cluster: Cluster, hang_timeout: float, deadline: fl
 def _cpu_seconds(thread: threading.Thread | None) -> float:
     """CPU time ``thread`` has used; without per-thread clocks, a value that keeps moving
     (so the fallback never mistakes work for a wait where it cannot tell)."""
+    clock = getattr(thread, "fakepg_cpu_clock", None)  # a proxy thread: its child's CPU time
+    if clock is not None:
+        return clock()
     try:
         return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))  # type: ignore[union-attr]
     except (AttributeError, OSError, TypeError):
@@ -354,6 +379,9 @@ def _raise_outcome(sched: Scheduler, cluster: Cluster, failures: dict[int, BaseE
 
 
 def _exception_site(e: BaseException) -> str:
+    remote = getattr(e, "_fakepg_site", None)  # raised in a rank's process (isolation="process")
+    if remote is not None:
+        return remote
     frames = traceback.extract_tb(e.__traceback__)
     for fr in reversed(frames):
         if "/torch/" not in fr.filename and "/fakepg/" not in fr.filename:

@@ -1,0 +1,244 @@
+"""isolation="process": every rank is a real OS process, and the fake world behaves exactly
+as in thread mode (same results bit for bit, same traces, same hang and mismatch reports)."""
+
+import os
+import signal
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import fakepg
+from fakepg.process_mode import RankProcessDiedError
+
+
+def _children_of_this_process() -> set[int]:
+    """Live (not zombie) child processes of this process, from /proc."""
+    me = os.getpid()
+    kids = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me:
+            kids.add(int(entry))
+    return kids
+
+
+@pytest.fixture
+def no_leftover_children():
+    before = _children_of_this_process()
+    yield
+    assert _children_of_this_process() - before == set()
+
+
+def _ddp_train(rank):
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)),
+                bucket_cap_mb=0.001)  # several buckets, rebuilt after the first iteration
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for it in range(4):
+        g = torch.Generator().manual_seed(100 * it + rank)
+        x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return {k: v.detach().clone() for k, v in model.module.state_dict().items()}
+
+
+def test_ddp_training_in_processes_gives_bitwise_the_parameters_and_trace_of_thread_mode(no_leftover_children):
+    threads = fakepg.spawn(_ddp_train, nprocs=3)
+    procs = fakepg.spawn(_ddp_train, nprocs=3, isolation="process")
+    for a, b in zip(threads.returns, procs.returns):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert torch.equal(a[k], b[k]), k
+    assert procs.to_json() == threads.to_json()  # same collectives, seqs, shapes, source lines
+
+
+def test_each_rank_has_its_own_pid_and_module_globals():
+    def body(rank):
+        if rank == 0:
+            fakepg._process_mode_test_global = "set by rank 0"  # a module global, per process
+        dist.barrier()
+        return os.getpid(), getattr(fakepg, "_process_mode_test_global", None)
+
+    returns = fakepg.spawn(body, nprocs=2, isolation="process").returns
+    pids = [pid for pid, _ in returns]
+    assert len(set(pids)) == 2 and os.getpid() not in pids
+    assert [seen for _, seen in returns] == ["set by rank 0", None]
+    assert not hasattr(fakepg, "_process_mode_test_global")  # nor does the caller see it
+
+
+def test_async_allreduce_futures_and_then_callbacks_run_in_the_rank_process():
+    def body(rank):
+        t = torch.full((4,), float(rank + 1))
+        work = dist.all_reduce(t, async_op=True)
+        fut = work.get_future().then(lambda f: (os.getpid(), f.value()[0] * 2))
+        pid, doubled = fut.wait()
+        return pid == os.getpid(), doubled.tolist(), t.tolist(), work.is_completed()
+
+    for ok, doubled, t, done in fakepg.spawn(body, nprocs=3, isolation="process").returns:
+        assert ok and done
+        assert doubled == [12.0] * 4 and t == [6.0] * 4
+
+
+def test_collectives_on_subgroups_p2p_and_object_collectives_match_thread_mode():
+    def body(rank):
+        sub = dist.new_group([0, 2])
+        t = torch.tensor([float(rank)])
+        if rank in (0, 2):
+            dist.all_reduce(t, group=sub)
+        if rank == 0:
+            dist.send(torch.tensor([7.0, 8.0]), dst=1)
+        elif rank == 1:
+            got = torch.zeros(2)
+            dist.recv(got, src=0)
+            t = t + got.sum()
+        objs = [None] * 3
+        dist.all_gather_object(objs, {"rank": rank})
+        lst = [rank * 10] if rank == 2 else [None]
+        dist.broadcast_object_list(lst, src=2)
+        out = torch.zeros(3)
+        dist.all_gather_into_tensor(out, t)
+        return out.tolist(), objs, lst
+
+    threads = fakepg.spawn(body, nprocs=3)
+    procs = fakepg.spawn(body, nprocs=3, isolation="process")
+    assert procs.returns == threads.returns
+    assert procs.returns[0][0] == [2.0, 16.0, 2.0]
+    assert procs.to_json() == threads.to_json()
+
+
+def test_a_rank_that_skips_a_collective_is_the_same_hang_report_as_in_thread_mode(no_leftover_children):
+    def body(rank):
+        t = torch.ones(5)
+        dist.all_reduce(t)
+        if rank == 0:
+            dist.all_reduce(t)  # rank 1 never joins
+
+    with pytest.raises(fakepg.CollectiveHangError) as in_threads:
+        fakepg.spawn(body, nprocs=2)
+    with pytest.raises(fakepg.CollectiveHangError) as in_procs:
+        fakepg.spawn(body, nprocs=2, isolation="process")
+    assert in_procs.value.report == in_threads.value.report
+    assert "rank 0: blocked waiting on all_reduce" in in_procs.value.report
+    assert "test_process_mode.py" in in_procs.value.report  # the rank's own source line
+
+
+def test_a_mismatch_is_raised_in_every_rank_process():
+    def body(rank):
+        try:
+            dist.all_reduce(torch.ones(3 + rank))
+        except fakepg.CollectiveMismatchError as e:
+            return str(e)
+        return None
+
+    seen = fakepg.spawn(body, nprocs=2, isolation="process").returns
+    assert all(s is not None and "rank 0" in s and "rank 1" in s for s in seen)
+    with pytest.raises(fakepg.CollectiveMismatchError):
+        fakepg.spawn(lambda rank: dist.all_reduce(torch.ones(3 + rank)), nprocs=2,
+                     isolation="process")
+
+
+@pytest.mark.parametrize("how, expected", [
+    (lambda: os._exit(3), "exited with status 3"),
+    (lambda: os.kill(os.getpid(), signal.SIGKILL), "killed by signal 9 (SIGKILL)"),
+    (lambda: os.kill(os.getpid(), signal.SIGSEGV), "killed by signal 11 (SIGSEGV)"),
+])
+def test_a_rank_process_that_dies_fails_the_rank_naming_its_exit_and_leaves_no_process(
+        how, expected, no_leftover_children):
+    def body(rank):
+        dist.barrier()
+        if rank == 1:
+            how()
+        dist.barrier()  # rank 0 waits for the dead rank
+
+    with pytest.raises(fakepg.RankFailedError) as info:
+        fakepg.spawn(body, nprocs=2, isolation="process")
+    assert info.value.rank == 1
+    assert expected in str(info.value)
+    assert isinstance(info.value.__cause__, RankProcessDiedError)
+
+
+def test_an_exception_in_a_rank_process_is_a_rank_failure_with_its_traceback(no_leftover_children):
+    def body(rank):
+        dist.barrier()
+        if rank == 1:
+            raise KeyError("missing-thing")
+        dist.barrier()
+
+    with pytest.raises(fakepg.RankFailedError) as info:
+        fakepg.spawn(body, nprocs=2, isolation="process")
+    assert info.value.rank == 1
+    assert "KeyError" in str(info.value) and "missing-thing" in str(info.value)
+    assert "test_process_mode.py" in str(info.value)  # raised at the rank's own line
+    cause = info.value.__cause__
+    assert isinstance(cause, KeyError)
+    assert "raise KeyError" in str(cause.__cause__)  # the child's traceback text
+
+
+def test_the_world_store_is_shared_and_a_key_nobody_sets_is_the_thread_mode_hang_verdict():
+    def body(rank):
+        tcp = dist.TCPStore("127.0.0.1", 29500, 2, rank == 0)  # the world's store
+        if rank == 0:
+            tcp.set("from0", "hello")
+        got = tcp.get("from0").decode()
+        assert tcp.add("counter", 1) >= 1
+        if rank == 1:
+            tcp.wait(["never-set"])
+        return got
+
+    with pytest.raises(fakepg.CollectiveHangError) as in_threads:
+        fakepg.spawn(body, nprocs=2)
+    with pytest.raises(fakepg.CollectiveHangError) as in_procs:
+        fakepg.spawn(body, nprocs=2, isolation="process")
+    assert in_procs.value.report == in_threads.value.report
+    assert "rank 1: blocked waiting on store wait" in in_procs.value.report
+    assert "never-set" in in_procs.value.report
+
+    def ok(rank):
+        store = dist.distributed_c10d._get_default_store()
+        store.set(f"k{rank}", str(rank))
+        return [store.get(f"k{r}").decode() for r in range(2)]
+
+    assert fakepg.spawn(ok, nprocs=2, isolation="process").returns == [["0", "1"]] * 2
+
+
+def test_environment_and_cwd_changes_stay_in_their_rank_process(tmp_path):
+    cwd = os.getcwd()
+
+    def body(rank):
+        if rank == 0:
+            os.environ["FAKEPG_PROC_VAR"] = "zero"
+            os.chdir(tmp_path)
+        dist.barrier()
+        return os.environ.get("FAKEPG_PROC_VAR"), os.getcwd(), os.environ["RANK"]
+
+    returns = fakepg.spawn(body, nprocs=2, isolation="process").returns
+    assert returns == [("zero", str(tmp_path), "0"), (None, cwd, "1")]
+    assert os.getcwd() == cwd and "FAKEPG_PROC_VAR" not in os.environ
+
+
+def test_sleep_in_a_rank_process_lets_the_other_ranks_run():
+    def body(rank):
+        store = dist.distributed_c10d._get_default_store()
+        if rank == 1:
+            store.set("ready", "1")
+            return "setter"
+        import time
+        while not store.check(["ready"]):
+            time.sleep(0.01)
+        return "poller"
+
+    assert fakepg.spawn(body, nprocs=2, isolation="process").returns == ["poller", "setter"]
+
+
+def test_isolation_must_be_thread_or_process():
+    with pytest.raises(ValueError, match="isolation"):
+        fakepg.spawn(lambda rank: None, nprocs=1, isolation="container")
