@@ -1,8 +1,13 @@
 """isolation="process": every rank is a real OS process, and the fake world behaves exactly
 as in thread mode (same results bit for bit, same traces, same hang and mismatch reports)."""
 
+import _thread
 import os
 import signal
+import subprocess
+import sys
+import threading
+import time
 
 import pytest
 import torch
@@ -11,6 +16,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import fakepg
 from fakepg.process_mode import RankProcessDiedError
+
+pytest_plugins = ["pytester"]
 
 
 def _children_of_this_process() -> set[int]:
@@ -242,3 +249,154 @@ def test_sleep_in_a_rank_process_lets_the_other_ranks_run():
 def test_isolation_must_be_thread_or_process():
     with pytest.raises(ValueError, match="isolation"):
         fakepg.spawn(lambda rank: None, nprocs=1, isolation="container")
+
+
+@pytest.mark.parametrize("how", ["sleeping", "spinning"])
+def test_ctrl_c_during_a_process_world_ends_every_rank_process(how, no_leftover_children):
+    def body(rank):
+        if rank == 1:
+            while True:
+                if how == "sleeping":
+                    time.sleep(3600)
+        dist.barrier()
+
+    timer = threading.Timer(0.3, _thread.interrupt_main)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            fakepg.spawn(body, nprocs=2, isolation="process")
+    finally:
+        timer.cancel()
+        timer.join()
+    assert fakepg.spawn(lambda rank: rank, nprocs=2, isolation="process").returns == [0, 1]
+
+
+def test_a_world_timeout_stops_a_spinning_rank_process(no_leftover_children):
+    def body(rank):
+        if rank == 1:
+            while True:
+                pass
+        dist.barrier()
+
+    with pytest.raises(fakepg.SpawnTimeoutError) as info:
+        fakepg.spawn(body, nprocs=2, isolation="process", timeout=0.5)
+    assert "rank 0: blocked waiting on barrier" in info.value.report
+
+
+def test_compute_longer_than_the_hang_timeout_with_an_async_collective_in_flight_is_not_a_hang():
+    def body(rank):
+        work = dist.all_reduce(torch.ones(2), async_op=True)
+        if rank == 0:
+            end = time.monotonic() + 0.6  # busy: CPU time of the rank's process moves
+            while time.monotonic() < end:
+                pass
+        work.wait()
+        return "ok"
+
+    assert fakepg.spawn(body, nprocs=2, isolation="process", hang_timeout=0.3).returns == ["ok", "ok"]
+
+
+def test_no_shared_memory_segment_outlives_a_process_world():
+    before = set(os.listdir("/dev/shm"))
+
+    def body(rank):
+        ts = [torch.randn(1000) for _ in range(20)]  # fresh storages, each moved into shm
+        for t in ts:
+            dist.all_reduce(t)
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        dist.barrier()
+
+    with pytest.raises(fakepg.RankFailedError):
+        fakepg.spawn(body, nprocs=2, isolation="process")
+    assert set(os.listdir("/dev/shm")) - before == set()
+
+
+def test_rank_processes_die_with_their_parent(tmp_path):
+    pidfile = tmp_path / "pids"
+    script = tmp_path / "parent.py"
+    script.write_text(f"""
+import os, signal, time, fakepg, torch.distributed as dist
+def body(rank):
+    with open({str(pidfile)!r}, "a") as f:
+        f.write(f"{{os.getpid()}}\\n")
+    dist.barrier()
+    if rank == 1:
+        os.kill(os.getppid(), signal.SIGKILL)  # the parent dies while the world runs
+        time.sleep(0.5)
+    dist.barrier()
+fakepg.spawn(body, nprocs=2, isolation="process")
+""")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(fakepg.__file__)))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": root})
+    assert proc.returncode == -signal.SIGKILL
+    pids = [int(p) for p in pidfile.read_text().split()]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in pids):
+        time.sleep(0.05)
+    assert not any(os.path.exists(f"/proc/{p}") for p in pids)
+
+
+_FAKERUN_SCRIPT = """
+import os, sys, torch, torch.distributed as dist
+STATE = {"rank": None}  # a module global: one per process
+dist.init_process_group("gloo")
+STATE["rank"] = dist.get_rank()
+dist.barrier()
+t = torch.ones(2) * (dist.get_rank() + 1)
+dist.all_reduce(t)
+print(STATE["rank"], os.environ["RANK"], sys.argv[1:], t.tolist(), dist.get_backend(), end="")
+print("", flush=True)
+"""
+
+
+def test_fakerun_isolation_process_runs_each_rank_in_its_own_process_with_prefixed_output(tmp_path, capfd):
+    from fakepg.launcher import main
+
+    script = tmp_path / "train.py"
+    script.write_text(_FAKERUN_SCRIPT)
+    assert main(["--nproc-per-node", "2", "--isolation", "process", str(script),
+                 "--local-rank=${local_rank}"]) == 0
+    out = capfd.readouterr().out.splitlines()
+    assert sorted(out) == ["[rank0]:0 0 ['--local-rank=0'] [3.0, 3.0] gloo",
+                           "[rank1]:1 1 ['--local-rank=1'] [3.0, 3.0] gloo"]
+
+
+def test_fakerun_isolation_process_reports_a_dead_rank_and_exits_1(tmp_path, capfd):
+    from fakepg.launcher import main
+
+    script = tmp_path / "train.py"
+    script.write_text("import os, torch.distributed as dist\n"
+                      "dist.init_process_group()\n"
+                      "if dist.get_rank() == 1:\n    os._exit(7)\n"
+                      "dist.barrier()\n")
+    assert main(["--nproc-per-node", "2", "--isolation", "process", str(script)]) == 1
+    err = capfd.readouterr().err
+    assert "rank 1" in err and "exited with status 7" in err
+
+
+_PLUGIN_TEST = '''
+import os, pytest, torch.distributed as dist
+
+
+def test_ranks_in_the_default_mode(fake_cluster):
+    pids = fake_cluster.run(lambda rank: (os.getpid(), dist.get_rank())).returns
+    with open("seen-default.txt", "w") as f:
+        f.write(str(len({p for p, _ in pids} - {os.getpid()})))
+
+
+@pytest.mark.fakepg_isolation("process")
+def test_ranks_in_processes_by_marker(fake_cluster):
+    pids = fake_cluster.run(lambda rank: os.getpid()).returns
+    assert len(set(pids)) == 2 and os.getpid() not in pids
+'''
+
+
+def test_pytest_option_and_marker_run_the_fixtures_worlds_in_processes(pytester):
+    pytester.makepyfile(test_modes=_PLUGIN_TEST)
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=2)
+    assert (pytester.path / "seen-default.txt").read_text() == "0"  # threads: the test's own pid
+    pytester.runpytest("-p", "no:cacheprovider", "--fakepg-isolation", "process").assert_outcomes(passed=2)
+    assert (pytester.path / "seen-default.txt").read_text() == "2"  # two processes, not this one
