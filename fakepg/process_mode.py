@@ -88,6 +88,21 @@ def _child_cpu_seconds(pid: int) -> float:
         return time.monotonic()  # unknown: a value that keeps moving (never mistaken for a wait)
 
 
+def _wait_for_ended_rank_threads(limit: float = 2.0) -> None:
+    """Wait until the rank threads of earlier worlds have left the OS, not only Python.
+
+    A joined thread still runs its native TLS destructors; MKL's frees its buffers under a
+    lock there. Forked at that moment, a child inherits the lock held and spins forever at its
+    first matmul (seen: ``mkl_serv_allocate``). fakepg waits for its own threads; a thread
+    the program itself ends just before ``spawn`` can still do this (rare)."""
+    from . import world
+
+    deadline = time.monotonic() + limit
+    for tid in world.ended_rank_thread_ids():
+        while os.path.exists(f"/proc/self/task/{tid}") and time.monotonic() < deadline:
+            time.sleep(0.0005)
+
+
 class Children:
     """The rank processes of one world, forked at construction; ``serve`` is each proxy."""
 
@@ -104,6 +119,7 @@ class Children:
                 pass
         pipes = [Pipe() for _ in range(self.nprocs)]  # (parent end, child end): socket pairs
         parent = os.getpid()
+        _wait_for_ended_rank_threads()
         try:
             for rank in range(self.nprocs):
                 pid = os.fork()

@@ -228,13 +228,24 @@ def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backe
                for r in range(nprocs)]
     for r, t in enumerate(threads):
         sched.slots[r].thread = t
-    _run_threads(threads, sched, cluster, hang_timeout, host, master_port, timeout)
+    try:
+        _run_threads(threads, sched, cluster, hang_timeout, host, master_port, timeout)
+    finally:
+        _ENDED_RANK_THREADS[:] = [t.native_id for t in threads if t.native_id is not None]
     result = SpawnResult(returns, cluster.trace, nprocs, seed, time.perf_counter() - t0,
                          sorted(cluster.dead))
     if isinstance(sched.abort_error, SpawnTimeoutError):
         raise SpawnTimeoutError(sched.abort_error.report)
     _raise_outcome(sched, cluster, failures)
     return result
+
+
+_ENDED_RANK_THREADS: list[int] = []  # OS thread ids of the last world's rank threads
+
+
+def ended_rank_thread_ids() -> list[int]:
+    """The OS thread ids of the last world's rank threads (a fork waits for them to be gone)."""
+    return list(_ENDED_RANK_THREADS)
 
 
 def _rank_env(rank: int, nprocs: int, master_port: int) -> dict[str, str]:
