@@ -300,8 +300,9 @@ class RemoteProcessGroup(PythonProcessGroup):
         opts = next((a for a in (*args, *kwargs.values()) if hasattr(a, "asyncOp")), None)
         sync = opts is not None and opts.asyncOp is False and not self._coalescing
         out: list = []
-        reply = _me().request("call", self._describe(), method, args, kwargs, site,
-                              (in_backward, hidden), sync, tensors_out=out)
+        with _collective_event(self, method, args):
+            reply = _me().request("call", self._describe(), method, args, kwargs, site,
+                                  (in_backward, hidden), sync, tensors_out=out)
         kind, value = reply
         if kind == "work":
             wid, state = value
@@ -326,6 +327,21 @@ class RemoteProcessGroup(PythonProcessGroup):
 
     def abort(self) -> None:
         _me().request("pg", self._describe(), "abort", ())
+
+
+def _collective_event(pg: RemoteProcessGroup, method: str, args: tuple):
+    """The profiler range thread mode records for a collective (``gloo:all_reduce``), in this
+    rank's own profiler; shapes are those of every tensor argument."""
+    if not torch.autograd._profiler_enabled():
+        return contextlib.nullcontext()
+    from .ops.base import tensors_of
+    from .profiling import collective_event
+
+    try:
+        name = ops.lookup(method).name
+    except ValueError:
+        name = method
+    return collective_event(name, tensors_of(list(args)), pg.personality.event_prefix)
 
 
 def _forwarder(name: str) -> Callable[..., Any]:

@@ -72,8 +72,9 @@ class RemoteTraceback(Exception):
 
 # -- exceptions -----------------------------------------------------------------------------
 
-def pack_exception(e: BaseException) -> tuple:
-    """(class, args, picklable attributes, traceback text, site) of ``e``."""
+def pack_exception(e: BaseException, with_site: bool = True) -> tuple:
+    """(class, args, picklable attributes, traceback text, site) of ``e``. The proxy sends
+    its errors without a site: the rank names its own line when it fails with one."""
     from .world import _exception_site  # late: world imports this package's modules
 
     state = {}
@@ -94,7 +95,8 @@ def pack_exception(e: BaseException) -> tuple:
     except Exception:  # noqa: BLE001 - a local class: rebuilt as a RuntimeError with its name
         cls, args = ("unpicklable", f"{type(e).__module__}.{type(e).__qualname__}"), (str(e),)
     text = "".join(traceback.format_exception(e))
-    site = getattr(e, "_fakepg_site", None) or _exception_site(e)
+    site = (getattr(e, "_fakepg_site", None) or _exception_site(e)) if with_site else None
+    state.pop("_fakepg_site", None)
     return (cls, args, state, text, site)
 
 
@@ -113,7 +115,8 @@ def unpack_exception(packed: tuple) -> BaseException:
             vars(e).update(state)
         except Exception:  # noqa: BLE001
             e = RankRaised(f"{cls.__name__}: {', '.join(map(str, args))}")
-    e._fakepg_site = site  # type: ignore[attr-defined]
+    if site is not None:
+        e._fakepg_site = site  # type: ignore[attr-defined]
     e._fakepg_traceback = text  # type: ignore[attr-defined]
     return e
 

@@ -400,3 +400,30 @@ def test_pytest_option_and_marker_run_the_fixtures_worlds_in_processes(pytester)
     assert (pytester.path / "seen-default.txt").read_text() == "0"  # threads: the test's own pid
     pytester.runpytest("-p", "no:cacheprovider", "--fakepg-isolation", "process").assert_outcomes(passed=2)
     assert (pytester.path / "seen-default.txt").read_text() == "2"  # two processes, not this one
+
+
+def test_an_injected_crash_fails_the_world_with_thread_modes_error_and_kills_the_process():
+    from fakepg import faults
+
+    def body(rank):
+        for _ in range(3):
+            dist.all_reduce(torch.ones(2))
+
+    errors = []
+    for isolation in ("thread", "process"):
+        with pytest.raises(fakepg.RankFailedError) as info:
+            fakepg.spawn(body, nprocs=2, faults=[faults.crash(1, at=1)], isolation=isolation)
+        errors.append(str(info.value))
+    assert errors[1] == errors[0]
+    assert "test_process_mode.py" in errors[1]  # the rank's own line, not the proxy's
+
+
+def test_each_rank_process_profiles_its_own_ops_and_collectives():
+    def body(rank):
+        with torch.profiler.profile() as prof:
+            dist.all_reduce(torch.ones(4))
+            torch.mm(torch.ones(3, 3), torch.ones(3, 3))
+        names = {e.name for e in prof.events()}
+        return sorted(n for n in names if n in ("gloo:all_reduce", "aten::mm"))
+
+    assert fakepg.spawn(body, nprocs=2, isolation="process").returns == [["aten::mm", "gloo:all_reduce"]] * 2
