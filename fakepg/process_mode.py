@@ -376,6 +376,12 @@ def _child_main(rank: int, nprocs: int, pipes: list, fn: Callable[..., Any], arg
         _set_parent_death_signal()
         if os.getppid() != parent:  # the parent died before the signal was armed
             os._exit(1)
+        try:  # every storage in a collective keeps its shm fd open: allow as many as we may
+            import resource
+            _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ImportError, ValueError, OSError):
+            pass
         for i, (parent_end, child_end) in enumerate(pipes):
             parent_end.close()
             if i != rank:
