@@ -111,7 +111,8 @@ def _wait_for_ended_rank_threads(limit: float = 2.0) -> None:
 class Children:
     """The rank processes of one world, forked at construction; ``serve`` is each proxy."""
 
-    def __init__(self, fn: Callable[..., Any], args: Sequence[Any], processes: list[ProcessState]):
+    def __init__(self, fn: Callable[..., Any], args: Sequence[Any], processes: list[ProcessState],
+                 seed: int = 0):
         self.nprocs = len(processes)
         self.pids: list[int] = []
         self.channels: list[Channel] = []
@@ -129,7 +130,8 @@ class Children:
             for rank in range(self.nprocs):
                 pid = os.fork()
                 if pid == 0:  # pragma: no cover - runs in the child, which never returns
-                    _child_main(rank, self.nprocs, pipes, fn, tuple(args), processes[rank], parent)
+                    _child_main(rank, self.nprocs, pipes, fn, tuple(args), processes[rank], parent,
+                                seed)
                 self.pids.append(pid)
         except BaseException:
             self.channels = [Channel(p) for p, _ in pipes]
@@ -369,7 +371,7 @@ class _Proxy:
 
 
 def _child_main(rank: int, nprocs: int, pipes: list, fn: Callable[..., Any], args: tuple,
-                state: ProcessState, parent: int) -> None:  # pragma: no cover - in the child
+                state: ProcessState, parent: int, seed: int) -> None:  # pragma: no cover - in the child
     """The forked child's whole life; never returns."""
     code = 0
     try:
@@ -389,8 +391,12 @@ def _child_main(rank: int, nprocs: int, pipes: list, fn: Callable[..., Any], arg
         from . import remote
 
         state.install()
+        # forked from a rank process (a nested world): its groups are not this process's
+        import torch.distributed as dist
+        dist.distributed_c10d._unregister_all_process_groups() if hasattr(
+            dist.distributed_c10d, "_unregister_all_process_groups") else None
         channel = Channel(pipes[rank][1])
-        remote.install(rank, nprocs, channel)
+        remote.install(rank, nprocs, channel, seed)
         channel.recv_reply()  # "go": the proxy holds the baton
         ok, payload = remote.run(fn, args)
         for stream in (sys.stdout, sys.stderr):

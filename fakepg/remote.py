@@ -31,18 +31,17 @@ from .process_group import (BACKEND_NAME, _JOIN_SHADOW_CODE, PythonProcessGroup,
                             _creating, _gloo_backend_for_logging, requested_backend)
 from .wire import Channel, decode, pack_exception, unpack_exception
 
-_ORIGINAL_INIT = c10d.init_process_group
-_ORIGINAL_PG_HELPER = c10d._new_process_group_helper
-_ORIGINAL_GET_BACKEND = c10d.get_backend
-_ORIGINAL_MONITORED_BARRIER = c10d.monitored_barrier
-_REAL_SLEEP = time.sleep
+# torch's own entry points, as captured when fakepg was imported (not whatever a running
+# world has patched in by the time this module is first imported)
+from .world import (_ORIGINAL_GET_BACKEND, _ORIGINAL_INIT, _ORIGINAL_MONITORED_BARRIER,  # noqa: E402
+                    _ORIGINAL_PG_HELPER)
 
 
 class _Rank:
     """This process's rank, its channel to the proxy, and its works (one per process)."""
 
-    def __init__(self, rank: int, nprocs: int, channel: Channel):
-        self.rank, self.nprocs, self.channel = rank, nprocs, channel
+    def __init__(self, rank: int, nprocs: int, channel: Channel, seed: int = 0):
+        self.rank, self.nprocs, self.channel, self.seed = rank, nprocs, channel, seed
         self.backend = "fakepg"  # the world's personality, as the last reply told it
         self.works: dict[int, "RemoteWork"] = {}
         self.released: list[int] = []
@@ -357,6 +356,11 @@ for _name in ops.c10d_methods():
 
 
 def _create_remote(store, rank, world_size, timeout):
+    from .cluster import current_cluster
+    from .process_group import _create_fakepg
+
+    if current_cluster() is not None:  # a rank of a world nested in this process (mp.spawn)
+        return _create_fakepg(store, rank, world_size, timeout)
     return RemoteProcessGroup(rank, world_size, timeout)
 
 
@@ -555,10 +559,15 @@ def _set_num_threads(n: int) -> None:
     _me().num_threads = int(n)
 
 
-def install(rank: int, nprocs: int, channel: Channel) -> contextlib.ExitStack:
+def seed() -> int:
+    """The seed of the world this rank process belongs to."""
+    return _me().seed
+
+
+def install(rank: int, nprocs: int, channel: Channel, seed: int = 0) -> contextlib.ExitStack:
     """Make this (freshly forked) process rank ``rank`` of the parent's world."""
     global _ME
-    _ME = _Rank(rank, nprocs, channel)
+    _ME = _Rank(rank, nprocs, channel, seed)
     _ME.num_threads = torch.get_num_threads()
     torch.set_num_threads(1)
     stack = contextlib.ExitStack()
@@ -576,6 +585,8 @@ def install(rank: int, nprocs: int, channel: Channel) -> contextlib.ExitStack:
     for name in ("wait_all", "collect_all"):
         patch(torch.futures, name, _settling(getattr(torch.futures, name)))
     patch(time, "sleep", _sleep)
+    from . import mp_spawn
+    mp_spawn.patch(stack, "process")
     patch(torch, "set_num_threads", _set_num_threads)
     patch(torch, "get_num_threads", lambda: _me().num_threads)
     rendezvous = sys.modules.get("torch.distributed.rendezvous")

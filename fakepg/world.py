@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from . import backends, liveness
+from . import backends, liveness, mp_spawn
 from . import faults as _faults
 from . import trace as _trace
 from .arguments import integer, number
@@ -154,6 +154,16 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
         _SPAWN_LOCK.release()
 
 
+def spawn_nested(fn: Callable[..., Any], args: Sequence[Any], nprocs: int, *, seed: int,
+                 isolation: str, master_port: int) -> SpawnResult:
+    """A whole new world run to its end from inside a rank (``torch.multiprocessing.spawn``
+    called by the program): the launching rank waits in it, as ``mp.spawn(join=True)`` waits."""
+    __tracebackhide__ = True
+    nprocs = integer("torch.multiprocessing.spawn: nprocs", nprocs, minimum=1)
+    return _run_world(fn, tuple(args), nprocs, seed, None, 1.0, master_port, None, None,
+                      "fakepg", as_schedule(None), parse_modes(None), (), isolation)
+
+
 def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_env,
                timeout, backend, schedule, hazard_modes=None, faults=(),
                isolation="thread") -> SpawnResult:
@@ -173,7 +183,7 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_e
     children = None
     if isolation == "process":  # fork the ranks' processes before any rank thread exists
         from .process_mode import Children
-        children = Children(fn, args, processes)
+        children = Children(fn, args, processes, seed)
         fn, args = children.serve, ()
     try:
         return _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backend,
@@ -240,6 +250,7 @@ def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backe
     return result
 
 
+_DEPTH: list[Cluster] = []  # the worlds running in this process, outermost first
 _ENDED_RANK_THREADS: list[int] = []  # OS thread ids of the last world's rank threads
 
 
@@ -266,10 +277,13 @@ def _run_threads(threads: list[threading.Thread], sched: Scheduler, cluster: Clu
             liveness.cooperative_sleep():
         torch.autograd.set_multithreading_enabled(False)  # backward runs on the rank's thread
         torch._C._distributed_c10d._set_thread_isolation_mode(True)
+        _DEPTH.append(cluster)
         try:
             _run_to_end(sched, cluster, threads, hang_timeout, timeout)
         finally:
-            torch._C._distributed_c10d._set_thread_isolation_mode(False)
+            _DEPTH.pop()
+            if not _DEPTH:  # a world nested in a rank leaves its outer world's mode on
+                torch._C._distributed_c10d._set_thread_isolation_mode(False)
             torch.autograd.set_multithreading_enabled(multithreading)
             host.install()
             sys.excepthook = excepthook  # init_process_group prefixes it with "[rankN]"
@@ -413,6 +427,7 @@ def _patches(nprocs: int) -> contextlib.ExitStack:
         stack.enter_context(mock.patch.object(mod, "init_process_group", init))
         stack.enter_context(mock.patch.object(mod, "monitored_barrier", _fake_monitored_barrier))
     stack.enter_context(mock.patch.object(c10d, "_new_process_group_helper", _fake_pg_helper))
+    mp_spawn.patch(stack, "thread")
     for mod in (dist, c10d):
         stack.enter_context(mock.patch.object(mod, "get_backend", _fake_get_backend))
     if not hasattr(torch._C, "_nccl_version"):

@@ -427,3 +427,48 @@ def test_each_rank_process_profiles_its_own_ops_and_collectives():
         return sorted(n for n in names if n in ("gloo:all_reduce", "aten::mm"))
 
     assert fakepg.spawn(body, nprocs=2, isolation="process").returns == [["aten::mm", "gloo:all_reduce"]] * 2
+
+
+def _tutorial_rank(rank, world_size, queue):
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "localhost", "12355"
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(4, 2))
+    model(torch.randn(3, 4)).sum().backward()
+    queue.put((rank, os.getpid(), model.module.weight.grad.sum().item()))
+    dist.destroy_process_group()
+
+
+def _tutorial_launcher(rank):
+    import torch.multiprocessing as mp
+
+    queue = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(_tutorial_rank, args=(3, queue), nprocs=3, join=True)
+    return os.getpid(), sorted(queue.get() for _ in range(3))
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_torch_multiprocessing_spawn_inside_a_world_runs_its_ranks_on_a_fake_world(isolation):
+    launcher_pid, seen = fakepg.spawn(_tutorial_launcher, nprocs=1, isolation=isolation).returns[0]
+    assert [r for r, _, _ in seen] == [0, 1, 2]
+    assert len({g for _, _, g in seen}) == 1  # DDP averaged: the same gradient everywhere
+    pids = {p for _, p, _ in seen}
+    assert pids == {launcher_pid} if isolation == "thread" else (len(pids) == 3 and launcher_pid not in pids)
+
+
+def test_a_hang_in_a_world_started_by_torch_multiprocessing_spawn_fails_the_launching_rank():
+    import torch.multiprocessing as mp
+
+    def launcher(rank):
+        mp.spawn(_skips_a_collective, nprocs=2)
+
+    with pytest.raises(fakepg.RankFailedError) as info:
+        fakepg.spawn(launcher, nprocs=1, isolation="process")
+    assert isinstance(info.value.__cause__, fakepg.CollectiveHangError)
+    assert "rank 0: blocked waiting on all_reduce" in str(info.value.__cause__)
+
+
+def _skips_a_collective(rank):
+    dist.init_process_group("gloo")
+    if rank == 0:
+        dist.all_reduce(torch.ones(1))
