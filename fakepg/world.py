@@ -144,6 +144,11 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
     faults = _faults.check(faults, nprocs)
     if isolation not in ("thread", "process"):
         raise ValueError(f"fakepg.spawn: isolation must be 'thread' or 'process', got {isolation!r}")
+    if isolation == "process" and hooks is not None:
+        # World hooks (simddp's clocks) run on the rank's thread and watch its ops there; the
+        # ops of a rank process run elsewhere, so their timing would be silently wrong.
+        raise ValueError("fakepg.spawn: hooks (simddp's co-simulation) need isolation='thread': "
+                         "a rank process's ops run outside the world's threads")
     if not _SPAWN_LOCK.acquire(blocking=False):
         raise FakePGError("another fakepg world is running in this process; worlds run one "
                           "after another (use pytest-xdist for parallelism)")

@@ -472,3 +472,8 @@ def _skips_a_collective(rank):
     dist.init_process_group("gloo")
     if rank == 0:
         dist.all_reduce(torch.ones(1))
+
+
+def test_world_hooks_which_watch_ranks_on_their_threads_are_refused_in_process_mode():
+    with pytest.raises(ValueError, match="hooks .*isolation='thread'"):
+        fakepg.spawn(lambda rank: None, nprocs=1, isolation="process", hooks=fakepg.WorldHooks())
