@@ -5,19 +5,29 @@
    reproduces the co-simulated iteration time.
 2. Replay it at 512, 1024 and 4096 ranks (best of --rounds, side by side in one run): wall time
    and wall time per simulated rank, plain DDP and with PowerSGD (3 collectives per bucket and
-   a callback process per rank and bucket: the heaviest knob); then once at --scale ranks
-   (default 65,536) with plain DDP.
-3. A what-if table: world size × network × bucket_cap_mb × fp16 hook → iteration time and
+   a callback process per rank and bucket: the heaviest knob), with jitter (every rank distinct).
+3. Scale: at each of --scale (default 65,536 and 1,000,000 ranks), plain DDP with one
+   straggler, each replay in a fresh subprocess (its peak RSS: getrusage(RUSAGE_CHILDREN) in
+   a small launcher process whose only child it is, so every figure is separate; "import" is
+   a child that only loads simddp and the capture): in classes of identical ranks (the default), per rank (``per_rank=True``,
+   the path before classes; --no-old skips it) and with jitter 0.02 (per-rank noise: every
+   rank its own class; --no-noise skips it). Median wall of --scale-rounds for the class path,
+   of --slow-rounds for the others; the per-rank/classes ratio, and whether both gave the
+   same result (sha256 of ``to_json()``).
+4. A what-if table: world size × network × bucket_cap_mb × fp16 hook → iteration time and
    exposed communication; written as CSV and a PNG under --out (default /tmp/simddp_sweep).
 
-    python ci/bench_replay.py [--rounds 3] [--out /tmp/simddp_sweep] [--scale 65536]
+    python ci/bench_replay.py [--rounds 3] [--out /tmp/simddp_sweep] [--scale 65536,1000000]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -34,9 +44,18 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", default="/tmp/simddp_sweep")
-    p.add_argument("--scale", type=int, default=65536,
-                   help="one plain-DDP replay at this many ranks (0: skip)")
+    p.add_argument("--scale", default="65536,1000000",
+                   help="world sizes for the scale section, comma-separated (empty: skip)")
+    p.add_argument("--scale-rounds", type=int, default=3, help="rounds of the class path")
+    p.add_argument("--slow-rounds", type=int, default=1,
+                   help="rounds of the per-rank path and of the noisy replay")
+    p.add_argument("--no-old", action="store_true", help="skip the per-rank (old) path")
+    p.add_argument("--no-noise", action="store_true", help="skip the noisy replay")
+    p.add_argument("--scale-only", action="store_true", help="only the scale section")
+    p.add_argument("--_child", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a._child:
+        return _child(json.loads(a._child))
     os.makedirs(a.out, exist_ok=True)
 
     net0 = Network.preset("100gbe")
@@ -48,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     mib = cap.param_bytes / 2**20
     print(f"capture: {sc.description}, {len(cap.params)} parameters ({mib:.1f} MiB), "
           f"{len(cap.bucket_indices)} buckets, 2 ranks co-simulated in {t_cap:.2f} s (wall)")
+    if a.scale_only:
+        _scale(a, os.path.join(a.out, "capture.json"))
+        return 0
     same = replay(cap, network=net0)
     err = same.iteration_time / cap.cosim_iteration_time - 1
     print(f"validation: replay at 2 ranks {same.iteration_time * 1e3:.4f} ms vs co-simulation "
@@ -69,12 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{best / n * 1e6:8.1f} {res.iteration_time * 1e3:13.3f} "
                   f"{ncoll / best:9.0f}")
     print("  (events/s: rank-collective participations simulated per wall second)")
-    if a.scale:
-        res = replay(cap, a.scale, network=net, jitter=0.02)
-        ncoll = sum(res.rank_collectives)
-        print(f"  {a.scale:>6} {'None':>9} {res.wall_time:8.3f} {'(1 run)':>9} "
-              f"{res.wall_time / a.scale * 1e6:8.1f} {res.iteration_time * 1e3:13.3f} "
-              f"{ncoll / res.wall_time:9.0f}")
+    _scale(a, os.path.join(a.out, "capture.json"))
 
     grid = dict(world_size=[64, 512, 4096],
                 network=[Network.preset("100gbe", gpus_per_node=8),
@@ -100,6 +117,93 @@ def main(argv: list[str] | None = None) -> int:
         tl_path, title="replay: 512 ranks, ib-ndr, 5 MB buckets, fp16, rank 3 at 0.8 (ranks 0-5)")
     print(f"\nwrote {csv_path}, {png_path}, {tl_path}, {os.path.join(a.out, 'capture.json')}")
     return 0
+
+
+SCALE_KNOBS = dict(network="ib-ndr", gpus_per_node=8, rank_speed={17: 0.8})
+
+
+def _child(spec: dict) -> int:
+    """One measured replay (or, with world 0, only the imports and the capture's load)."""
+    from simddp.replay import CapturedIteration
+
+    cap = CapturedIteration.load(spec["capture"])
+    out = {"wall": 0.0}
+    if spec["world"]:
+        net = Network.preset(SCALE_KNOBS["network"], gpus_per_node=SCALE_KNOBS["gpus_per_node"])
+        t = time.perf_counter()
+        res = replay(cap, spec["world"], network=net, rank_speed=SCALE_KNOBS["rank_speed"],
+                     jitter=spec["jitter"], seed=0, per_rank=spec["per_rank"], progress=False)
+        out["wall"] = time.perf_counter() - t
+        out.update(iteration_ms=res.iteration_time * 1e3,
+                   exposed_ms=res.mean_exposed_comm * 1e3, slowest=res.slowest_rank,
+                   lanes=len(res.timeline.class_lanes),
+                   sha=hashlib.sha256(res.to_json().encode()).hexdigest()[:12])
+    print(json.dumps(out))
+    return 0
+
+
+_LAUNCHER = """
+import json, resource, subprocess, sys
+subprocess.run(sys.argv[1:], check=True)
+print(json.dumps({"children_maxrss_kb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))
+"""
+
+
+def _measure(capture_path: str, world: int, *, per_rank: bool = False,
+             jitter: float = 0.0) -> dict:
+    """Run one replay in a child process: its result, wall time and peak RSS (MB)."""
+    spec = json.dumps({"capture": capture_path, "world": world, "per_rank": per_rank,
+                       "jitter": jitter})
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+         os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    t = time.perf_counter()
+    # A small launcher process runs the replay as its child and reports
+    # getrusage(RUSAGE_CHILDREN): a child forked from this (big) process would inherit its
+    # peak RSS; the launcher's only child is the replay, so the figure is the replay's own.
+    proc = subprocess.run([sys.executable, "-c", _LAUNCHER, sys.executable,
+                           os.path.abspath(__file__), "--_child", spec],
+                          stdout=subprocess.PIPE, env=env, check=True)
+    lines = proc.stdout.decode().strip().splitlines()
+    out = json.loads(lines[-2])
+    out["rss_mb"] = json.loads(lines[-1])["children_maxrss_kb"] / 1024  # KiB on Linux
+    out["process_s"] = time.perf_counter() - t
+    return out
+
+
+def _scale(a: argparse.Namespace, capture_path: str) -> None:
+    worlds = [int(x) for x in str(a.scale).split(",") if x.strip()]
+    if not worlds:
+        return
+    base = _measure(capture_path, 0)
+    print(f"\nscale: ib-ndr, 8 GPUs per node, rank 17 at 0.8 speed; each replay in a fresh "
+          f"process (import + capture alone: {base['rss_mb']:.0f} MB peak RSS, "
+          f"{base['process_s']:.1f} s)")
+    print(f"  {'ranks':>9} {'path':>16} {'lanes':>9} {'wall s':>8} {'(runs)':>20} "
+          f"{'peak RSS MB':>11} {'iteration ms':>13} {'result':>13}")
+    for n in worlds:
+        rows = [("classes", False, 0.0, a.scale_rounds)]
+        if not a.no_old:
+            rows.append(("per rank (old)", True, 0.0, a.slow_rounds))
+        if not a.no_noise:
+            rows.append(("jitter 0.02", False, 0.02, a.slow_rounds))
+        walls: dict[str, float] = {}
+        shas: dict[str, str] = {}
+        for name, per_rank, jitter, rounds in rows:
+            runs = [_measure(capture_path, n, per_rank=per_rank, jitter=jitter)
+                    for _ in range(max(1, rounds))]
+            wall = statistics.median(r["wall"] for r in runs)
+            rss = max(r["rss_mb"] for r in runs)
+            last = runs[-1]
+            walls[name], shas[name] = wall, last["sha"]
+            print(f"  {n:>9,} {name:>16} {last['lanes']:>9,} {wall:8.3f} "
+                  f"{'/'.join(format(r['wall'], '.3f') for r in runs):>20} {rss:11.0f} "
+                  f"{last['iteration_ms']:13.3f} {last['sha']:>13}", flush=True)
+        if "per rank (old)" in walls:
+            same = shas["per rank (old)"] == shas["classes"]
+            print(f"  {n:>9,} per rank / classes: "
+                  f"{walls['per rank (old)'] / walls['classes']:.0f}x "
+                  f"wall; results {'identical' if same else 'DIFFER'}")
 
 
 def _plot(rows: list[dict], path: str) -> None:

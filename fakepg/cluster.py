@@ -9,7 +9,8 @@ import torch
 from torch._ops import _len_torch_dispatch_stack_pre_dispatch as _len_pre_dispatch_stack
 from torch.utils._python_dispatch import _disable_current_modes
 
-from .collectives import Call, GroupState, PendingCollective, check_match, mismatch_message
+from .collectives import (SPELL_OUT, Call, GroupState, PendingCollective, check_match,
+                          mismatch_message, rank_list, rank_runs)
 from .ops.p2p import SEND
 from .errors import (CollectiveHangError, CollectiveMismatchError, FakePGError,
                      InvalidCollectiveError, PeerCrashedError, RankFailedError, WorldAbortedError)
@@ -39,12 +40,15 @@ class Cluster:
         self.nprocs = nprocs
         self.seed = seed
         self.hooks = hooks or WorldHooks()
+        self.plain = type(self.hooks) is WorldHooks  # no timing model watches this world
         self.scheduler: Scheduler = None  # type: ignore[assignment]  # set by spawn
         self.groups: dict[tuple[str, tuple[int, ...]], GroupState] = {}
         self.trace: list[list[CollectiveRecord]] = [[] for _ in range(nprocs)]
         self.outstanding: list[list[Any]] = [[] for _ in range(nprocs)]
         self._completing = [False] * nprocs
         self._settled = [0] * nprocs  # per rank: outstanding calls whose collective settled
+        self._deferred: list[list[Call]] = [[] for _ in range(nprocs)]  # see settle_before_backward_ends
+        self._deferred_task = [-1] * nprocs
         self.failed_rank: int | None = None
         self.backend = "fakepg"  # the personality the world shows (fakepg.backends)
         self.faults: tuple[Any, ...] = ()  # fakepg.faults, set by spawn
@@ -280,6 +284,33 @@ class Cluster:
             raise _fresh(coll.error)
         self.hooks.wait_finished(call.rank, coll)
 
+    def settle_before_backward_ends(self, call: Call) -> None:
+        """``call`` was issued inside backward by the Reducer, which waits on it from C++ in
+        its end-of-backward callback, where the scheduler cannot see the wait. Rather than
+        settling it at issue (a hand-over per bucket), settle every such call of this rank in
+        an autograd callback queued before the Reducer's: the rank runs its whole backward,
+        then hands over once."""
+        pending = self._deferred[call.rank]
+        task = torch._C._current_graph_task_id()
+        if not pending or self._deferred_task[call.rank] != task:
+            # (a backward that raised before its callbacks ran leaves calls here: settled now)
+            self._deferred_task[call.rank] = task
+            torch.autograd.Variable._execution_engine.queue_callback(
+                lambda rank=call.rank: self._settle_deferred(rank))
+        pending.append(call)
+
+    def _settle_deferred(self, rank: int) -> None:
+        pending, self._deferred[rank] = self._deferred[rank], []
+        for call in pending:
+            coll = call.collective
+            if not coll.settled:
+                self.scheduler.block(rank, lambda: coll.settled,
+                                     lambda: self._waiting_text(call), collective_wait(self, call))
+        self.complete_ready(rank)
+        for call in pending:
+            if call.collective.error is not None:
+                raise _fresh(call.collective.error)
+
     def complete_ready(self, rank: int) -> None:
         """Complete, on this rank's thread and in issue order, every settled Work it owns."""
         if not self._settled[rank] or self._completing[rank]:
@@ -319,36 +350,44 @@ class Cluster:
                     f"issued at {call.site}; the peer never posted the matching "
                     f"{'recv' if call.op == 'send' else 'send'}")
         return (f"{call.record.describe()} #{coll.seq} on group {coll.group.label}, issued at "
-                f"{call.site}; waits for ranks {coll.missing_ranks()}")
+                f"{call.site}; waits for ranks {rank_list(coll.missing_ranks())}")
 
     # -- reports ------------------------------------------------------------------
     def hang_report(self) -> str:
         sched = self.scheduler
         lines = [f"fakepg: hang detected: no rank can make progress "
                  f"({self.nprocs} ranks, seed {self.seed}). Per rank:"]
+        states = []
         for slot in sched.slots:
             extra = self.hooks.describe_rank(slot.rank)
             extra = f" [{extra}]" if extra else ""
             if slot.state == BLOCKED:
-                lines.append(f"  rank {slot.rank}: blocked waiting on {slot.waiting_for()}{extra}")
+                text = f"blocked waiting on {slot.waiting_for()}{extra}"
             elif slot.state == DONE:
-                lines.append(f"  rank {slot.rank}: finished ({slot.outcome}){extra}")
+                text = f"finished ({slot.outcome}){extra}"
             elif slot.state == NEW:
-                lines.append(f"  rank {slot.rank}: never started{extra}")
+                text = f"never started{extra}"
             else:
-                lines.append(f"  rank {slot.rank}: running{extra}")
+                text = f"running{extra}"
             unmatched = [c for c in self.outstanding[slot.rank] if not c.collective.settled]
             for c in unmatched:
                 if slot.state != BLOCKED or c is not unmatched[-1]:
-                    lines.append(f"      also pending: {self._waiting_text(c)}")
+                    text += f"\n      also pending: {self._waiting_text(c)}"
+            states.append(text)
+        for ranks, text in rank_runs(range(self.nprocs), states, self.nprocs > SPELL_OUT):
+            lines.append(f"  {ranks}: {text}")
         lines.append("Last completed collective per group (sequence numbers start at 0):")
         for g in self.groups.values():
-            done = ", ".join(f"rank {r}: #{s}" for r, s in zip(g.ranks, g.last_done))
+            done = ", ".join(f"{ranks}: #{s}" for ranks, s in
+                             rank_runs(g.ranks, g.last_done, len(g.ranks) > SPELL_OUT))
             lines.append(f"  group {g.label}: {done}")
             for coll in sorted(g.pending.values(), key=lambda c: c.seq):
-                issued = ", ".join(f"rank {c.rank} at {c.site}" for c in coll.members())
+                members = coll.members()
+                issued = ", ".join(f"{ranks} at {site}" for ranks, site in
+                                   rank_runs([c.rank for c in members], [c.site for c in members],
+                                         len(members) > SPELL_OUT))
                 lines.append(f"    pending #{coll.seq} {coll.op}: issued by {issued}; "
-                             f"still waits for ranks {coll.missing_ranks()}")
+                             f"still waits for ranks {rank_list(coll.missing_ranks())}")
         lines.extend(self.hazards.hang_notes())
         lines.append("Typical causes: ranks with different numbers of batches (use "
                      "torch.distributed.algorithms.Join), a rank that skipped backward or "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import itertools
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -42,7 +42,7 @@ class Call:
     peer: int | None = None  # group rank of the p2p peer (None: any source)
     tag: int = 0
     work: Any = None
-    result: list[Any] | None = None
+    result: list[Any] | Callable[[], list[Any]] | None = None  # see value()
     source: int | None = None  # for recv from any source: the group rank that sent
     per_rank_outputs: bool = False  # allgather_coalesced: the caller's lists are output_lists[rank][i]
     in_backward: bool = False  # issued inside autograd's backward (by the Reducer or a comm hook)
@@ -57,6 +57,13 @@ class Call:
 
     def describe(self) -> str:
         return f"{self.record.describe()} at {self.site}"
+
+    def value(self) -> list[Any]:
+        """What the work's future holds; an op may leave ``result`` as a function that makes
+        it, so that a world of n ranks does not hold n views per rank nobody asks for."""
+        if callable(self.result):
+            self.result = self.result()
+        return self.result if self.result is not None else []
 
     def written(self) -> list[torch.Tensor]:
         """Tensors this call's collective writes on this rank (for race detection)."""
@@ -107,7 +114,46 @@ class GroupState:
 
     @property
     def label(self) -> str:
-        return f"'{self.name}' (ranks {list(self.ranks)})"
+        return f"'{self.name}' (ranks {rank_list(self.ranks)})"
+
+
+def rank_list(ranks: Sequence[int], *, spell_out: int = 8) -> str:
+    """``[0, 1, 2]``; past ``spell_out`` ranks, runs as ranges (``[0-6, 8-1023]``), so that a
+    report on a big world stays a report."""
+    ranks = list(ranks)
+    if len(ranks) <= spell_out:
+        return str(ranks)
+    runs: list[str] = []
+    start = prev = ranks[0]
+    for r in ranks[1:] + [None]:  # type: ignore[list-item]
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        runs.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return f"[{', '.join(runs)}]"
+
+
+SPELL_OUT = 16  # worlds up to this size list every rank on its own line
+
+
+def rank_runs(ranks: Any, values: list[Any], collapse: bool) -> list[tuple[str, Any]]:
+    """("rank r", value) per rank; with ``collapse``, consecutive ranks with equal values
+    share one entry ("ranks 0-6", value): a 4,096-rank report stays a few lines."""
+    ranks = list(ranks)
+    if not collapse:
+        return [(f"rank {r}", v) for r, v in zip(ranks, values)]
+    out: list[tuple[str, Any]] = []
+    i = 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and values[j + 1] == values[i]:
+            j += 1
+        who = f"rank {ranks[i]}" if i == j else f"ranks {rank_list(ranks[i:j + 1], spell_out=0)[1:-1]}"
+        out.append((who, values[i]))
+        i = j + 1
+    return out
 
 
 def check_match(coll: PendingCollective) -> str | None:
@@ -130,8 +176,8 @@ def mismatch_message(coll: PendingCollective, differing: str) -> str:
     if len(set(texts)) == 1:  # what differs is not in the short form: say the devices
         texts = [f"{t} on {', '.join(str(x.device) for x in tensors_of(c.inputs, c.outputs))}"
                  for t, c in zip(texts, members)]
-    for c, text in zip(members, texts):
-        lines.append(f"  rank {c.rank}: {text}")
+    for who, text in rank_runs([c.rank for c in members], texts, len(members) > SPELL_OUT):
+        lines.append(f"  {who}: {text}")
     lines.append("Every rank of a group must issue the same sequence of collectives with "
                  "matching op, shapes, dtypes, reduce op and root.")
     return "\n".join(lines)

@@ -50,12 +50,15 @@ saved before spawn and put back after it):
   - torch.set_num_threads: the value each rank asked for is put back when it resumes
     (the intra-op pool itself is one per process: ranks never run concurrently, so each
     rank's ops run with the thread count it asked for)
+  - training libraries' process singletons, once imported: accelerate's PartialState,
+    AcceleratorState and GradientState; Lightning's rank_zero_only.rank (each rank starts
+    with what a fresh process would have)
 Per rank already, because torch keeps it per thread and each rank is a thread:
   grad mode (torch.no_grad, set_grad_enabled), inference mode, autocast, the default
   device (torch.set_default_device), torch.set_flush_denormal, CUDA's current device.
   A rank starts with torch's defaults for these, as a new process does.
 Not isolated (one per process; a rank that changes it changes it for all):
-  - module globals of user libraries (and of torch outside the list above)
+  - other module globals of libraries (and of torch outside the list above)
   - the current directory (os.chdir), signal handlers, sys.path, sys.modules, open files
   - the inter-op thread pool size (torch refuses to change it once work has run)
   - CUDA generators and CUDA caching-allocator settings
@@ -230,11 +233,39 @@ def _install_num_threads(want: int) -> None:
     _process_threads = want
 
 
+def _lightning_rank() -> int:
+    """What Lightning's ``rank_zero_only.rank`` is in a fresh process (set on import from the
+    launcher's variables: lightning.fabric.utilities.rank_zero._get_rank)."""
+    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
+        if os.environ.get(key) is not None:
+            return int(os.environ[key])
+    return 0
+
+
+# Process-wide singletons of libraries that training stacks build on, as (module, owner
+# attribute, attribute, value in a fresh process). Each rank gets its own, as a process
+# would: accelerate's Borg states (whose rank, device and data sharding every Accelerator
+# reads) and Lightning's rank_zero_only.rank (which decides where rank-zero output goes).
+# Swapped only once their module is imported. Libraries not listed need isolation="process".
+_SINGLETONS = (
+    ("accelerate.state", "PartialState", "_shared_state", dict),
+    ("accelerate.state", "AcceleratorState", "_shared_state", dict),
+    ("accelerate.state", "GradientState", "_shared_state", dict),
+    ("lightning_utilities.core.rank_zero", "rank_zero_only", "rank", _lightning_rank),
+)
+_UNSET = object()
+
+
+def _singleton_owner(module: str, owner: str) -> Any:
+    mod = sys.modules.get(module)
+    return None if mod is None else getattr(mod, owner, None)
+
+
 class ProcessState:
     """Everything a separate process would own, for one rank (or for the host)."""
 
     __slots__ = ("torch_rng", "py_rng", "np_rng", "env", "c10d", "switches", "print_opts",
-                 "num_threads")
+                 "num_threads", "singletons")
 
     def __init__(self) -> None:
         self.torch_rng: torch.Tensor | None = None
@@ -245,6 +276,7 @@ class ProcessState:
         self.switches: tuple | None = None
         self.print_opts: dict[str, Any] | None = None
         self.num_threads: int | None = None
+        self.singletons: list[Any] = [_UNSET] * len(_SINGLETONS)
 
     @classmethod
     def for_rank(cls, rank: int, nprocs: int, seed: int,
@@ -278,6 +310,10 @@ class ProcessState:
         if self.print_opts != opts:
             self.print_opts = dict(opts)
         self.num_threads = _process_threads = torch.get_num_threads()
+        for i, (module, owner, attr, _) in enumerate(_SINGLETONS):
+            obj = _singleton_owner(module, owner)
+            if obj is not None:
+                self.singletons[i] = getattr(obj, attr, _UNSET)
 
     def install(self) -> None:
         """Make this state the live one (the owner is about to run)."""
@@ -297,3 +333,10 @@ class ProcessState:
             vars(_PRINT_OPTS).update(self.print_opts)
         if self.num_threads is not None:
             _install_num_threads(self.num_threads)
+        for i, (module, owner, attr, fresh) in enumerate(_SINGLETONS):
+            obj = _singleton_owner(module, owner)
+            if obj is not None:
+                if self.singletons[i] is _UNSET:  # first run since its import: a fresh one
+                    self.singletons[i] = fresh()
+                if getattr(obj, attr, _UNSET) is not self.singletons[i]:
+                    setattr(obj, attr, self.singletons[i])

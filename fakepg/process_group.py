@@ -97,7 +97,7 @@ class FakeWork(dist.Work):
         if self._error is not None:
             fut.set_exception(_fresh(self._error))  # type: ignore[arg-type]
         else:
-            fut.set_result(self._call.result if self._call is not None else [])
+            fut.set_result(self._call.value() if self._call is not None else [])
 
     def _complete(self, error: BaseException | None) -> None:
         self._done = True
@@ -134,7 +134,7 @@ class FakeWork(dist.Work):
 
     def result(self) -> list[torch.Tensor]:
         self.wait()
-        res = self._call.result if self._call is not None else []
+        res = self._call.value() if self._call is not None else []
         if any(isinstance(x, list) for x in res):  # as gloo's AsyncWork::result()
             raise RuntimeError("work result does not support list of lists, use .getFuture() and value()")
         return list(res)
@@ -158,7 +158,7 @@ class FakeWork(dist.Work):
             # scheduler must see; so do works issued from Python outside backward (no C++
             # consumer), whose then-callbacks the world hooks must see (for virtual clocks).
             if self._typed_future is None:
-                res = self._call.result
+                res = self._call.value()
                 if res and all(isinstance(t, torch.Tensor) for t in res):
                     self._typed_future = torch._C.fork(_as_is, list(res))
                 else:
@@ -287,6 +287,9 @@ class FakeProcessGroup(PythonProcessGroup):
         self._destroyed = False
         self._grank = rank
         self._coalesced: list[FakeWork] | None = None
+        # DDP registered a comm hook on this group: its Reducer's collectives settle at issue
+        # (world.py); without one, at the end of backward (see Cluster.settle_before_backward_ends)
+        self._settle_at_issue = False
         # new_group(backend=...) fixes a group's personality; else it follows the world's
         self._requested: str | None = getattr(_creating, "name", None)
         # DDP's C++ logger, seeing backend name "gloo", reads the group's GLOO backend for its
@@ -378,9 +381,21 @@ class FakeProcessGroup(PythonProcessGroup):
             call.in_backward = in_backward
             # Join's shadow of the backward pass (a joined rank's DDP hook) runs the Reducer's
             # comm hook outside backward and waits on its future from C++ too: settle it as well.
-            call.hidden_wait = in_backward or _in_join_shadow()
+            shadow = _in_join_shadow()
+            call.hidden_wait = in_backward or shadow
+            # The Reducer's default all_reduce is waited on at the end of backward: settle it
+            # then, not at issue, sparing a hand-over per bucket. Not with a comm hook (C++ ones
+            # read typed futures, which only a settled work hands out; Python ones may wait
+            # inside), not under a timing model (its clocks follow each settlement), and only
+            # from a node's hook: in autograd's final callbacks (static_graph's delayed
+            # all_reduce) the Reducer's own callback is queued ahead of ours.
+            defer = (in_backward and not shadow and not self._settle_at_issue
+                     and self._cluster.plain and torch._C._current_autograd_node() is not None)
         else:
+            # A rank process's call (isolation="process"): its backward runs in that process,
+            # where no end-of-backward callback of this thread can wait; settle at issue.
             call.in_backward, call.hidden_wait = forced[1], forced[2]
+            defer = False
         personality = self.personality
         call.personality = personality.name
         self._cluster.hazards.check_devices(call)  # torch dispatches on the device first
@@ -389,7 +404,9 @@ class FakeProcessGroup(PythonProcessGroup):
             raise InvalidCollectiveError(backends.refusal_text(call, refusal))
         event = "recvAnySource" if p2p and peer is None else op.name  # gloo's event names
         with collective_event(event, shown, personality.event_prefix):
-            self._cluster.issue(g, call, block=call.hidden_wait)
+            coll = self._cluster.issue(g, call, block=call.hidden_wait and not defer)
+        if defer and not coll.settled:
+            self._cluster.settle_before_backward_ends(call)
         self._cluster.hazards.collective_issued(call)
         if self._coalesced is not None:
             self._coalesced.append(work)

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from . import backends, liveness, mp_spawn
+from . import backends, ddp_checks, liveness, mp_spawn
 from . import faults as _faults
 from . import trace as _trace
 from .arguments import integer, number
@@ -440,10 +440,30 @@ def _patches(nprocs: int) -> contextlib.ExitStack:
         # collective of an "nccl" group fails, and would hide the real error behind that one.
         from torch.cuda import nccl
         stack.enter_context(mock.patch.object(nccl, "version", lambda: (0, 0, 0)))
+    if nprocs >= ddp_checks.LARGE_WORLD:
+        import torch.nn.parallel.distributed as ddp_module
+
+        stack.enter_context(mock.patch.object(ddp_module, "_verify_param_shape_across_processes",
+                                              ddp_checks.verify_params_across_processes))
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    for name in ("register_comm_hook", "_register_builtin_comm_hook"):
+        stack.enter_context(mock.patch.object(DDP, name, _settle_at_issue(getattr(DDP, name))))
     for name, original in (("wait_all", torch.futures.wait_all),
                            ("collect_all", torch.futures.collect_all)):
         stack.enter_context(mock.patch.object(torch.futures, name, _settling(original)))
     return stack
+
+
+def _settle_at_issue(register: Callable[..., Any]) -> Callable[..., Any]:
+    """A DDP comm hook makes its group settle the Reducer's collectives at issue (see
+    FakeProcessGroup.issue)."""
+    @functools.wraps(register)
+    def register_comm_hook(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if hasattr(self.process_group, "_settle_at_issue"):
+            self.process_group._settle_at_issue = True
+        return register(self, *args, **kwargs)
+    return register_comm_hook
 
 
 def _fake_init_process_group(nprocs: int) -> Callable[..., Any]:

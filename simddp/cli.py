@@ -76,7 +76,8 @@ def _grid_flags(p: argparse.ArgumentParser, *, world_default: str | None) -> Non
                    default=None if world_default is None else _list(int)(world_default),
                    help="world sizes, e.g. 64,1024")
     g.add_argument("--network", type=_list(str), default=["ib-ndr"],
-                   help="network presets (simddp.Network.preset), e.g. ib-ndr,100gbe")
+                   help="network presets (simddp.Network.preset), e.g. ib-ndr,100gbe, or a "
+                        "`simddp calibrate --json` file (this machine's measured costs)")
     g.add_argument("--gpus-per-node", type=int, default=None,
                    help="ranks per node (NVLink inside, the network between nodes)")
     g.add_argument("--bucket-cap-mb", type=_list(_cap), default=[None],
@@ -134,10 +135,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 @contextlib.contextmanager
-def _progress(enabled: bool) -> Iterator[tuple[Callable[[str], None], Any]]:
-    """(status, progress) callbacks drawing a rich progress display on stderr."""
+def _progress(enabled: bool) -> Iterator[tuple[Callable[[str], None], Any, Any]]:
+    """(status, rows, replay) callbacks drawing a rich progress display on stderr: stages,
+    configurations done, and how far the running replay got (a million ranks take a while)."""
     if not enabled:
-        yield (lambda text: None), None
+        yield (lambda text: None), None, None
         return
     from rich.console import Console
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
@@ -147,7 +149,7 @@ def _progress(enabled: bool) -> Iterator[tuple[Callable[[str], None], Any]]:
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), console=console,
                   transient=console.is_terminal) as prog:
-        state: dict[str, Any] = {"task": None, "rows": None}
+        state: dict[str, Any] = {"task": None, "rows": None, "replay": None}
 
         def status(text: str) -> None:
             if state["task"] is not None:
@@ -163,7 +165,15 @@ def _progress(enabled: bool) -> Iterator[tuple[Callable[[str], None], Any]]:
                 state["rows"] = prog.add_task("replaying configurations", total=total)
             prog.update(state["rows"], completed=done)
 
-        yield status, rows
+        def replay(done: int, total: int, description: str) -> None:
+            if state["replay"] is None:
+                state["replay"] = prog.add_task(description, total=total)
+            prog.update(state["replay"], completed=done, total=total, description=description)
+            if done >= total:  # the next replay starts a fresh bar
+                prog.remove_task(state["replay"])
+                state["replay"] = None
+
+        yield status, rows, replay
 
 
 @contextlib.contextmanager
@@ -224,12 +234,12 @@ def _write_outputs(res: Any, args: argparse.Namespace) -> list[str]:
 def _whatif(args: argparse.Namespace) -> int:
     from .engines.whatif import whatif
 
-    with _executor(args) as ex, _progress(not args.no_progress) as (status, rows):
+    with _executor(args) as ex, _progress(not args.no_progress) as (status, rows, one):
         res = whatif(args.workload, **_grid_kwargs(args), gpu=args.gpu,
                      step_time_s=args.step_time, batch_size=args.batch_size,
                      capture_ranks=args.capture_ranks, iterations=args.iterations,
                      jitter=args.jitter, seed=args.seed, executor=ex, progress=rows,
-                     status=status)
+                     status=status, replay_progress=one)
     if args.save_capture:
         res.captured.save(args.save_capture)
     return _finish(res, args)
@@ -240,9 +250,10 @@ def _replay(args: argparse.Namespace) -> int:
     from .engines.whatif import replay_grid
 
     cap = CapturedIteration.load(args.capture)
-    with _executor(args) as ex, _progress(not args.no_progress) as (status, rows):
+    with _executor(args) as ex, _progress(not args.no_progress) as (status, rows, one):
         res = replay_grid(cap, **_grid_kwargs(args), iterations=args.iterations,
                           jitter=args.jitter, seed=args.seed, executor=ex, progress=rows,
+                          replay_progress=one,
                           title=f"simddp replay {cap.name} (captured on {cap.world_size} ranks)")
     return _finish(res, args)
 
@@ -281,7 +292,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"measurements": rows, "alpha_beta": fits}, f, indent=1)
-        print(f"wrote {args.json}")
+        print(f"wrote {args.json}: use it as a measured network model, e.g. "
+              f"`simddp whatif mlp --network {args.json}` or Network.from_measurements(path)")
     return 0
 
 

@@ -321,3 +321,28 @@ def test_without_buffer_broadcast_a_rebound_buffer_diverges_between_ranks_silent
     (seen0, state0), (seen1, state1) = returns
     assert seen0[0] == seen1[0] == 0.0 and seen0[1:] != seen1[1:]  # forwards read different centres
     assert torch.equal(state0["lin.weight"], state1["lin.weight"])  # gradients are still averaged
+
+
+@pytest.mark.parametrize("mismatch", ["count", "shape"])
+def test_large_worlds_check_ddp_parameters_with_torchs_own_errors(monkeypatch, mismatch):
+    """At LARGE_WORLD ranks DDP's parameter check runs in linear memory (fakepg.ddp_checks);
+    it must fail exactly as torch's C++ check does."""
+    from fakepg import ddp_checks
+
+    def body(rank):
+        layers = [torch.nn.Linear(4, 4)]
+        if rank == 1:
+            layers = [torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)] if mismatch == "count" \
+                else [torch.nn.Linear(4, 5)]
+        DDP(torch.nn.Sequential(*layers))
+
+    def failure():
+        with pytest.raises(fakepg.RankFailedError) as e:
+            fakepg.spawn(body, nprocs=2)
+        return type(e.value.__cause__), str(e.value.__cause__).splitlines()[0]
+
+    torchs = failure()
+    monkeypatch.setattr(ddp_checks, "LARGE_WORLD", 2)
+    ours = failure()
+    assert ours == torchs
+    assert "DDP expects same model" in torchs[1] or "appears not to match sizes" in torchs[1]

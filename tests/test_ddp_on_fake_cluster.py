@@ -95,3 +95,25 @@ def test_ddp_logging_data_reports_the_fake_backend():
     data = fakepg.spawn(body, nprocs=2).returns[0]
     assert data["backend_name"] == "fakepg"
     assert data["world_size"] == 2
+
+
+def test_a_rank_runs_its_whole_backward_before_handing_over_and_the_grads_still_agree():
+    """The Reducer's default all_reduces settle when backward ends, not bucket by bucket:
+    one hand-over per backward (the speed of a fake world) and the same averaged gradients."""
+    events = []
+
+    def body(rank):
+        torch.manual_seed(0)
+        model = DDP(torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)]),
+                    bucket_cap_mb=0.01)
+        for p in model.parameters():
+            p.register_hook(lambda g, rank=rank: events.append(rank) or g)
+        for i in range(2):  # the second backward runs on the rebuilt, one-per-layer buckets
+            events.clear()
+            model(torch.randn(2, 64, generator=torch.Generator().manual_seed(rank))).sum().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    res = fakepg.spawn(body, nprocs=2)
+    assert events == [0] * 8 + [1] * 8
+    for a, b in zip(*res.returns):
+        assert torch.equal(a, b)

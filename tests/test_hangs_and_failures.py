@@ -256,3 +256,32 @@ def test_a_mismatch_in_device_alone_names_each_ranks_device():
         fakepg.spawn(body, nprocs=2)
     lines = str(info.value).splitlines()
     assert lines[1].endswith(" on meta") and lines[2].endswith(" on cpu")
+
+
+def test_a_hang_in_a_big_world_is_reported_in_a_few_lines_naming_the_missing_rank():
+    """Ranks in the same state share a line, rank lists become ranges: a report on 300 ranks
+    (and on 4,096: ci/bench_fakepg_scale.py's worlds) is as short as one on 2."""
+    def body(rank):
+        if rank != 7:
+            dist.all_reduce(torch.ones(2))
+
+    with pytest.raises(fakepg.CollectiveHangError) as e:
+        fakepg.spawn(body, nprocs=300)
+    report = e.value.report
+    assert len(report.splitlines()) <= 8
+    assert "  ranks 0-6: blocked waiting on all_reduce" in report
+    assert "group '0' (ranks [0-299])" in report and "waits for ranks [7]" in report
+    assert "  rank 7: finished (returned)" in report
+    assert "issued by ranks 0-6, 8-299 at " in report
+
+
+def test_a_mismatch_in_a_big_world_names_the_odd_rank_on_its_own_line():
+    def body(rank):
+        dist.all_reduce(torch.ones(2 + (rank == 30)))
+
+    with pytest.raises(fakepg.CollectiveMismatchError) as e:
+        fakepg.spawn(body, nprocs=40)
+    lines = str(e.value).splitlines()
+    assert lines[1].startswith("  ranks 0-29: all_reduce(shapes=[(2,)]")
+    assert lines[2].startswith("  rank 30: all_reduce(shapes=[(3,)]")
+    assert lines[3].startswith("  ranks 31-39: all_reduce(shapes=[(2,)]")

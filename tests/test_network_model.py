@@ -23,11 +23,16 @@ ranks = st.integers(min_value=1, max_value=4096)
 def networks(draw, hierarchical=None):
     hier = draw(st.booleans()) if hierarchical is None else hierarchical
     kw = {}
+    algorithms = ["ring", "tree", "auto"]
     if hier:
         kw = dict(gpus_per_node=draw(st.integers(1, 16)), intra_bandwidth_GBps=draw(bandwidths),
-                  intra_latency_us=draw(latencies))
+                  intra_latency_us=draw(latencies),
+                  nics_per_node=draw(st.none() | st.integers(1, 16)),
+                  nvls_bandwidth_GBps=draw(st.none() | bandwidths))
+        if kw["nvls_bandwidth_GBps"] is not None:
+            algorithms.append("nvls")
     return Network(bandwidth_GBps=draw(bandwidths), latency_us=draw(latencies),
-                   algorithm=draw(st.sampled_from(["ring", "tree"])), **kw)
+                   algorithm=draw(st.sampled_from(algorithms)), **kw)
 
 
 # ---- flat formulas ------------------------------------------------------------------------------
@@ -158,19 +163,23 @@ def test_hierarchical_topology_uses_intra_link_within_a_node(op, nbytes, n, inte
     assert hier.collective_time(op, nbytes, n) == intra_only.collective_time(op, nbytes, n)
 
 
-def test_hierarchical_allreduce_is_intra_reduce_scatter_inter_allreduce_intra_all_gather():
+def test_hierarchical_allreduce_is_nccls_pipelined_ring_and_tree_through_all_ranks():
+    # Changed in the presets/auto work: this used to assert intra reduce_scatter + inter
+    # all_reduce of S/g + intra all_gather (times added). NCCL's ring and tree run through all
+    # ranks at once, every NVLink and NIC busy together, so the bandwidth is the slowest
+    # resource's and the latency counts NCCL's tuning.cc steps.
     net = Network(bandwidth_GBps=25.0, latency_us=5.0, gpus_per_node=8,
                   intra_bandwidth_GBps=450.0, intra_latency_us=2.0)
-    S, g, N = 1 << 28, 8, 4  # 32 ranks
+    S, n, g, N = 1 << 28, 32, 8, 4
     a, b, ai, bi = 5e-6, 25e9, 2e-6, 450e9
-    intra_rs = (g - 1) * ai + (g - 1) / g * S / bi
-    inter_ar = 2 * (N - 1) * a + 2 * (N - 1) / N * (S / g) / b
-    assert net.collective_time("all_reduce", S, 32) == pytest.approx(2 * intra_rs + inter_ar, rel=1e-12)
-    assert net.collective_time("reduce_scatter", S, 32) == pytest.approx(
-        intra_rs + (N - 1) * a + (N - 1) / N * (S / g) / b, rel=1e-12)
+    bw = min(bi, g * b)  # 8 NICs of 25 GB/s = 200 GB/s per node < 450 GB/s NVLink
+    ring = (2 * (n - 1) - 2 * N) * ai + 2 * N * a + 2 * (n - 1) / n * S / bw
+    assert net.collective_time("all_reduce", S, n) == pytest.approx(ring, rel=1e-12)
+    assert net.collective_time("reduce_scatter", S, n) == pytest.approx(
+        (n - N) * ai + (N - 1) * a + (n - 1) / n * S / bw, rel=1e-12)
     tree = net.with_(algorithm="tree")
-    assert tree.collective_time("all_reduce", S, 32) == pytest.approx(
-        2 * intra_rs + 2 * 2 * a + 2 * (S / g) / (0.9 * b), rel=1e-12)
+    assert tree.collective_time("all_reduce", S, n) == pytest.approx(
+        2 * (g - 1) * ai + 2 * 2 * a + 2 * S / (0.9 * bw), rel=1e-12)
 
 
 def test_hierarchical_all_to_all_charges_each_peer_on_its_own_link():
@@ -190,12 +199,17 @@ def test_hierarchy_with_equal_links_keeps_the_flat_bandwidth_term(op):
         flat.collective_time(op, 1 << 30, 64), rel=1e-12)
 
 
-def test_hierarchy_cuts_ring_allreduce_latency_to_steps_inside_plus_steps_across_nodes():
+def test_hierarchical_ring_allreduce_latency_counts_nccls_steps():
+    # Changed: a hierarchical ring used to cost (7 + 2·7 + 7) steps at 64 ranks (as if it were
+    # reduce_scatter / inter-node all_reduce / all_gather). NCCL's ring has 2(n−1) steps, 2N of
+    # them crossing nodes (tuning.cc nInterSteps), which is why NCCL switches to trees at scale.
     flat = Network(bandwidth_GBps=10.0, latency_us=5.0)
-    hier = flat.with_(gpus_per_node=8)
+    hier = flat.with_(gpus_per_node=8, intra_latency_us=1.0)
     assert flat.collective_time("all_reduce", 0, 64) == pytest.approx(2 * 63 * 5e-6)
-    # intra reduce_scatter 7 steps + inter all_reduce over 8 nodes 2·7 + intra all_gather 7
-    assert hier.collective_time("all_reduce", 0, 64) == pytest.approx((7 + 2 * 7 + 7) * 5e-6)
+    assert hier.collective_time("all_reduce", 0, 64) == pytest.approx((126 - 16) * 1e-6 + 16 * 5e-6)
+    # the tree: a chain of 7 inside each node, log2(8) = 3 levels across, up and down
+    assert hier.with_(algorithm="tree").collective_time("all_reduce", 0, 64) == pytest.approx(
+        2 * 7 * 1e-6 + 2 * 3 * 5e-6)
 
 
 def test_bus_bandwidth_approaches_link_bandwidth_for_large_ring_messages():
@@ -251,7 +265,8 @@ def test_calibrate_rejects_measurements_that_cannot_separate_latency_from_bandwi
 def test_unknown_preset_error_lists_known_presets():
     with pytest.raises(ValueError) as err:
         Network.preset("infiniband-xdr")
-    for name in ("nvlink", "ib-hdr", "ib-ndr", "100gbe", "400gbe", "gloo-loopback"):
+    for name in ("nvlink", "ib-hdr", "ib-ndr", "100gbe", "400gbe", "gloo-loopback", "dgx1-v100",
+                 "dgx-a100", "dgx-h100", "dgx-b200"):
         assert name in str(err.value)
 
 
@@ -261,7 +276,7 @@ def test_presets_have_their_fabrics_line_rate(name, GBps):
     net = Network.preset(name)
     assert (net.name, net.bandwidth_GBps, net.gpus_per_node) == (name, GBps, None)
     assert set(PRESETS) == {"nvlink", "ib-hdr", "ib-ndr", "100gbe", "400gbe", "gloo-loopback",
-                            "dgx1-v100"}
+                            "dgx1-v100", "dgx-a100", "dgx-h100", "dgx-b200"}
 
 
 @pytest.mark.parametrize("factory", [Network.infiniband_hdr, Network.infiniband_ndr,
@@ -287,7 +302,11 @@ def test_preset_keywords_override_fields():
     (dict(bandwidth_GBps=-1.0, latency_us=1.0), "bandwidth_GBps must be"),
     (dict(bandwidth_GBps=math.inf, latency_us=1.0), "bandwidth_GBps must be"),
     (dict(bandwidth_GBps=1.0, latency_us=-1.0), "latency_us must be a finite number >= 0"),
-    (dict(bandwidth_GBps=1.0, latency_us=1.0, algorithm="butterfly"), "'ring', 'tree'"),
+    (dict(bandwidth_GBps=1.0, latency_us=1.0, algorithm="butterfly"), "'ring', 'tree', 'nvls', 'auto'"),
+    (dict(bandwidth_GBps=1.0, latency_us=1.0, algorithm="nvls"), "needs NVLink SHARP"),
+    (dict(bandwidth_GBps=1.0, latency_us=1.0, gpus_per_node=8, algorithm="nvls"), "needs NVLink SHARP"),
+    (dict(bandwidth_GBps=1.0, latency_us=1.0, nics_per_node=4), "pass gpus_per_node"),
+    (dict(bandwidth_GBps=1.0, latency_us=1.0, gpus_per_node=8, nics_per_node=0), "nics_per_node must be an int"),
     (dict(bandwidth_GBps=1.0, latency_us=1.0, gpus_per_node=0), "gpus_per_node must be an int"),
     (dict(bandwidth_GBps=1.0, latency_us=1.0, intra_bandwidth_GBps=300.0), "pass gpus_per_node"),
     (dict(bandwidth_GBps=1.0, latency_us=1.0, gpus_per_node=8, intra_bandwidth_GBps=0.0),

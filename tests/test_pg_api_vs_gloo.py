@@ -8,9 +8,6 @@ the gist being the message up to fakepg's " (rank ..." suffix and torch's C++ tr
 
 from __future__ import annotations
 
-import datetime
-import threading
-import uuid
 from typing import Any, Callable
 
 import pytest
@@ -19,9 +16,9 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 import fakepg
+from test_collectives_vs_gloo import run_gloo  # one way to run a real gloo world
 
 pytestmark = pytest.mark.gloo
-_STORE = dist.HashStore()
 N = 3
 
 
@@ -101,30 +98,11 @@ def _probes(rank: int, pg: Any, n: int) -> dict[str, tuple]:
     return {name: _outcome(fn) for name, fn in probes.items()}
 
 
-def _real_gloo(n: int) -> list[dict]:
-    prefix = f"pers-{uuid.uuid4().hex}"
-    results: list[Any] = [None] * n
-
-    def thread(rank: int) -> None:
-        pg = dist.ProcessGroupGloo(dist.PrefixStore(prefix, _STORE), rank, n,
-                                   datetime.timedelta(seconds=20))
-        results[rank] = _probes(rank, pg, n)
-
-    threads = [threading.Thread(target=thread, args=(r,), daemon=True) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not any(t.is_alive() for t in threads), "gloo world did not finish"
-    assert all(r is not None for r in results), "a gloo rank failed outside its probes"
-    return results
-
-
 @pytest.fixture(scope="module")
 def real_and_fake():
     fake = fakepg.spawn(lambda rank: _probes(rank, c10d._get_default_group(), N), nprocs=N,
                         backend="gloo").returns
-    return _real_gloo(N), fake
+    return run_gloo(_probes, N), fake
 
 
 @pytest.mark.parametrize("probe", [

@@ -96,8 +96,16 @@ def test_deterministic_algorithms_and_warn_only_are_per_rank():
     assert not torch.are_deterministic_algorithms_enabled()
 
 
-def test_backend_switches_and_matmul_precision_are_per_rank():
+def test_backend_switches_and_matmul_precision_are_per_rank(monkeypatch):
+    # importing torch.testing._internal.common_utils (torch's suite, in another test of this
+    # worker) freezes the cudnn flags process-wide: unfreeze them for this test
+    monkeypatch.setitem(torch.backends.flags_frozen.__globals__, "__allow_nonbracketed_mutation_flag", True)
     einsum = torch.backends.opt_einsum.enabled  # True only where the opt_einsum package is
+
+    def switches():
+        return (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic,
+                torch.backends.mkldnn.enabled, torch.backends.opt_einsum.enabled,
+                torch.get_float32_matmul_precision())
 
     def body(rank):
         if rank == 0:
@@ -107,14 +115,14 @@ def test_backend_switches_and_matmul_precision_are_per_rank():
             torch.backends.opt_einsum.enabled = not einsum if einsum else False
             torch.set_float32_matmul_precision("high")
         dist.barrier()
-        return (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic,
-                torch.backends.mkldnn.enabled, torch.backends.opt_einsum.enabled,
-                torch.get_float32_matmul_precision())
+        return switches()
 
-    before = capture_switches()
+    # the caller's values, whatever an earlier test in this worker left (rank 1 inherits them)
+    callers, before = switches(), capture_switches()
+    assert callers[:3] != (True, True, False) and callers[4] != "high", "a test leaked switches"
     out = fakepg.spawn(body, nprocs=2).returns
     assert out[0] == (True, True, False, False, "high")
-    assert out[1] == (False, False, True, einsum, "highest")
+    assert out[1] == callers
     assert capture_switches() == before
 
 

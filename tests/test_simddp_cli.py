@@ -134,7 +134,19 @@ def test_calibrate_measures_gloo_collectives_and_fits_alpha_beta(tmp_path):
     assert [(m["op"], m["world_size"], m["bytes"], m["backend"]) for m in doc["measurements"]] \
         == [("all_reduce", 2, 4096, "gloo"), ("all_reduce", 2, 1 << 20, "gloo")]
     assert all(m["seconds"] > 0 for m in doc["measurements"])
-    assert "all_reduce: α–β fit" in proc.stdout
+    # noise on a shared machine may leave no α–β line, but the line says which way it went
+    assert any(line.startswith(("all_reduce: α–β fit", "all_reduce: no α–β fit"))
+               for line in proc.stdout.splitlines())
+    # the file is a network model: the measured points come back as measured
+    net = Network.from_measurements(tmp_path / "cal.json")
+    for m in doc["measurements"]:
+        assert net.collective_time("all_reduce", m["bytes"], 2) == m["seconds"]
+    whatif = run_cli("whatif", "mlp", "--world-size", "2,4", "--network", str(tmp_path / "cal.json"),
+                     "--no-progress", "--json", str(tmp_path / "rows.json"))
+    assert whatif.returncode == 0, whatif.stderr
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert [(r["world_size"], r["network"]) for r in rows] == [(2, "measured:cal.json"),
+                                                                (4, "measured:cal.json")]
 
 
 # -- the engine ----------------------------------------------------------------------------------

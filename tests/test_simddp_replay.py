@@ -235,3 +235,102 @@ def test_sweep_rows_are_the_cartesian_product_of_the_knobs(cap):
     res = replay(cap, 8, network=NET, iterations=2)
     assert len(res.to_csv().splitlines()) == 3
     assert json.loads(res.to_json())["iteration_times"] == res.iteration_times
+
+
+# -- classes of identical ranks: one representative simulated per class ----------------------
+
+IB8 = Network.preset("ib-ndr", gpus_per_node=8)
+SLOW_LINKS = Network.preset("100gbe", gpus_per_node=4)  # NICs shared by 4 ranks
+
+CLASS_CONFIGS = [
+    pytest.param(64, dict(network=IB8), id="plain-64"),
+    pytest.param(256, dict(network=IB8, rank_speed={3: 0.5, 17: 0.8, 200: 0.5}, iterations=2),
+                 id="stragglers-256"),
+    pytest.param(256, dict(network=NET, rank_speed={0: 1.5, 255: 0.6}), id="fast-and-slow-256"),
+    pytest.param(64, dict(network=IB8, jitter=0.05, seed=7, iterations=2), id="noise-seeded-64"),
+    pytest.param(128, dict(network=SLOW_LINKS, groups=4, shared_nic=True, rank_speed={6: 0.5}),
+                 id="shared-slow-links-groups-128"),
+    pytest.param(64, dict(network=SLOW_LINKS, groups=2, shared_nic=True, iterations=2),
+                 id="shared-slow-links-64"),
+    pytest.param(256, dict(network=IB8, comm_hook="fp16", rank_speed={9: 0.7}, bucket_cap_mb=0.01),
+                 id="fp16-256"),
+    pytest.param(64, dict(network=IB8, comm_hook="powersgd", powersgd_rank=2,
+                          rank_speed={5: 0.7}, iterations=2), id="powersgd-64"),
+    pytest.param(128, dict(network=IB8, localsgd_period=2, rank_speed={9: 0.6}, iterations=4),
+                 id="localsgd-node-subgroups-128"),
+    pytest.param(64, dict(network=IB8, slowmo_period=2, iterations=2), id="slowmo-64"),
+    pytest.param(64, dict(network=NET, uneven={3: 1, 40: 2}, iterations=3, rank_speed={1: 0.9}),
+                 id="uneven-join-64"),
+]
+
+
+@pytest.mark.parametrize("world,kw", CLASS_CONFIGS)
+def test_replay_in_classes_equals_the_per_rank_simulation_exactly(cap, world, kw):
+    from simddp.analysis.sweeps import row_figures
+
+    fast = replay(cap, world, progress=False, **kw)
+    slow = replay(cap, world, progress=False, per_rank=True, **kw)
+    assert len(slow.timeline.class_lanes) == world  # the old path: one lane per rank
+    if not kw.get("jitter"):  # noise draws per rank: every rank is a class of its own
+        assert len(fast.timeline.class_lanes) < world // 2
+    # every figure bit for bit (==, not approx)
+    assert fast.iteration_times == slow.iteration_times
+    assert fast.exposed_comm == slow.exposed_comm
+    assert fast.slowest_rank == slow.slowest_rank
+    assert fast.to_json() == slow.to_json()  # knobs, collectives, per-rank counts and bytes
+    assert fast.rank_collectives == list(slow.rank_collectives)
+    assert list(fast.rank_comm_bytes) == list(slow.rank_comm_bytes)
+    a, b = fast.timeline, slow.timeline
+    assert a.waits() == b.waits()
+    assert [a.exposed_comm(r) for r in range(world)] == [b.exposed_comm(r) for r in range(world)]
+    assert [a.iteration_times(r) for r in range(world)] == \
+        [b.iteration_times(r) for r in range(world)]
+    assert a.breakdown() == b.breakdown()  # per (iteration, rank) stats
+    assert list(a.boundaries) == list(b.boundaries) and list(a.end_times) == list(b.end_times)
+    assert a.spans == b.spans and a.comms == b.comms
+    assert a.notable_ranks() == b.notable_ranks()
+    assert a.summary() == b.summary() and a.to_csv() == b.to_csv()
+    assert row_figures(a) == row_figures(b)
+    assert fast.row() == slow.row()
+
+
+def test_classes_are_deterministic_and_noise_keeps_per_rank_draws(cap):
+    kw = dict(network=IB8, jitter=0.05, iterations=2, rank_speed={3: 0.5}, progress=False)
+    a, b = replay(cap, 128, seed=11, **kw), replay(cap, 128, seed=11, **kw)
+    assert a.to_json() == b.to_json()
+    assert replay(cap, 128, seed=12, **kw).iteration_times != a.iteration_times
+    # jitter draws factors per rank and segment (the model): no two ranks alike, no classes
+    assert len(a.timeline.class_lanes) == 128
+    plain = dict(network=IB8, rank_speed={3: 0.5}, progress=False)
+    assert replay(cap, 128, **plain).to_json() == replay(cap, 128, **plain).to_json()
+
+
+def test_a_million_rank_replay_simulates_a_few_classes_and_keeps_per_rank_views(cap):
+    from simddp.analysis import PerRank
+
+    n = 1_000_000
+    res = replay(cap, n, network=IB8, rank_speed={17: 0.5, 999_999: 0.8}, progress=False)
+    tl = res.timeline
+    assert len(tl.class_lanes) == 4  # two captured profiles, two stragglers
+    assert tl.classes() == [(0, 500_000), (1, 499_998), (17, 1), (999_999, 1)]  # odd: 2 out
+    assert isinstance(res.rank_collectives, PerRank) and len(res.rank_collectives) == n
+    assert res.rank_collectives[123_456] == res.rank_collectives[0] > 0
+    assert res.slowest_rank == [17]
+    assert tl.notable_ranks()[17].startswith("slowest")
+    assert 999_999 in tl.notable_ranks()
+    assert tl.iteration_times(17) == res.iteration_times
+    assert len(tl.boundaries) == n and tl.boundaries[-1] == tl.boundaries[999_999]
+    assert res.iteration_time > replay(cap, 4096, network=IB8, progress=False).iteration_time
+
+
+def test_replay_reports_progress_without_changing_the_result(cap, capsys):
+    seen = []
+    res = replay(cap, 512, network=IB8, rank_speed={3: 0.5},
+                 progress=lambda done, total, what: seen.append((done, total, what)))
+    assert seen and seen[-1][0] == seen[-1][1] and "512 ranks as 3 classes" in seen[-1][2]
+    assert all(a[0] <= b[0] for a, b in zip(seen, seen[1:]))
+    shown = replay(cap, 512, network=IB8, rank_speed={3: 0.5}, progress=True)
+    assert "replay: 512 ranks" in capsys.readouterr().err  # rich, on stderr
+    assert shown.to_json() == res.to_json()
+    replay(cap, 512, network=IB8)  # stderr is not a terminal here: no display by default
+    assert capsys.readouterr().err == ""

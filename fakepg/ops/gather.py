@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -98,8 +100,8 @@ class AllGatherIntoTensor(_GatherBytes):
             full = torch.cat([c.inputs[i].reshape(-1) for c in calls])
             for c in calls:
                 copy_into(c.outputs[i], full)
-        for c in calls:
-            c.result = self.result(c.outputs, len(calls))
+        for c in calls:  # made when asked: n chunk views per rank add up to n² in one process
+            c.result = functools.partial(self.result, c.outputs, len(calls))
 
     def result(self, outputs: list[torch.Tensor], n: int) -> list[Any]:
         # gloo runs the single-tensor form as allgather into output.chunk(n)

@@ -82,7 +82,8 @@ def summary(tl: Timeline, max_rows: int = 12) -> str:
     from rich.console import Console
     from rich.table import Table
 
-    rows = tl.breakdown()
+    rows = tl.breakdown(representatives=True)  # one row per class of identical ranks
+    weight = dict(tl.classes()) if tl.rank_class is not None else None
     its: dict[int, list[IterationStats]] = {}
     for row in rows:
         its.setdefault(row.iteration, []).append(row)
@@ -93,8 +94,12 @@ def summary(tl: Timeline, max_rows: int = 12) -> str:
         table.add_column(col, justify="right")
 
     def line(label: str, group: list[IterationStats]) -> list[str]:
-        comm = sum(g.comm for g in group)
-        ov = sum(g.overlap for g in group)
+        if weight is None:
+            comm = sum(g.comm for g in group)
+            ov = sum(g.overlap for g in group)
+        else:  # a class counts once per rank
+            comm = sum(g.comm * weight[g.rank] for g in group)
+            ov = sum(g.overlap * weight[g.rank] for g in group)
         heavy = max(group, key=lambda g: (g.compute, -g.rank))
         return [label, f"{max(g.duration for g in group) * 1e3:.3f}",
                 f"{max(g.compute for g in group) * 1e3:.3f}",

@@ -14,6 +14,22 @@ __all__ = ["plot", "notable_ranks", "MAX_LANES"]
 MAX_LANES = 16  # ranks drawn by default; a bigger world shows its notable ranks
 
 
+
+class _Picks(dict):
+    """Notable ranks and why, at most ``limit``; a rank picked twice keeps both reasons."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def add(self, rank: int, why: str) -> None:
+        if rank in self:
+            if why and why not in self[rank]:
+                self[rank] = f"{self[rank]}, {why}" if self[rank] else why
+        elif len(self) < self.limit:
+            self[rank] = why
+
+
 def notable_ranks(tl: Timeline, limit: int = MAX_LANES) -> dict[int, str]:
     """Up to ``limit`` ranks worth drawing, each with why: the slowest rank of each iteration,
     the ranks with the most compute (stragglers), the most and the least waiting, rank 0,
@@ -25,6 +41,8 @@ def notable_ranks(tl: Timeline, limit: int = MAX_LANES) -> dict[int, str]:
     n = tl.nranks
     if n <= limit:
         return {r: "" for r in range(n)}
+    if tl.rank_class is not None:
+        return _notable_classes(tl, limit)
     compute = [0.0] * n
     wait = [0.0] * n
     durations: dict[int, list[tuple[float, int]]] = {}
@@ -32,14 +50,8 @@ def notable_ranks(tl: Timeline, limit: int = MAX_LANES) -> dict[int, str]:
         compute[s.rank] += s.compute
         wait[s.rank] += s.wait
         durations.setdefault(s.iteration, []).append((s.duration, s.rank))
-    picks: dict[int, str] = {}
-
-    def add(rank: int, why: str) -> None:
-        if rank in picks:
-            if why and why not in picks[rank]:
-                picks[rank] = f"{picks[rank]}, {why}" if picks[rank] else why
-        elif len(picks) < limit:
-            picks[rank] = why
+    picks = _Picks(limit)
+    add = picks.add
 
     for it in durations.values():  # an iteration's slowest rank, where one stands out
         it.sort(key=lambda d: (-d[0], d[1]))
@@ -52,6 +64,64 @@ def notable_ranks(tl: Timeline, limit: int = MAX_LANES) -> dict[int, str]:
             add(r, "straggler")
     add(max(range(n), key=lambda r: (wait[r], -r)), "most wait")
     add(min(range(n), key=lambda r: (wait[r], r)), "least wait")
+    add(0, "")
+    for r in range(n):
+        if len(picks) >= limit:
+            break
+        add(r, "")
+    return dict(sorted(picks.items()))
+
+
+def _notable_classes(tl: Timeline, limit: int) -> dict[int, str]:
+    """:func:`notable_ranks` of a timeline in classes of identical ranks (replay): the same
+    picks, from one breakdown row per class weighted by its size."""
+    import numpy as np
+
+    classes = tl.classes()  # (lowest rank, size), by lowest rank
+    index = {first: c for c, (first, _) in enumerate(classes)}
+    n = tl.nranks
+    compute = [0.0] * len(classes)
+    wait = [0.0] * len(classes)
+    durations: dict[int, list[tuple[float, int]]] = {}
+    for s in tl.breakdown(representatives=True):
+        c = index[s.rank]
+        compute[c] += s.compute
+        wait[c] += s.wait
+        durations.setdefault(s.iteration, []).append((s.duration, s.rank))
+    picks = _Picks(limit)
+    add = picks.add
+
+    def at_position(order: list[tuple[float, int]], k: int) -> float:
+        """The value at position k of the per-rank list these (value, first rank) rows,
+        sorted, stand for (each row repeated by its class's size)."""
+        for v, first in order:
+            k -= classes[index[first]][1]
+            if k < 0:
+                return v
+        return order[-1][0]  # pragma: no cover
+
+    for it in durations.values():  # an iteration's slowest rank, where one stands out
+        it.sort(key=lambda d: (-d[0], d[1]))
+        m = sum(classes[index[r]][1] for _, r in it)
+        if it[0][0] > at_position(it, m // 2) * (1 + 1e-9):
+            add(it[0][1], "slowest")
+    by_compute = sorted(range(len(classes)), key=lambda c: (-compute[c], classes[c][0]))
+    typical = at_position([(compute[c], classes[c][0]) for c in by_compute], n // 2)
+    top: list[int] = []  # the 3 ranks first in (-compute, rank) order
+    levels = sorted({compute[c] for c in by_compute[:3]}, reverse=True)
+    for level in levels:
+        members = [c for c in range(len(classes)) if compute[c] == level]
+        ranks = np.flatnonzero(np.isin(tl.rank_class, members))[:3 - len(top)]
+        top += ranks.tolist()
+        if len(top) >= 3:
+            break
+    for r in top:
+        if compute[int(tl.rank_class[r])] > typical * (1 + 1e-9):
+            add(r, "straggler")
+    most = max(range(len(classes)), key=lambda c: (wait[c], -classes[c][0]))
+    add(classes[most][0], "most wait")
+    least = min(range(len(classes)), key=lambda c: (wait[c], classes[c][0]))
+    add(classes[least][0], "least wait")
     add(0, "")
     for r in range(n):
         if len(picks) >= limit:

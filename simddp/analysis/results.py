@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import fakepg
 
@@ -93,7 +93,8 @@ class ReplayResult(RunResult):
     a few). buckets: the layout replayed (parameter indices per bucket); bucket_bytes: bytes
     each bucket's collectives carried (per stage). collectives: every collective (name, op,
     group, members, bytes, start, end). rank_collectives / rank_comm_bytes: per rank, the
-    collectives it took part in and their bytes. knobs: the keywords it ran with.
+    collectives it took part in and their bytes (a list, or where replay simulated classes of
+    identical ranks a :class:`~simddp.analysis.PerRank` that reads like one). knobs: the keywords it ran with.
     """
 
     world_size: int
@@ -102,8 +103,8 @@ class ReplayResult(RunResult):
     buckets: list[list[int]]
     bucket_bytes: list[list[int]]
     collectives: list[dict[str, Any]]
-    rank_collectives: list[int]
-    rank_comm_bytes: list[int]
+    rank_collectives: Sequence[int]
+    rank_comm_bytes: Sequence[int]
     timeline: Timeline = field(repr=False)
     wall_time: float = 0.0
 
@@ -132,8 +133,9 @@ class ReplayResult(RunResult):
                 "knobs": self.knobs, "iteration_time": self.iteration_time,
                 "iteration_times": self.iteration_times, "exposed_comm": self.exposed_comm,
                 "slowest_rank": self.slowest_rank, "buckets": self.buckets,
-                "bucket_bytes": self.bucket_bytes, "rank_collectives": self.rank_collectives,
-                "rank_comm_bytes": self.rank_comm_bytes, "collectives": self.collectives}
+                "bucket_bytes": self.bucket_bytes,
+                "rank_collectives": list(self.rank_collectives),
+                "rank_comm_bytes": list(self.rank_comm_bytes), "collectives": self.collectives}
 
     def to_json(self, path: str | os.PathLike | None = None) -> str:
         """Everything but the wall time (so equal inputs give identical text)."""

@@ -46,7 +46,7 @@ def row_figures(tl: Timeline) -> dict[str, Any]:
     (per iteration the largest over ranks, averaged) and the last iteration's
     ``slowest_rank``."""
     per_it: dict[int, list[float]] = {}
-    for s in tl.breakdown():
+    for s in tl.breakdown(representatives=True):  # maxima: one row per class will do
         c = per_it.setdefault(s.iteration, [0.0, 0.0])
         c[0], c[1] = max(c[0], s.compute), max(c[1], s.wait)
     n = len(per_it) or 1

@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence as _SequenceABC
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from . import export
 from .intervals import clip, intersection, measure, union
+from .perrank import PerRank
 
 __all__ = ["Timeline", "Lane", "Span", "CommSpan", "IterationStats", "COMPUTE_KINDS"]
 
@@ -212,10 +214,45 @@ class Timeline:
         tl._init(list(lanes))
         return tl
 
-    def _init(self, lanes: list[Lane]) -> None:
+    @classmethod
+    def from_classes(cls, lanes: Sequence[Lane], rank_class: Any,
+                     first: Sequence[int]) -> Timeline:
+        """A timeline of ``len(rank_class)`` ranks in classes of identical ranks: rank ``r``'s
+        lane is ``lanes[rank_class[r]]`` (``rank_class``: a numpy integer array), ``first[c]``
+        the lowest rank of class ``c`` (ascending in ``c``). Figures are computed once per
+        class; per-rank records (``lanes``, ``boundaries`` …) are views, not copies."""
+        tl = cls.__new__(cls)
+        lanes = list(lanes)
+        tl._init(_LaneView(lanes, rank_class), lanes, rank_class, list(first))
+        return tl
+
+    def _init(self, lanes: Sequence[Lane], class_lanes: list[Lane] | None = None,
+              rank_class: Any = None, first: Sequence[int] | None = None) -> None:
         self.lanes = lanes
         self.nranks = len(lanes)
+        # classes of identical ranks (each rank its own class unless from_classes)
+        self.class_lanes: Sequence[Lane] = lanes if class_lanes is None else class_lanes
+        self.rank_class = rank_class
+        self.class_first: Sequence[int] = range(self.nranks) if first is None else first
         self._cache: dict[Any, Any] = {}
+
+    def classes(self) -> list[tuple[int, int]]:
+        """Per class of identical ranks: ``(lowest rank, number of ranks)``; every rank is
+        a class of its own unless the timeline came from :meth:`from_classes` (replay)."""
+        if self.rank_class is None:
+            return [(r, 1) for r in range(self.nranks)]
+        import numpy as np
+
+        sizes = np.bincount(self.rank_class, minlength=len(self.class_lanes)).tolist()
+        return list(zip(self.class_first, sizes))
+
+    def class_ranks(self, c: int) -> list[int]:
+        """The ranks of class ``c`` (see :meth:`classes`), ascending."""
+        if self.rank_class is None:
+            return [c]
+        import numpy as np
+
+        return np.flatnonzero(self.rank_class == c).tolist()
 
     def subset(self, ranks: Iterable[int]) -> Timeline:
         """A timeline of ``ranks`` only, renumbered 0..k−1 in the order given."""
@@ -225,12 +262,15 @@ class Timeline:
     @property
     def boundaries(self) -> list[list[float]]:
         """Per rank: the clock at each iteration's end."""
-        return [lane.boundaries for lane in self.lanes]
+        return self._records([lane.boundaries for lane in self.class_lanes])
 
     @property
     def end_times(self) -> list[float]:
         """Per rank: the clock when the rank's function returned."""
-        return [lane.end_time for lane in self.lanes]
+        return self._records([lane.end_time for lane in self.class_lanes])
+
+    def _records(self, per_class: list) -> Sequence:
+        return per_class if self.rank_class is None else PerRank(per_class, self.rank_class)
 
     @property
     def spans(self) -> list[Span]:
@@ -251,7 +291,7 @@ class Timeline:
     @property
     def makespan(self) -> float:
         """The latest rank's final clock."""
-        return max(self.end_times, default=0.0)
+        return max((lane.end_time for lane in self.class_lanes), default=0.0)
 
     def rank_spans(self, rank: int, kinds: Sequence[str] | None = None) -> list[Span]:
         return [Span(rank, k, s, e, name) for k, s, e, name in self.lanes[rank].spans
@@ -262,27 +302,49 @@ class Timeline:
 
     def num_iterations(self) -> int:
         """Iterations completed by every rank."""
-        return min((len(lane.boundaries) for lane in self.lanes), default=0)
+        return min((len(lane.boundaries) for lane in self.class_lanes), default=0)
 
     def windows(self, rank: int) -> list[tuple[float, float]]:
         return self.lanes[rank].windows()
 
     # -- statistics ------------------------------------------------------------------------------
-    def breakdown(self) -> list[IterationStats]:
-        """One :class:`IterationStats` per (iteration, rank), iteration-major."""
+    def breakdown(self, representatives: bool = False) -> list[IterationStats]:
+        """One :class:`IterationStats` per (iteration, rank), iteration-major.
+
+        ``representatives=True``: one per (iteration, class of identical ranks) instead, its
+        ``rank`` the class's lowest (:meth:`classes` gives the sizes); the same as the
+        default unless the timeline has classes (replay). Maxima over ranks are maxima over
+        these rows, without a row per rank."""
         rows = self._cache.get("breakdown")
         if rows is None:
             rows = self._cache["breakdown"] = self._breakdown()
-        return list(rows)
+        if representatives or self.rank_class is None:
+            return list(rows)
+        out: list[IterationStats] = []  # every rank: its class's rows, renumbered
+        classes = self.rank_class.tolist()
+        i = 0
+        while i < len(rows):
+            it = rows[i].iteration
+            of_class: dict[int, IterationStats] = {}
+            while i < len(rows) and rows[i].iteration == it:
+                of_class[int(self.rank_class[rows[i].rank])] = rows[i]
+                i += 1
+            for r, c in enumerate(classes):
+                row = of_class.get(c)
+                if row is not None:
+                    out.append(row if row.rank == r else dataclasses.replace(row, rank=r))
+        return out
 
     def _breakdown(self) -> list[IterationStats]:
         rows: list[IterationStats] = []
-        per_rank = [lane.windows() for lane in self.lanes]
+        lanes = self.class_lanes
+        per_rank = [lane.windows() for lane in lanes]
         for i in range(max((len(w) for w in per_rank), default=0)):
-            for r, lane in enumerate(self.lanes):
-                if i >= len(per_rank[r]):
+            for k, lane in enumerate(lanes):
+                if i >= len(per_rank[k]):
                     continue
-                lo, hi = per_rank[r][i]
+                r = self.class_first[k]
+                lo, hi = per_rank[k][i]
                 phases = {k: measure(lane.clipped(k, lo, hi)) for k in COMPUTE_KINDS}
                 comm = lane.clipped("comm", lo, hi)
                 rows.append(IterationStats(
@@ -292,18 +354,34 @@ class Timeline:
                     overlap=intersection(comm, lane.clipped(COMPUTE_KINDS, lo, hi))))
         return rows
 
-    def _per_rank(self, metric: str) -> list[list[float]]:
+    def _per_class(self, metric: str) -> list[list[float]]:
         got = self._cache.get(metric)
         if got is None:
-            got = self._cache[metric] = [getattr(lane, metric)() for lane in self.lanes]
+            got = self._cache[metric] = [getattr(lane, metric)() for lane in self.class_lanes]
         return got
 
+    def _per_rank(self, metric: str) -> Sequence[list[float]]:
+        return self._records(self._per_class(metric))
+
+    def compute_figures(self, tick: Any = None) -> None:
+        """Compute (and cache) every lane's durations and exposed communication now, calling
+        ``tick(lanes done)`` every 4096 lanes (a progress display)."""
+        for metric in ("durations", "exposed"):
+            if metric in self._cache:
+                continue
+            got = []
+            for k, lane in enumerate(self.class_lanes):
+                got.append(getattr(lane, metric)())
+                if tick is not None and k % 4096 == 4095:
+                    tick((k + 1) // 2 if metric == "durations"
+                         else (len(self.class_lanes) + k + 1) // 2)
+            self._cache[metric] = got
+
     def _per_iteration(self, metric: str, rank: int | None) -> list[float]:
-        per_rank = self._per_rank(metric)
         if rank is not None:
-            return list(per_rank[rank])
+            return list(self._per_rank(metric)[rank])
         out: list[float] = []
-        for values in per_rank:
+        for values in self._per_class(metric):
             for i, v in enumerate(values):
                 if i == len(out):
                     out.append(v)
@@ -326,7 +404,9 @@ class Timeline:
     def slowest_ranks(self) -> list[int]:
         """Per iteration: the rank with the longest duration (the lowest such rank)."""
         best: list[tuple[float, int]] = []
-        for r, values in enumerate(self._per_rank("durations")):
+        # classes in order of their lowest rank: the first class reaching the maximum holds
+        # the lowest rank with it
+        for r, values in zip(self.class_first, self._per_class("durations")):
             for i, v in enumerate(values):
                 if i == len(best):
                     best.append((v, r))
@@ -369,3 +449,24 @@ class Timeline:
         """A text table per iteration: time (longest rank), compute, comm, exposed comm and
         overlap (largest over ranks), waits, and the rank with the most compute."""
         return export.summary(self, max_rows)
+
+
+class _LaneView(_SequenceABC):
+    """Per rank, its class's lane (:meth:`Timeline.from_classes`), without a list per rank."""
+
+    __slots__ = ("class_lanes", "rank_class")
+
+    def __init__(self, class_lanes: list[Lane], rank_class: Any) -> None:
+        self.class_lanes = class_lanes
+        self.rank_class = rank_class
+
+    def __len__(self) -> int:
+        return len(self.rank_class)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self.class_lanes[c] for c in self.rank_class[i].tolist()]
+        return self.class_lanes[int(self.rank_class[i])]
+
+    def __iter__(self):
+        return iter(PerRank(self.class_lanes, self.rank_class))

@@ -8,13 +8,16 @@ every collective a process on its communicator. The model and every knob are des
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import sys
 import time as _time
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
+import simpy
 from fakepg.arguments import integer
 
-from ..analysis import CommSpan, Lane, ReplayResult, Timeline
+from ..analysis import CommSpan, Lane, PerRank, ReplayResult, Timeline
 from ..models import Network, NetworkModel, collective_time, noise
 from .core import CollectiveProcess, Fabric, at
 from .plan import BucketPlan, CapturedIteration, Costs, check_knobs, plans
@@ -66,7 +69,7 @@ class _Replay:
 
     def __init__(self, cap: CapturedIteration, world: int, net: NetworkModel, *, buckets, plans,
                  speeds, jitter, seed, period, slowmo, uneven, iterations, groups,
-                 shared_nic, costs: Costs) -> None:
+                 shared_nic, costs: Costs, classes: bool = True) -> None:
         self.cap, self.world, self.net = cap, world, net
         self.fabric = Fabric()
         self.env = self.fabric.env
@@ -76,15 +79,26 @@ class _Replay:
         self.costs = costs
         self.groups = groups
         self.nprof = len(cap.profiles)
-        self.slow = [1.0 / speeds.get(r, 1.0) for r in range(world)]
-        self.counts = [uneven.get(r, iterations) for r in range(world)] if uneven else None
+        gpn = net.gpus_per_node or 1
+        self.gpn = gpn
+        self.group_size = world // groups
+        # Equivalence classes: ranks that nothing distinguishes (profile, speed, iteration
+        # count, DDP group, node where node subgroups are used, noise) follow identical
+        # trajectories, so one representative lane per class is simulated (see _classes).
+        rank_class, reps = _classes(world, self.nprof, speeds, uneven, groups,
+                                    gpn if period else 0, jitter > 0, classes)
+        self.rank_class = rank_class  # numpy int array per rank, or None: lane r is rank r
+        self.rep: list[int] | range = reps  # per lane: its representative (lowest) rank
+        nl = self.nlanes = len(reps)
+        self.slow = [1.0 / speeds.get(r, 1.0) for r in reps]
+        self.counts = [uneven.get(r, iterations) for r in reps] if uneven else None
         self.join = bool(uneven)
         # per rank and iteration, one factor per compute segment; one per collective
         self.noise = None
         self.net_noise: noise.Stream | None = None
-        if jitter > 0:
+        if jitter > 0:  # every rank draws its own factors: lanes are ranks (see _classes)
             self.noise = noise.lognormal(noise.generator(seed, 0), jitter,
-                                         (world, iterations, 4)).tolist()
+                                         (world, iterations, 4))
             self.net_noise = noise.Stream(noise.generator(seed, 1), jitter)
         # per profile: forward collectives' issues (0) and waits (1) by compute offset
         self.forward_events = []
@@ -100,39 +114,53 @@ class _Replay:
         for prof in cap.profiles:
             rd = [0.0 if t is None else float(t) for t in prof.ready]
             self.ready.append([max((rd[i] for i in p.params), default=0.0) for p in plans])
-        gpn = net.gpus_per_node or 1
-        self.gpn = gpn
-        ng = world // groups
-        self.group_size = ng
-        self.node_of = [r // gpn for r in range(world)]
-        self.node_members: dict[tuple[int, int], list[int]] = {}
-        for r in range(world):
-            self.node_members.setdefault((r % groups, self.node_of[r]), []).append(r)
-        self.group_links: list[list[tuple[str, int]]] = []
-        for g in range(groups):
-            nodes = sorted({self.node_of[r] for r in range(g, world, groups)})
-            self.group_links.append([("nic", n) for n in nodes]
-                                    if shared_nic and len(nodes) > 1 else [])
+        # per communicator: how many lanes arrive at each of its collectives
+        self.lanes_in: dict[Any, int] = {}
+        for r in reps:
+            g = r % groups
+            for key in (("dp", g), ("node", g, r // gpn)):
+                self.lanes_in[key] = self.lanes_in.get(key, 0) + 1
+        self.shared_nic = shared_nic
+        self._group_links: dict[int, list[tuple[str, int]]] = {}
         self.colls: dict[tuple, CollectiveProcess] = {}
         self.order: list[CollectiveProcess] = []
         self.seq: dict[Any, int] = {}
-        self.side = [0.0] * world
-        self.spans: list[list[tuple[str, float, float, str]]] = [[] for _ in range(world)]
-        self.comms: list[list[tuple[CollectiveProcess, float]]] = [[] for _ in range(world)]
-        self.bounds: list[list[float]] = [[] for _ in range(world)]
+        self.side = [0.0] * nl
+        self.spans: list[list[tuple[str, float, float, str]]] = [[] for _ in range(nl)]
+        self.comms: list[list[tuple[CollectiveProcess, float]]] = [[] for _ in range(nl)]
+        self.bounds: list[list[float]] = [[] for _ in range(nl)]
+        self.ticks = 0  # progress: forward ends, buckets issued, iteration ends
         self.param_bytes = cap.param_bytes
 
     # -- collectives -----------------------------------------------------------------------
     def _net_factor(self) -> float:
         return 1.0 if self.net_noise is None else self.net_noise.next()
 
-    def comm_of(self, r: int, scope: str) -> tuple[Any, list[int] | range, list]:
-        """(communicator key, members, shared links) of rank r's DDP group or node subgroup."""
-        g = r % self.groups
+    def node_members(self, g: int, node: int) -> range:
+        """The ranks of DDP group g on ``node`` (a node subgroup)."""
+        lo, hi = node * self.gpn, min((node + 1) * self.gpn, self.world)
+        return range(lo + (g - lo) % self.groups, hi, self.groups)
+
+    def group_links(self, g: int) -> list[tuple[str, int]]:
+        """The shared NICs group g's collectives hold (``shared_nic``; none otherwise)."""
+        links = self._group_links.get(g)
+        if links is None:
+            links = []
+            if self.shared_nic:
+                nodes = sorted({r // self.gpn for r in range(g, self.world, self.groups)})
+                if len(nodes) > 1:
+                    links = [("nic", n) for n in nodes]
+            self._group_links[g] = links
+        return links
+
+    def comm_of(self, r: int, scope: str) -> tuple[Any, range, list]:
+        """(communicator key, members, shared links) of lane r's DDP group or node subgroup."""
+        rank = self.rep[r]
+        g = rank % self.groups
         if scope == "node":
-            node = self.node_of[r]
-            return ("node", g, node), self.node_members[(g, node)], []
-        return ("dp", g), range(g, self.world, self.groups), self.group_links[g]
+            node = rank // self.gpn
+            return ("node", g, node), self.node_members(g, node), []
+        return ("dp", g), range(g, self.world, self.groups), self.group_links(g)
 
     def enqueue(self, r: int, tag: tuple, scope: str, op: str, nbytes: int,
                 in_backward: bool = False) -> CollectiveProcess:
@@ -151,7 +179,10 @@ class _Replay:
             info = {"name": "/".join(str(x) for x in (group, *tag)), "op": op, "group": group,
                     "members": members, "seq": seq, "bytes": int(nbytes),
                     "in_backward": in_backward}
-            c = self.colls[name] = self.fabric.collective(key, n, dur, links=links, info=info)
+            # the collective waits for one arrival per lane (a class's representative
+            # arrives for all of its ranks), and lasts as long as its real group size says
+            c = self.colls[name] = self.fabric.collective(key, self.lanes_in[key], dur,
+                                                          links=links, info=info)
             self.order.append(c)
         return c
 
@@ -236,6 +267,7 @@ class _Replay:
         colls = [self.enqueue(r, ("b", it, k, j), scope, op, nbytes, True)
                  for j, (op, nbytes, _) in enumerate(plan.stages)]
         first = self.arrive(r, colls[0])
+        self.ticks += 1
         if len(plan.stages) > 1:
             pending.append(self.env.process(self.chain(r, plan, colls, scale)))
         else:
@@ -243,9 +275,10 @@ class _Replay:
 
     def train(self, r: int, it: int):
         env = self.env
-        prof = self.cap.profiles[r % self.nprof]
+        p = self.rep[r] % self.nprof
+        prof = self.cap.profiles[p]
         s = self.slow[r]
-        f = self.noise[r][it] if self.noise is not None else (1.0, 1.0, 1.0, 1.0)
+        f = self.noise[r, it].tolist() if self.noise is not None else (1.0, 1.0, 1.0, 1.0)
         pending: list = []
         if self.join:  # Join.notify_join_context and DDP's requires-grad-sync, async
             pending.append((self.issue(r, ("join", it), "dp", "all_reduce", 4), 0.0))
@@ -254,7 +287,7 @@ class _Replay:
         scale = s * f[0]
         done = 0.0
         issued: dict[int, CollectiveProcess] = {}
-        for offset, what, k in self.forward_events[r % self.nprof]:
+        for offset, what, k in self.forward_events[p]:
             dt = offset * scale - done
             if dt > 0:
                 yield from self.compute(r, "forward", dt)
@@ -265,12 +298,13 @@ class _Replay:
             else:
                 yield from self.wait(r, issued[k], f"wait: {fc['op']}")
         yield from self.compute(r, "forward", prof.forward * scale - done)
+        self.ticks += 1
         # backward: buckets issued in order, each when its last parameter is ready
         scope = "node" if self.period else "dp"
         t_b = env.now
         scale = s * f[1]
         shift = 0.0
-        ready = self.ready[r % self.nprof]
+        ready = self.ready[p]
         for k, plan in enumerate(self.plans):
             t = t_b + ready[k] * scale + shift
             if t > env.now:
@@ -326,6 +360,7 @@ class _Replay:
             else:
                 yield from self.shadow(r, it)
             self.bounds[r].append(self.env.now)
+            self.ticks += 1
         if self.join:  # the last Join all_reduce (nobody left), DDP's final broadcast
             c = self.issue(r, ("join", "final"), "dp", "all_reduce", 4)
             yield from self.wait(r, c, "wait: join")
@@ -334,32 +369,136 @@ class _Replay:
             if self.bounds[r]:
                 self.bounds[r][-1] = self.env.now
 
-    def run(self) -> Timeline:
-        """Run every rank to its end; returns the timeline, its figures computed."""
+    def run(self, progress: Any = None) -> Timeline:
+        """Run every lane to its end; returns the timeline, its figures computed.
+        ``progress(done, total, description)``, if given, hears how far it got."""
         # The cyclic garbage collector would rescan the many live events and generators of a
         # large world again and again (2-3x the run time at 4096 ranks); it is paused while the
         # simulation runs and the timeline computes its figures, and restored after.
         was_enabled = gc.isenabled()
         gc.disable()
         try:
-            for r in range(self.world):
+            nl = self.nlanes
+            what = (f"replay: {self.world:,} ranks" if nl == self.world else
+                    f"replay: {self.world:,} ranks as {nl:,} classes")
+            for r in range(nl):
                 self.env.process(self.rank(r))
-            self.env.run()
-            unfinished = [r for r in range(self.world) if len(self.bounds[r]) < self.iterations]
+            if progress is None:
+                self.env.run()
+            else:
+                # per lane and iteration: forward end, each bucket issued, iteration end
+                total = nl * self.iterations * (len(self.plans) + 2) + nl
+                progress(0, total, what)
+                step, every = self.env.step, max(1024, total // 200)
+                try:
+                    while True:
+                        for _ in range(every):
+                            step()
+                        progress(self.ticks, total, what)
+                except simpy.core.EmptySchedule:
+                    pass
+            unfinished = [r for r in range(nl) if len(self.bounds[r]) < self.iterations]
             if unfinished:  # pragma: no cover - a bug in the model, not a user error
-                raise RuntimeError(f"replay deadlocked: ranks {unfinished[:8]} did not finish")
+                raise RuntimeError(f"replay deadlocked: ranks {[self.rep[r] for r in unfinished[:8]]} "
+                                   f"did not finish")
             timeline = self.timeline()
+            if progress is not None:  # the figures, lane by lane
+                done = total - nl
+                timeline.compute_figures(
+                    lambda k: progress(done + k, total, f"{what}: statistics"))
             timeline.iteration_times(), timeline.exposed_comm()  # (cached)
+            if progress is not None:
+                progress(total, total, f"{what}: done")
         finally:
             if was_enabled:
                 gc.enable()
         return timeline
 
     def timeline(self) -> Timeline:
-        return Timeline.from_lanes([
-            _ReplayLane(self.spans[r], self.comms[r], self.bounds[r],
-                        self.bounds[r][-1] if self.bounds[r] else 0.0)
-            for r in range(self.world)])
+        lanes = [_ReplayLane(self.spans[r], self.comms[r], self.bounds[r],
+                             self.bounds[r][-1] if self.bounds[r] else 0.0)
+                 for r in range(self.nlanes)]
+        if self.rank_class is None:
+            return Timeline.from_lanes(lanes)
+        return Timeline.from_classes(lanes, self.rank_class, list(self.rep))
+
+    def per_rank(self, values: list) -> list | PerRank:
+        """Per-lane values as per-rank values (a compact :class:`PerRank` for classes)."""
+        return values if self.rank_class is None else PerRank(values, self.rank_class)
+
+
+@contextlib.contextmanager
+def _progress(progress: Any) -> Iterator[Any]:
+    """replay(progress=...) as a callback ``(done, total, description)`` or None."""
+    if callable(progress):
+        yield progress
+        return
+    if progress is None:
+        progress = sys.stderr.isatty()
+    if not progress:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import (BarColumn, Progress, TaskProgressColumn, TextColumn,
+                               TimeElapsedColumn)
+
+    console = Console(stderr=True)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+                  TimeElapsedColumn(), console=console, transient=console.is_terminal) as prog:
+        task = prog.add_task("replay", total=None)
+
+        def report(done: int, total: int, description: str) -> None:
+            prog.update(task, completed=done, total=total, description=description)
+
+        yield report
+
+
+def _classes(world: int, nprof: int, speeds: Mapping[int, float], uneven: Mapping[int, int],
+             groups: int, gpn: int, noisy: bool, enabled: bool
+             ) -> tuple[Any, list[int] | range]:
+    """Ranks grouped into equivalence classes: ``(rank_class, representatives)``.
+
+    Two ranks behave identically in replay when nothing tells them apart: the captured
+    profile they replay (rank % profiles), their speed, their iteration count (``uneven``),
+    their DDP group (rank % groups) and, when node subgroups communicate (``gpn`` > 0:
+    LocalSGD/SlowMo), their node. Their issue times, waits and spans are then equal, and one
+    representative (the class's lowest rank) stands for all: it arrives at a collective once
+    for its whole class. Returns ``(None, range(world))`` — one lane per rank, the per-rank
+    simulation — when classes are disabled, when per-rank noise (``jitter``) makes every rank
+    distinct, or when no two ranks are alike. ``rank_class``: a numpy integer array, the
+    class of each rank; classes are numbered in order of their lowest rank.
+    """
+    if not enabled or noisy or world <= 1:
+        return None, range(world)
+    import numpy as np
+
+    ranks = np.arange(world, dtype=np.int64)
+    code = ranks % nprof
+    width = nprof
+    if groups > 1:
+        code += width * (ranks % groups)
+        width *= groups
+    if gpn:
+        code += width * (ranks // gpn)
+        width *= -(-world // gpn)
+    special = sorted(set(speeds) | set(uneven))
+    if special:  # a few listed ranks: their (speed, count) as one more digit
+        kinds: dict[tuple, int] = {}
+        idx = np.array(special, dtype=np.int64)
+        ks = [kinds.setdefault((float(speeds.get(r, 1.0)), uneven.get(r)), len(kinds) + 1)
+              for r in special]
+        digit = np.zeros(world, dtype=np.int64)
+        digit[idx] = ks
+        code = code * (len(kinds) + 1) + digit
+    _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+    if len(first) == world:
+        return None, range(world)
+    order = np.argsort(first, kind="stable")  # classes in order of their lowest rank
+    renumber = np.empty_like(order)
+    renumber[order] = np.arange(len(order))
+    dtype = np.int32 if len(first) < 2**31 else np.int64
+    rank_class = renumber[inverse.reshape(-1)].astype(dtype)
+    return rank_class, first[order].tolist()
 
 
 def replay(captured: CapturedIteration, world_size: int | None = None, *,
@@ -369,9 +508,16 @@ def replay(captured: CapturedIteration, world_size: int | None = None, *,
            jitter: float = 0.0, seed: int = 0, localsgd_period: int | None = None,
            slowmo_period: int | None = None, uneven: Mapping[int, int] | None = None,
            iterations: int | None = None, groups: int = 1,
-           shared_nic: bool = False) -> ReplayResult:
+           shared_nic: bool = False, per_rank: bool = False,
+           progress: Any = None) -> ReplayResult:
     """Replay ``captured`` on ``world_size`` ranks (default: the captured world size) with one
-    global simpy environment. See :mod:`simddp.replay` for the model and every knob."""
+    global simpy environment. See :mod:`simddp.replay` for the model and every knob.
+
+    ``per_rank=True`` simulates every rank, instead of one representative per class of
+    identical ranks (same results, much slower at scale: for benchmarks and tests).
+    ``progress``: None shows a rich progress bar on stderr when stderr is a terminal, True
+    always, False never; a callable ``progress(done, total, description)`` hears it instead.
+    Neither changes the result."""
     t_wall = _time.perf_counter()
     cap = captured
     world = integer("world_size", cap.world_size if world_size is None else world_size,
@@ -388,8 +534,9 @@ def replay(captured: CapturedIteration, world_size: int | None = None, *,
     sim = _Replay(cap, world, net, buckets=buckets, plans=bucket_plans, speeds=speeds,
                   jitter=jitter, seed=seed, period=period, slowmo=slowmo_period is not None,
                   uneven=uneven, iterations=iterations, groups=groups, shared_nic=shared_nic,
-                  costs=costs)
-    timeline = sim.run()
+                  costs=costs, classes=not per_rank)
+    with _progress(progress) as report:
+        timeline = sim.run(report)
     knobs = {**net.describe(), "bucket_cap_mb": bucket_cap_mb,
              "first_bucket_mb": first_bucket_mb, "comm_hook": comm_hook,
              "powersgd_rank": powersgd_rank if comm_hook == "powersgd" else None,
@@ -404,7 +551,7 @@ def replay(captured: CapturedIteration, world_size: int | None = None, *,
     return ReplayResult(
         world_size=world, iterations=iterations, knobs=knobs, buckets=buckets,
         bucket_bytes=[[b for _, b, _ in p.stages] for p in bucket_plans], collectives=colls,
-        rank_collectives=[len(x) for x in sim.comms],
-        rank_comm_bytes=[sum(c.info["bytes"] for c, _ in x) for x in sim.comms],
+        rank_collectives=sim.per_rank([len(x) for x in sim.comms]),
+        rank_comm_bytes=sim.per_rank([sum(c.info["bytes"] for c, _ in x) for x in sim.comms]),
         timeline=timeline, wall_time=_time.perf_counter() - t_wall)
 

@@ -30,11 +30,13 @@ def grid(**axes: Any) -> list[dict[str, Any]]:
     return [dict(zip(keys, combo)) for combo in itertools.product(*values)]
 
 
-def replay_row(captured: CapturedIteration, knobs: dict[str, Any]) -> dict[str, Any]:
+def replay_row(captured: CapturedIteration, knobs: dict[str, Any],
+               progress: Any = False) -> dict[str, Any]:
     """One sweep row: :func:`replay` with ``knobs``, its :meth:`~simddp.ReplayResult.row`, the
     breakdown columns (:func:`~simddp.analysis.sweeps.row_figures`) and ``wall_time_s``.
-    Module-level, so that executors in other processes can run it."""
-    res = replay(captured, **knobs)
+    Module-level, so that executors in other processes can run it. ``progress``: replay's
+    (no display of its own by default: the sweep reports rows)."""
+    res = replay(captured, **{"progress": progress, **knobs})
     return {**res.row(), **row_figures(res.timeline), "wall_time_s": res.wall_time}
 
 
@@ -61,14 +63,16 @@ def sweep(captured: CapturedIteration, *,
 
 def run_configs(captured: CapturedIteration, configs: list[dict[str, Any]], *,
                 executor: concurrent.futures.Executor | None = None,
-                progress: Progress | None = None) -> list[dict[str, Any]]:
+                progress: Progress | None = None,
+                replay_progress: Any = None) -> list[dict[str, Any]]:
     """:func:`replay_row` for each of ``configs`` (replay keywords), here or on ``executor``;
-    rows in the order of ``configs``."""
+    rows in the order of ``configs``. ``replay_progress(done, total, description)`` hears how
+    far each replay got (here only, not on an executor)."""
     total = len(configs)
     rows: list[dict[str, Any] | None] = [None] * total
     if executor is None:
         for i, kw in enumerate(configs):
-            rows[i] = replay_row(captured, kw)
+            rows[i] = replay_row(captured, kw, replay_progress or False)
             if progress is not None:
                 progress(i + 1, total, rows[i])
     else:

@@ -132,9 +132,12 @@ def calibrate_compute(scenario: Any, compute: Any, seconds: float) -> tuple[Any,
 
 
 def network_for(spec: Any, gpus_per_node: int | None = None) -> NetworkModel:
-    """A network model from a preset name (``gpus_per_node`` applied) or a model as is."""
+    """A network model from a preset name or a ``simddp calibrate --json`` file
+    (``gpus_per_node`` applied), or a model as is."""
     if isinstance(spec, str):
         kw = {} if gpus_per_node is None else {"gpus_per_node": gpus_per_node}
+        if spec.endswith(".json"):  # a `simddp calibrate --json` file
+            return Network.from_measurements(spec, **kw)
         return Network.preset(spec, **kw)
     if gpus_per_node is not None and isinstance(spec, Network):
         return spec.with_(gpus_per_node=gpus_per_node)
@@ -150,7 +153,7 @@ def replay_grid(captured: CapturedIteration, *, world_size: Any, network: Any = 
                 comm_hook: Any = None, rank_speed: Mapping[int, float] | None = None,
                 executor: concurrent.futures.Executor | None = None,
                 progress: Progress | None = None, title: str | None = None,
-                **knobs: Any) -> SweepResult:
+                replay_progress: Any = None, **knobs: Any) -> SweepResult:
     """Replay ``captured`` over world sizes × networks × bucket caps × comm hooks (lists or
     single values), stragglers ``rank_speed`` applied where the world has those ranks;
     ``knobs``: other :func:`~simddp.replay.replay` keywords (single values)."""
@@ -164,7 +167,8 @@ def replay_grid(captured: CapturedIteration, *, world_size: Any, network: Any = 
                     configs.append({"world_size": n, "network": net, "bucket_cap_mb": cap_mb,
                                     "comm_hook": hook, **knobs,
                                     "rank_speed": {r: s for r, s in speeds.items() if r < n}})
-    rows = run_configs(captured, configs, executor=executor, progress=progress)
+    rows = run_configs(captured, configs, executor=executor, progress=progress,
+                       replay_progress=replay_progress)
     return SweepResult(rows, captured=captured, configs=configs, title=title)
 
 
@@ -176,7 +180,8 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
            jitter: float = 0.0, seed: int = 0,
            executor: concurrent.futures.Executor | None = None,
            progress: Progress | None = None,
-           status: Callable[[str], None] | None = None) -> SweepResult:
+           status: Callable[[str], None] | None = None,
+           replay_progress: Any = None) -> SweepResult:
     """One row per configuration of ``workload`` (see the module docstring). ``compute``
     overrides ``Compute.roofline(gpu)``; ``status(text)`` hears each stage as it starts.
     The result's ``meta`` dict says what was modelled (compute, calibration factor)."""
@@ -196,6 +201,7 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
     res = replay_grid(cap, world_size=world_size, network=network, gpus_per_node=gpus_per_node,
                       bucket_cap_mb=bucket_cap_mb, comm_hook=comm_hook, rank_speed=rank_speed,
                       executor=executor, progress=progress, title=title,
+                      replay_progress=replay_progress,
                       iterations=iterations, jitter=jitter, seed=seed)
     res.meta = {"workload": sc.name, "compute": repr(model), "calibration_factor": factor,
                 "step_time_s": step_time_s, "capture_ranks": capture_ranks}

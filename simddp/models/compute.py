@@ -48,6 +48,7 @@ class DevicePreset:
     fp64_tflops: float
     mem_bandwidth_GBps: float
     op_overhead_us: float
+    tf32_tflops: float | None = None  # dense TF32 tensor-core peak; None: no TF32 (pre-Ampere)
 
     def peak_tflops(self, dtype: torch.dtype) -> float:
         if dtype in (torch.float16, torch.bfloat16):
@@ -64,12 +65,19 @@ DEVICES: dict[str, DevicePreset] = {
                          mem_bandwidth_GBps=900.0, op_overhead_us=5.0),
     # NVIDIA A100 datasheet (SXM 80GB): FP32 19.5, BF16/FP16 tensor 312 dense, FP64 tensor 19.5
     # TFLOP/s; HBM2e 2,039 GB/s. Overhead: ~5 µs of eager dispatch + kernel launch per op.
+    # TF32 tensor 156 dense (312 with sparsity).
     "a100": DevicePreset("a100", fp32_tflops=19.5, fp16_tflops=312.0, fp64_tflops=19.5,
-                         mem_bandwidth_GBps=2039.0, op_overhead_us=5.0),
+                         mem_bandwidth_GBps=2039.0, op_overhead_us=5.0, tf32_tflops=156.0),
     # NVIDIA H100 datasheet (SXM5): FP32 67, BF16/FP16 tensor 989 dense (1,979 is with
     # sparsity), FP64 tensor 67 TFLOP/s; HBM3 3.35 TB/s.
+    # TF32 tensor 494.5 dense (989 with sparsity).
     "h100": DevicePreset("h100", fp32_tflops=67.0, fp16_tflops=989.0, fp64_tflops=67.0,
-                         mem_bandwidth_GBps=3350.0, op_overhead_us=5.0),
+                         mem_bandwidth_GBps=3350.0, op_overhead_us=5.0, tf32_tflops=494.5),
+    # NVIDIA HGX B200 / DGX B200 datasheets, 8-GPU totals ÷ 8: FP32 600/8 = 75, BF16/FP16 tensor
+    # 36 PFLOP/s sparse → 2,250 dense, TF32 tensor 18 PFLOP/s sparse → 1,125 dense, FP64 tensor
+    # 296/8 = 37 TFLOP/s; HBM3e 64 TB/s → 8,000 GB/s per GPU.
+    "b200": DevicePreset("b200", fp32_tflops=75.0, fp16_tflops=2250.0, fp64_tflops=37.0,
+                         mem_bandwidth_GBps=8000.0, op_overhead_us=5.0, tf32_tflops=1125.0),
     # A modest multi-core x86 host: ~0.1 TFLOP/s fp32 in a large GEMM, ~20 GB/s achieved
     # memory bandwidth, ~5 µs per eager op (PyTorch dispatcher). No fast fp16 on CPUs.
     # Order-of-magnitude only: calibrate from a profile (Compute.from_profile) for real use.
@@ -185,7 +193,7 @@ class Compute:
         attention; every other op counts 0 FLOPs), bytes are the nbytes of all tensor inputs and
         outputs, the peak is picked by the dtype of the op's first tensor. Views and other ops
         that move no data cost only the overhead: they still go through the dispatcher.
-        ``device`` is "cpu", "a100", "h100" or a :class:`DevicePreset`; ``peak_tflops``
+        ``device`` is "cpu", "v100", "a100", "h100", "b200" or a :class:`DevicePreset`; ``peak_tflops``
         (all dtypes), ``mem_bandwidth_GBps`` and ``op_overhead_us`` override the preset.
         """
         return RooflineCompute(device, peak_tflops=peak_tflops,

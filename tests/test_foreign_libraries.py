@@ -1,0 +1,94 @@
+"""Training stacks nobody here wrote, under `fakerun`, against torchrun + real gloo.
+
+accelerate and Lightning keep process-wide singletons (accelerate's Borg states, Lightning's
+``rank_zero_only.rank``); with ranks as threads each rank must still see its own, or every
+rank believes it is rank 0 and reads the same data shard, silently.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ACCELERATE = '''
+import hashlib, torch
+from accelerate import Accelerator
+acc = Accelerator(cpu=True)
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 1)
+g = torch.Generator().manual_seed(0)
+ds = torch.utils.data.TensorDataset(torch.randn(64, 8, generator=g), torch.randn(64, 1, generator=g))
+dl = torch.utils.data.DataLoader(ds, batch_size=8)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+model, opt, dl = acc.prepare(model, opt, dl)
+first = None
+for x, y in dl:
+    if first is None:
+        first = round(float(x.sum()), 4)
+    opt.zero_grad(); acc.backward(torch.nn.functional.mse_loss(model(x), y)); opt.step()
+w = torch.cat([p.detach().flatten() for p in model.parameters()])
+print(f"RESULT {acc.process_index} {acc.is_main_process} {first} "
+      f"{hashlib.md5(w.numpy().tobytes()).hexdigest()}", flush=True)
+'''
+
+LIGHTNING = '''
+import hashlib, torch, lightning as L
+from lightning.pytorch.utilities import rank_zero_only
+
+class M(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.l = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    def training_step(self, b, i):
+        x, y = b
+        return torch.nn.functional.mse_loss(self.l(x), y)
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+g = torch.Generator().manual_seed(0)
+ds = torch.utils.data.TensorDataset(torch.randn(64, 8, generator=g), torch.randn(64, 1, generator=g))
+L.seed_everything(0, verbose=False)
+t = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False,
+              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+m = M()
+t.fit(m, torch.utils.data.DataLoader(ds, batch_size=8))
+w = torch.cat([p.detach().flatten() for p in m.parameters()])
+print(f"RESULT {t.global_rank} {rank_zero_only.rank} {type(t.strategy.cluster_environment).__name__} "
+      f"{t.global_step} {hashlib.md5(w.numpy().tobytes()).hexdigest()}", flush=True)
+'''
+
+
+def launch(launcher: list[str], script: str, tmp_path) -> list[list[str]]:
+    path = tmp_path / "train.py"
+    path.write_text(script)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    proc = subprocess.run([sys.executable, "-m", *launcher, "--nproc-per-node", "2", str(path)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split("RESULT ", 1)[1].split() for line in proc.stdout.splitlines()
+            if "RESULT " in line]
+    return sorted(rows)
+
+
+def test_accelerate_ranks_under_fakerun_have_their_own_index_and_data_shard(tmp_path):
+    (r0, r1) = launch(["fakepg.launcher"], ACCELERATE, tmp_path)
+    assert r0[:2] == ["0", "True"] and r1[:2] == ["1", "False"]
+    assert r0[2] != r1[2]  # each rank reads its own shard of the data
+    assert r0[3] == r1[3]  # and the replicas agree
+
+
+def test_lightning_ranks_under_fakerun_each_have_their_rank_zero_only_rank(tmp_path):
+    (r0, r1) = launch(["fakepg.launcher"], LIGHTNING, tmp_path)
+    assert [r0[:4], r1[:4]] == [["0", "0", "TorchElasticEnvironment", "8"],
+                                ["1", "1", "TorchElasticEnvironment", "8"]]
+    assert r0[4] == r1[4]
+
+
+@pytest.mark.gloo
+@pytest.mark.parametrize("script", [ACCELERATE, LIGHTNING], ids=["accelerate", "lightning"])
+def test_fakerun_gives_each_rank_what_torchrun_with_real_gloo_gives_it(script, tmp_path):
+    assert launch(["fakepg.launcher"], script, tmp_path) == \
+        launch(["torch.distributed.run"], script, tmp_path)
