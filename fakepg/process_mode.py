@@ -26,6 +26,7 @@ import datetime
 import itertools
 import os
 import pickle
+import select
 import signal
 import sys
 import threading
@@ -200,6 +201,8 @@ class _Proxy:
         self.stores: dict[int, _store.FakeStore] = {}
         self.ids = itertools.count()
         pid = children.pids[rank]
+        self._poller = select.poll()
+        self._poller.register(self.channel.conn.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
         # the world's inactivity fallback judges the child's CPU use, not this thread's
         threading.current_thread().fakepg_cpu_clock = lambda: _child_cpu_seconds(pid)  # type: ignore[attr-defined]
 
@@ -236,9 +239,8 @@ class _Proxy:
                 raise self._died() from None
 
     def _recv(self) -> tuple[tuple[Any, list[int]], dict[int, Any]]:
-        conn = self.channel.conn
         aborted_at = None
-        while not conn.poll(0.05):
+        while not self._poller.poll(50):  # ms; one poll object (conn.poll builds a selector each time)
             if self.sched.abort_error is not None:
                 # The world ended from outside (the inactivity fallback) while the child
                 # computes or is stuck in C++: it gets a moment to call in, then it is ended.
