@@ -267,6 +267,20 @@ class _Sink:
             self.file.close()
 
 
+def _rank_of_this_run() -> int | None:
+    """The rank of fakerun's world writing here (a rank thread or rank process); None for any
+    other thread, and for the ranks of worlds a rank started (torch.multiprocessing.spawn),
+    whose output goes, unprefixed, where their launching rank's would."""
+    me = child_rank()
+    if me is not None:
+        return me if current_cluster() is None else None
+    binding = current_cluster()
+    if binding is None:
+        return None
+    from .world import outermost_cluster
+    return binding[1] if binding[0] is outermost_cluster() else None
+
+
 class _RankStream:
     """Stands in for sys.stdout/sys.stderr during the run: a rank thread's writes go to its
     sink, any other thread's straight to the original stream."""
@@ -275,8 +289,7 @@ class _RankStream:
         self._original, self._sinks = original, sinks
 
     def write(self, s: str) -> int:
-        binding = current_cluster()
-        rank = binding[1] if binding is not None else child_rank()  # a rank thread or process
+        rank = _rank_of_this_run()
         if rank is None:
             return self._original.write(s)
         self._sinks[rank].write(s)

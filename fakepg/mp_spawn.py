@@ -1,12 +1,16 @@
-"""``torch.multiprocessing.spawn``/``start_processes`` called by a program inside a fake world.
+"""``torch.multiprocessing.spawn``/``start_processes`` called by a rank *process*
+(``isolation="process"``).
 
 Real ones would start real processes that rendezvous over real gloo (Lightning's
 ``ddp_spawn``, the DDP getting-started tutorial), bypassing the fake cluster at 20x the
-cost. Inside a world they start a new fake world instead, of ``nprocs`` ranks running
-``fn(rank, *args)``, in the launching rank's isolation mode; the launching rank waits for it
-to end (as ``join=True`` does; with ``join=False`` the returned context is already joined).
-A failure, hang or mismatch in the spawned world fails the launching rank with fakepg's
-error and report.
+cost. In a rank process they start a new fake world instead, of ``nprocs`` ranks running
+``fn(rank, *args)`` as processes forked from the launching rank's; the launching rank waits
+for it to end (as ``join=True`` does; with ``join=False`` the returned context is already
+joined). A failure, hang or mismatch in the spawned world fails the launching rank with
+fakepg's error and report.
+
+Not in thread mode: there a rank's ``mp.spawn`` still starts real processes (a Lightning
+``ddp_spawn`` run in a world nested in a rank *thread* was seen to hang; see README).
 """
 
 from __future__ import annotations
@@ -39,10 +43,10 @@ class FinishedContext:
 def _make(isolation: str) -> Callable[..., Any]:
     def start_processes(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1,
                         join: bool = True, daemon: bool = False, start_method: str = "spawn"):
+        from . import remote
         from .world import current_cluster, spawn_nested
-        from .remote import child_rank
 
-        if current_cluster() is None and child_rank() is None:  # not on a rank: the real one
+        if current_cluster() is None and remote._ME is None:  # not on a rank: the real one
             return _ORIGINAL_START(fn, args, nprocs, join, daemon, start_method)
         binding = current_cluster()
         seed = binding[0].seed if binding is not None else _seed_in_rank_process()

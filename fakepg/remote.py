@@ -47,6 +47,7 @@ class _Rank:
         self.released: list[int] = []
         self.initialised_by_program: Any = None
         self.num_threads = 1
+        self.nested = False
 
     def request(self, *msg: Any, tensors_out: list | None = None) -> Any:
         """Send ``msg``; return the reply's value (or raise its error). Works the reply
@@ -71,8 +72,9 @@ _ME: _Rank | None = None
 
 
 def child_rank() -> int | None:
-    """The rank this process runs (None outside a rank process)."""
-    return None if _ME is None else _ME.rank
+    """The rank this process runs for the caller's top-level world (None outside a rank
+    process, and in the rank processes of a world a rank process started itself)."""
+    return None if _ME is None or _ME.nested else _ME.rank
 
 
 def _me() -> _Rank:
@@ -567,7 +569,9 @@ def seed() -> int:
 def install(rank: int, nprocs: int, channel: Channel, seed: int = 0) -> contextlib.ExitStack:
     """Make this (freshly forked) process rank ``rank`` of the parent's world."""
     global _ME
+    nested = _ME is not None  # forked from a rank process: a world that rank started
     _ME = _Rank(rank, nprocs, channel, seed)
+    _ME.nested = nested
     _ME.num_threads = torch.get_num_threads()
     torch.set_num_threads(1)
     stack = contextlib.ExitStack()

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from . import backends, ddp_checks, liveness, mp_spawn
+from . import backends, ddp_checks, liveness
 from . import faults as _faults
 from . import trace as _trace
 from .arguments import integer, number
@@ -259,6 +259,11 @@ _DEPTH: list[Cluster] = []  # the worlds running in this process, outermost firs
 _ENDED_RANK_THREADS: list[int] = []  # OS thread ids of the last world's rank threads
 
 
+def outermost_cluster() -> Cluster | None:
+    """The world this process runs at top level (None when none runs)."""
+    return _DEPTH[0] if _DEPTH else None
+
+
 def ended_rank_thread_ids() -> list[int]:
     """The OS thread ids of the last world's rank threads (a fork waits for them to be gone)."""
     return list(_ENDED_RANK_THREADS)
@@ -432,7 +437,6 @@ def _patches(nprocs: int) -> contextlib.ExitStack:
         stack.enter_context(mock.patch.object(mod, "init_process_group", init))
         stack.enter_context(mock.patch.object(mod, "monitored_barrier", _fake_monitored_barrier))
     stack.enter_context(mock.patch.object(c10d, "_new_process_group_helper", _fake_pg_helper))
-    mp_spawn.patch(stack, "thread")
     for mod in (dist, c10d):
         stack.enter_context(mock.patch.object(mod, "get_backend", _fake_get_backend))
     if not hasattr(torch._C, "_nccl_version"):
