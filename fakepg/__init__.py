@@ -20,6 +20,7 @@ from .exploration import ExplorationError, ExplorationSummary, explore
 from .hooks import WorldHooks
 from .process_group import BACKEND_NAME, FakeProcessGroup, FakeWork, register_backend
 from .world import SpawnResult, spawn
+from .process_mode import RankProcessDiedError
 from .store import FakeStore
 from . import compat  # fakepg.compat.cuda_synchronize_noop() and other CPU shims
 from . import faults  # fakepg.faults.crash / raise_in for spawn(faults=[...])
@@ -31,7 +32,7 @@ __all__ = [
     "spawn", "SpawnResult", "explore", "ExplorationError", "ExplorationSummary", "CollectiveRecord", "BACKEND_NAME",
     "FakePGError", "CollectiveMismatchError", "CollectiveHangError", "RankFailedError",
     "WorldAbortedError", "CollectiveTimeoutError", "InvalidCollectiveError", "PeerCrashedError", "SpawnTimeoutError", "BackendTimeoutError",
-    "StoreTimeoutError", "FakeStore",
+    "StoreTimeoutError", "FakeStore", "RankProcessDiedError",
     "FakeProcessGroup", "FakeWork", "WorldHooks",
     "to_json", "from_json", "flight_recorder_dump", "dump_flight_recorder",
 ]

@@ -11,7 +11,8 @@ Usage::
 ``torch.distributed.run.get_args_parser()``, so every torchrun flag, and the ``PET_*``
 variables that set them, are accepted) plus ``--seed N``, the fake cluster's seed for each
 rank's initial RNG state. The script runs unmodified, as ``__main__``, once per rank, each
-rank on its own thread of this one process:
+rank on its own thread of this one process (``--isolation process``: each rank in its own OS
+process forked from this one, on the same fake world):
 
 - each rank sees the environment torchrun's agent gives a worker: ``RANK``, ``LOCAL_RANK``,
   ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``GROUP_WORLD_SIZE``, ``ROLE_RANK``,
@@ -53,6 +54,7 @@ from string import Template
 from typing import Iterator, Sequence, TextIO
 
 from .cluster import current_cluster
+from .remote import child_rank
 from .errors import FakePGError, RankFailedError
 from .world import spawn
 
@@ -72,6 +74,10 @@ def _parser() -> argparse.ArgumentParser:
                      "of this process; torchrun's flags plus --seed.")
     p.add_argument("--seed", type=int, default=0,
                    help="fakepg seed: fixes each rank's initial torch/Python/numpy RNG state")
+    p.add_argument("--isolation", choices=("thread", "process"), default="thread",
+                   help="thread: every rank a thread of this process (fastest); process: every "
+                        "rank its own OS process forked from this one (module globals, pid, cwd, "
+                        "signal handlers per rank), on the same deterministic fake world")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help="wall-clock limit for the whole world; at expiry every rank's state and "
                         "Python stack is reported and fakerun exits 1")
@@ -95,6 +101,7 @@ class _Plan:
     show_out: list[bool]
     show_err: list[bool]
     files: list[tuple[str | None, str | None]] = field(default_factory=list)
+    isolation: str = "thread"
 
 
 def _nproc(value: str) -> int:
@@ -126,10 +133,10 @@ def _check_single_node(args: argparse.Namespace) -> None:
         raise _UsageError("--no-python: fakerun runs Python scripts and modules in this interpreter")
     if args.max_restarts < 0:
         raise _UsageError(f"--max-restarts {args.max_restarts}: expected an integer >= 0")
-    if any("${local_rank}" in a for a in args.training_script_args):
+    if args.isolation == "thread" and any("${local_rank}" in a for a in args.training_script_args):
         raise _UsageError("${local_rank} in the script's arguments would give each rank its own "
                           "sys.argv, which ranks sharing one interpreter cannot have; read "
-                          "LOCAL_RANK from the environment instead")
+                          "LOCAL_RANK from the environment instead (or use --isolation process)")
 
 
 def _plan(args: argparse.Namespace) -> _Plan:
@@ -155,6 +162,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
         raise _UsageError(f"--timeout {args.timeout}: expected a number of seconds > 0")
     plan = _Plan(n, target, bool(args.module), [argv0, *args.training_script_args], path0, port,
                  args.seed, args.timeout, env, prefixes, [True] * n, [True] * n)
+    plan.isolation = args.isolation
     _plan_logs(args, plan)
     return plan
 
@@ -259,6 +267,20 @@ class _Sink:
             self.file.close()
 
 
+def _rank_of_this_run() -> int | None:
+    """The rank of fakerun's world writing here (a rank thread or rank process); None for any
+    other thread, and for the ranks of worlds a rank started (torch.multiprocessing.spawn),
+    whose output goes, unprefixed, where their launching rank's would."""
+    me = child_rank()
+    if me is not None:
+        return me if current_cluster() is None else None
+    binding = current_cluster()
+    if binding is None:
+        return None
+    from .world import outermost_cluster
+    return binding[1] if binding[0] is outermost_cluster() else None
+
+
 class _RankStream:
     """Stands in for sys.stdout/sys.stderr during the run: a rank thread's writes go to its
     sink, any other thread's straight to the original stream."""
@@ -267,11 +289,15 @@ class _RankStream:
         self._original, self._sinks = original, sinks
 
     def write(self, s: str) -> int:
-        binding = current_cluster()
-        if binding is None:
+        rank = _rank_of_this_run()
+        if rank is None:
             return self._original.write(s)
-        self._sinks[binding[1]].write(s)
+        self._sinks[rank].write(s)
         return len(s)
+
+    def close_rank(self, rank: int) -> None:
+        """A rank process ends: write out its last partial line and close its log."""
+        self._sinks[rank].close()
 
     def writelines(self, lines: Sequence[str]) -> None:
         for line in lines:
@@ -302,6 +328,8 @@ def _rank_output(plan: _Plan) -> Iterator[None]:
 
 def _run(plan: _Plan) -> None:
     def rank_main(rank: int) -> None:
+        if plan.isolation == "process":  # its own sys.argv: torchrun's ${local_rank} works
+            sys.argv = [a.replace("${local_rank}", plan.env[rank]["LOCAL_RANK"]) for a in plan.argv]
         try:
             if plan.module:
                 runpy.run_module(plan.target, run_name="__main__", alter_sys=False)
@@ -318,7 +346,7 @@ def _run(plan: _Plan) -> None:
     try:
         with _rank_output(plan):
             spawn(rank_main, nprocs=plan.nproc, seed=plan.seed, master_port=plan.master_port,
-                  env=lambda r: plan.env[r], timeout=plan.timeout)
+                  env=lambda r: plan.env[r], timeout=plan.timeout, isolation=plan.isolation)
     finally:
         sys.argv = saved_argv
         if sys.path and sys.path[0] == plan.path0:

@@ -236,6 +236,19 @@ class PythonProcessGroup(dist.ProcessGroup):
 
 
 _creating = threading.local()
+_forced = threading.local()  # process mode: the call's site and backward state, from the rank's process
+
+
+@contextlib.contextmanager
+def forced_call(site: str, in_backward: bool, hidden_wait: bool):
+    """Issue calls made in this block as if from ``site`` (isolation="process": the proxy
+    thread issues for a rank process, whose stack and autograd state are elsewhere)."""
+    saved = getattr(_forced, "call", None)
+    _forced.call = (site, in_backward, hidden_wait)
+    try:
+        yield
+    finally:
+        _forced.call = saved
 _GLOO_FOR_LOGGING: list[Any] = []
 
 
@@ -335,7 +348,8 @@ class FakeProcessGroup(PythonProcessGroup):
         ``root`` and ``peer`` are group ranks; ``shape_of`` names the tensors the trace
         shows (default: the inputs).
         """
-        site = user_site(2)
+        forced = getattr(_forced, "call", None)
+        site = user_site(2) if forced is None else forced[0]
         g = self._gstate or self._group_state()
         if self._destroyed:
             raise FakePGError(f"rank {self._global_rank}: {op.name} on group {g.label} at {site}, "
@@ -362,20 +376,26 @@ class FakeProcessGroup(PythonProcessGroup):
         work = FakeWork(self._cluster, call)
         # Inside backward the caller is the Reducer (or a comm hook it runs); it will wait
         # on the result from C++, where the scheduler cannot see it: settle it now.
-        in_backward = torch._C._current_graph_task_id() != -1
-        call.in_backward = in_backward
-        # Join's shadow of the backward pass (a joined rank's DDP hook) runs the Reducer's
-        # comm hook outside backward and waits on its future from C++ too: settle it as well.
-        shadow = _in_join_shadow()
-        call.hidden_wait = in_backward or shadow
-        # The Reducer's default all_reduce is waited on at the end of backward: settle it then,
-        # not at issue, sparing a hand-over per bucket. Not with a comm hook (C++ ones read
-        # typed futures, which only a settled work hands out; Python ones may wait inside),
-        # not under a timing model (its clocks follow each settlement), and only from a
-        # node's hook: in autograd's final callbacks (static_graph's delayed all_reduce) the
-        # Reducer's own callback is queued ahead of ours.
-        defer = (in_backward and not shadow and not self._settle_at_issue
-                 and self._cluster.plain and torch._C._current_autograd_node() is not None)
+        if forced is None:
+            in_backward = torch._C._current_graph_task_id() != -1
+            call.in_backward = in_backward
+            # Join's shadow of the backward pass (a joined rank's DDP hook) runs the Reducer's
+            # comm hook outside backward and waits on its future from C++ too: settle it as well.
+            shadow = _in_join_shadow()
+            call.hidden_wait = in_backward or shadow
+            # The Reducer's default all_reduce is waited on at the end of backward: settle it
+            # then, not at issue, sparing a hand-over per bucket. Not with a comm hook (C++ ones
+            # read typed futures, which only a settled work hands out; Python ones may wait
+            # inside), not under a timing model (its clocks follow each settlement), and only
+            # from a node's hook: in autograd's final callbacks (static_graph's delayed
+            # all_reduce) the Reducer's own callback is queued ahead of ours.
+            defer = (in_backward and not shadow and not self._settle_at_issue
+                     and self._cluster.plain and torch._C._current_autograd_node() is not None)
+        else:
+            # A rank process's call (isolation="process"): its backward runs in that process,
+            # where no end-of-backward callback of this thread can wait; settle at issue.
+            call.in_backward, call.hidden_wait = forced[1], forced[2]
+            defer = False
         personality = self.personality
         call.personality = personality.name
         self._cluster.hazards.check_devices(call)  # torch dispatches on the device first

@@ -14,6 +14,8 @@ A failing run adds the hang/mismatch report and the command that replays it to t
 test's failure output. ``--fakepg-seed N`` changes the seed of every fake world;
 ``--fakepg-timeout S`` (or ``@pytest.mark.fakepg_timeout(S)`` on a test) bounds each of the
 test's worlds to S seconds of wall clock (``fakepg.spawn(timeout=S)``).
+``--fakepg-isolation process`` (or ``@pytest.mark.fakepg_isolation("process")``) runs the
+fixture's worlds with every rank in its own OS process (``fakepg.spawn(isolation=...)``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--fakepg-timeout", type=float, default=None,
                     help="wall-clock limit in seconds for every fake cluster run through the "
                          "fake_cluster fixture (a fakepg_timeout marker overrides it)")
+    group.addoption("--fakepg-isolation", choices=("thread", "process"), default=None,
+                    help="run every fake cluster of the fake_cluster fixture with ranks as "
+                         "threads (default) or as OS processes (a fakepg_isolation marker "
+                         "overrides it)")
     group.addoption("--fakepg-schedule", default=None, metavar="TOKEN",
                     help="replay one schedule (a token fakepg.explore printed) in every fake "
                          "cluster run through the fake_cluster fixture")
@@ -46,14 +52,17 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "world_size(n): number of ranks for the fake_cluster fixture")
     config.addinivalue_line("markers", "fakepg_timeout(seconds): wall-clock limit of each world "
                                        "the fake_cluster fixture runs")
+    config.addinivalue_line("markers", "fakepg_isolation(mode): 'thread' or 'process' for the "
+                                       "worlds the fake_cluster fixture runs")
 
 
 class FakeCluster:
     """What the ``fake_cluster`` fixture gives a test."""
 
     def __init__(self, nprocs: int, seed: int, nodeid: str, timeout: float | None = None,
-                 schedule: str | None = None):
+                 schedule: str | None = None, isolation: str = "thread"):
         self.nprocs = nprocs
+        self.isolation = isolation
         self.seed = seed
         self.timeout = timeout
         self.schedule = schedule
@@ -67,6 +76,7 @@ class FakeCluster:
         __tracebackhide__ = True
         kwargs.setdefault("timeout", self.timeout)
         kwargs.setdefault("schedule", self.schedule)
+        kwargs.setdefault("isolation", self.isolation)
         try:
             result = spawn(fn, args, nprocs=nprocs or self.nprocs,
                            seed=self.seed if seed is None else seed, **kwargs)
@@ -90,6 +100,8 @@ class FakeCluster:
     @property
     def replay_command(self) -> str:
         cmd = f"python -m pytest {shlex.quote(self.nodeid)} -p no:xdist --fakepg-seed {self.seed}"
+        if self.isolation != "thread":
+            cmd += f" --fakepg-isolation {self.isolation}"
         token = getattr(self.failure, "schedule", None) or self.schedule
         return f"{cmd} --fakepg-schedule {token}" if token else cmd
 
@@ -101,8 +113,11 @@ def fake_cluster(request: pytest.FixtureRequest) -> FakeCluster:
     seed = request.config.getoption("--fakepg-seed")
     limit = request.node.get_closest_marker("fakepg_timeout")
     timeout = float(limit.args[0]) if limit and limit.args else request.config.getoption("--fakepg-timeout")
+    mode = request.node.get_closest_marker("fakepg_isolation")
+    isolation = (str(mode.args[0]) if mode and mode.args
+                 else request.config.getoption("--fakepg-isolation") or "thread")
     cluster = FakeCluster(nprocs, 0 if seed is None else seed, request.node.nodeid, timeout,
-                          request.config.getoption("--fakepg-schedule"))
+                          request.config.getoption("--fakepg-schedule"), isolation)
     request.node.stash[_CLUSTER] = cluster
     return cluster
 

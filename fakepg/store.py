@@ -276,10 +276,10 @@ def world_stores(master_addr: str, master_port: int) -> Iterator[WorldStores]:
              for name in _MAKERS if name in m.__dict__]
     for m, name, original in saved:
         setattr(m, name, _Constructor(original, _MAKERS[name]))
-    _ACTIVE = stores
+    outer, _ACTIVE = _ACTIVE, stores  # a world nested in a rank (torch.multiprocessing.spawn)
     try:
         yield stores
     finally:
-        _ACTIVE = None
+        _ACTIVE = outer
         for m, name, original in saved:
             setattr(m, name, original)

@@ -90,7 +90,7 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
           timeout: float | None = None, backend: str = "fakepg",
           schedule: "Schedule | str | None" = None,
           nccl_hazards: str | Mapping[str, str] | None = None,
-          faults: Sequence[Any] | None = None) -> SpawnResult:
+          faults: Sequence[Any] | None = None, isolation: str = "thread") -> SpawnResult:
     """Run ``fn(rank, *args)`` on ``nprocs`` ranks of a deterministic in-process cluster.
 
     Inside ``fn``, torch.distributed is already initialised with the ``"fakepg"`` backend
@@ -113,6 +113,9 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
     ``schedule`` (a token from :func:`fakepg.explore`, or a :class:`fakepg.schedule.Schedule`)
     replays one alternative interleaving; None is the default schedule. ``faults`` (from
     :mod:`fakepg.faults`) crash a rank or make it raise at a chosen collective.
+    ``isolation="process"`` runs each rank in its own OS process forked from this one
+    (:mod:`fakepg.process_mode`): the same world, results and reports, with everything a
+    process owns (module globals, pid, cwd, signal handlers) really per rank.
 
     Example::
 
@@ -139,18 +142,36 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
     schedule = as_schedule(schedule)
     hazard_modes = parse_modes(nccl_hazards)
     faults = _faults.check(faults, nprocs)
+    if isolation not in ("thread", "process"):
+        raise ValueError(f"fakepg.spawn: isolation must be 'thread' or 'process', got {isolation!r}")
+    if isolation == "process" and hooks is not None:
+        # World hooks (simddp's clocks) run on the rank's thread and watch its ops there; the
+        # ops of a rank process run elsewhere, so their timing would be silently wrong.
+        raise ValueError("fakepg.spawn: hooks (simddp's co-simulation) need isolation='thread': "
+                         "a rank process's ops run outside the world's threads")
     if not _SPAWN_LOCK.acquire(blocking=False):
         raise FakePGError("another fakepg world is running in this process; worlds run one "
                           "after another (use pytest-xdist for parallelism)")
     try:
         return _run_world(fn, tuple(args), nprocs, seed, hooks, hang_timeout, master_port, env,
-                          timeout, backend, schedule, hazard_modes, faults)
+                          timeout, backend, schedule, hazard_modes, faults, isolation)
     finally:
         _SPAWN_LOCK.release()
 
 
+def spawn_nested(fn: Callable[..., Any], args: Sequence[Any], nprocs: int, *, seed: int,
+                 isolation: str, master_port: int) -> SpawnResult:
+    """A whole new world run to its end from inside a rank (``torch.multiprocessing.spawn``
+    called by the program): the launching rank waits in it, as ``mp.spawn(join=True)`` waits."""
+    __tracebackhide__ = True
+    nprocs = integer("torch.multiprocessing.spawn: nprocs", nprocs, minimum=1)
+    return _run_world(fn, tuple(args), nprocs, seed, None, 1.0, master_port, None, None,
+                      "fakepg", as_schedule(None), parse_modes(None), (), isolation)
+
+
 def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_env,
-               timeout, backend, schedule, hazard_modes=None, faults=()) -> SpawnResult:
+               timeout, backend, schedule, hazard_modes=None, faults=(),
+               isolation="thread") -> SpawnResult:
     __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
     register_backend()
     t0 = time.perf_counter()
@@ -164,6 +185,22 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_e
                  for r in range(nprocs)]
     host = ProcessState()
     host.save()
+    children = None
+    if isolation == "process":  # fork the ranks' processes before any rank thread exists
+        from .process_mode import Children
+        children = Children(fn, args, processes, seed)
+        fn, args = children.serve, ()
+    try:
+        return _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backend,
+                          cluster, processes, host, schedule, t0)
+    finally:
+        if children is not None:
+            children.close()
+
+
+def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backend, cluster,
+               processes, host, schedule, t0) -> SpawnResult:
+    __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
     sched = Scheduler(processes, cluster.hang_report)
     sched.schedule = schedule
     cluster.scheduler = sched
@@ -206,13 +243,30 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_e
                for r in range(nprocs)]
     for r, t in enumerate(threads):
         sched.slots[r].thread = t
-    _run_threads(threads, sched, cluster, hang_timeout, host, master_port, timeout)
+    try:
+        _run_threads(threads, sched, cluster, hang_timeout, host, master_port, timeout)
+    finally:
+        _ENDED_RANK_THREADS[:] = [t.native_id for t in threads if t.native_id is not None]
     result = SpawnResult(returns, cluster.trace, nprocs, seed, time.perf_counter() - t0,
                          sorted(cluster.dead))
     if isinstance(sched.abort_error, SpawnTimeoutError):
         raise SpawnTimeoutError(sched.abort_error.report)
     _raise_outcome(sched, cluster, failures)
     return result
+
+
+_DEPTH: list[Cluster] = []  # the worlds running in this process, outermost first
+_ENDED_RANK_THREADS: list[int] = []  # OS thread ids of the last world's rank threads
+
+
+def outermost_cluster() -> Cluster | None:
+    """The world this process runs at top level (None when none runs)."""
+    return _DEPTH[0] if _DEPTH else None
+
+
+def ended_rank_thread_ids() -> list[int]:
+    """The OS thread ids of the last world's rank threads (a fork waits for them to be gone)."""
+    return list(_ENDED_RANK_THREADS)
 
 
 def _rank_env(rank: int, nprocs: int, master_port: int) -> dict[str, str]:
@@ -233,10 +287,13 @@ def _run_threads(threads: list[threading.Thread], sched: Scheduler, cluster: Clu
             liveness.cooperative_sleep():
         torch.autograd.set_multithreading_enabled(False)  # backward runs on the rank's thread
         torch._C._distributed_c10d._set_thread_isolation_mode(True)
+        _DEPTH.append(cluster)
         try:
             _run_to_end(sched, cluster, threads, hang_timeout, timeout)
         finally:
-            torch._C._distributed_c10d._set_thread_isolation_mode(False)
+            _DEPTH.pop()
+            if not _DEPTH:  # a world nested in a rank leaves its outer world's mode on
+                torch._C._distributed_c10d._set_thread_isolation_mode(False)
             torch.autograd.set_multithreading_enabled(multithreading)
             host.install()
             sys.excepthook = excepthook  # init_process_group prefixes it with "[rankN]"
@@ -332,6 +389,9 @@ def _watch(sched: Scheduler, cluster: Cluster, hang_timeout: float, deadline: fl
 def _cpu_seconds(thread: threading.Thread | None) -> float:
     """CPU time ``thread`` has used; without per-thread clocks, a value that keeps moving
     (so the fallback never mistakes work for a wait where it cannot tell)."""
+    clock = getattr(thread, "fakepg_cpu_clock", None)  # a proxy thread: its child's CPU time
+    if clock is not None:
+        return clock()
     try:
         return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))  # type: ignore[union-attr]
     except (AttributeError, OSError, TypeError):
@@ -367,6 +427,9 @@ def _raise_outcome(sched: Scheduler, cluster: Cluster, failures: dict[int, BaseE
 
 
 def _exception_site(e: BaseException) -> str:
+    remote = getattr(e, "_fakepg_site", None)  # raised in a rank's process (isolation="process")
+    if remote is not None:
+        return remote
     frames = traceback.extract_tb(e.__traceback__)
     for fr in reversed(frames):
         if "/torch/" not in fr.filename and "/fakepg/" not in fr.filename:
