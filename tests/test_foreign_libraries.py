@@ -14,7 +14,7 @@ import sys
 import pytest
 
 ACCELERATE = '''
-import hashlib, torch
+import hashlib, os, torch
 from accelerate import Accelerator
 acc = Accelerator(cpu=True)
 torch.manual_seed(0)
@@ -30,12 +30,13 @@ for x, y in dl:
         first = round(float(x.sum()), 4)
     opt.zero_grad(); acc.backward(torch.nn.functional.mse_loss(model(x), y)); opt.step()
 w = torch.cat([p.detach().flatten() for p in model.parameters()])
-print(f"RESULT {acc.process_index} {acc.is_main_process} {first} "
-      f"{hashlib.md5(w.numpy().tobytes()).hexdigest()}", flush=True)
+with open(f"result-{os.environ['RANK']}.txt", "w") as f:
+    f.write(f"{acc.process_index} {acc.is_main_process} {first} "
+            f"{hashlib.md5(w.numpy().tobytes()).hexdigest()}")
 '''
 
 LIGHTNING = '''
-import hashlib, torch, lightning as L
+import hashlib, os, torch, lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 
 class M(L.LightningModule):
@@ -56,8 +57,9 @@ t = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger
 m = M()
 t.fit(m, torch.utils.data.DataLoader(ds, batch_size=8))
 w = torch.cat([p.detach().flatten() for p in m.parameters()])
-print(f"RESULT {t.global_rank} {rank_zero_only.rank} {type(t.strategy.cluster_environment).__name__} "
-      f"{t.global_step} {hashlib.md5(w.numpy().tobytes()).hexdigest()}", flush=True)
+with open(f"result-{os.environ['RANK']}.txt", "w") as f:
+    f.write(f"{t.global_rank} {rank_zero_only.rank} {type(t.strategy.cluster_environment).__name__} "
+            f"{t.global_step} {hashlib.md5(w.numpy().tobytes()).hexdigest()}")
 '''
 
 
@@ -68,9 +70,12 @@ def launch(launcher: list[str], script: str, tmp_path) -> list[list[str]]:
     proc = subprocess.run([sys.executable, "-m", *launcher, "--nproc-per-node", "2", str(path)],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [line.split("RESULT ", 1)[1].split() for line in proc.stdout.splitlines()
-            if "RESULT " in line]
-    return sorted(rows)
+    rows = []
+    for rank in (0, 1):  # each rank writes its own file: two processes' stdout may interleave
+        result = tmp_path / f"result-{rank}.txt"
+        rows.append(result.read_text().split())
+        result.unlink()
+    return rows
 
 
 def test_accelerate_ranks_under_fakerun_have_their_own_index_and_data_shard(tmp_path):
@@ -92,3 +97,10 @@ def test_lightning_ranks_under_fakerun_each_have_their_rank_zero_only_rank(tmp_p
 def test_fakerun_gives_each_rank_what_torchrun_with_real_gloo_gives_it(script, tmp_path):
     assert launch(["fakepg.launcher"], script, tmp_path) == \
         launch(["torch.distributed.run"], script, tmp_path)
+
+
+def test_lightning_under_fakerun_isolation_process_matches_thread_mode(tmp_path):
+    """Ranks as processes (fakerun --isolation process): each rank owns all of Lightning's
+    process state; the result is the thread mode's, rank by rank."""
+    assert launch(["fakepg.launcher", "--isolation", "process"], LIGHTNING, tmp_path) == \
+        launch(["fakepg.launcher"], LIGHTNING, tmp_path)
