@@ -49,17 +49,21 @@ class M(L.LightningModule):
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
-g = torch.Generator().manual_seed(0)
-ds = torch.utils.data.TensorDataset(torch.randn(64, 8, generator=g), torch.randn(64, 1, generator=g))
-L.seed_everything(0, verbose=False)
-t = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False,
-              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-m = M()
-t.fit(m, torch.utils.data.DataLoader(ds, batch_size=8))
-w = torch.cat([p.detach().flatten() for p in m.parameters()])
-with open(f"result-{os.environ['RANK']}.txt", "w") as f:
-    f.write(f"{t.global_rank} {rank_zero_only.rank} {type(t.strategy.cluster_environment).__name__} "
-            f"{t.global_step} {hashlib.md5(w.numpy().tobytes()).hexdigest()}")
+def main():  # guarded: ddp_spawn starts its ranks with torch.multiprocessing (spawn)
+    g = torch.Generator().manual_seed(0)
+    ds = torch.utils.data.TensorDataset(torch.randn(64, 8, generator=g), torch.randn(64, 1, generator=g))
+    L.seed_everything(0, verbose=False)
+    t = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False,
+                  enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    m = M()
+    t.fit(m, torch.utils.data.DataLoader(ds, batch_size=8))
+    w = torch.cat([p.detach().flatten() for p in m.parameters()])
+    with open(f"result-{os.environ.get('RANK', 'main')}.txt", "w") as f:
+        f.write(f"{t.global_rank} {rank_zero_only.rank} {type(t.strategy.cluster_environment).__name__} "
+                f"{t.global_step} {hashlib.md5(w.numpy().tobytes()).hexdigest()}")
+
+if __name__ == "__main__":
+    main()
 '''
 
 
@@ -104,3 +108,23 @@ def test_lightning_under_fakerun_isolation_process_matches_thread_mode(tmp_path)
     process state; the result is the thread mode's, rank by rank."""
     assert launch(["fakepg.launcher", "--isolation", "process"], LIGHTNING, tmp_path) == \
         launch(["fakepg.launcher"], LIGHTNING, tmp_path)
+
+
+LIGHTNING_SPAWN = LIGHTNING.replace('strategy="ddp"', 'strategy="ddp_spawn"')
+
+
+@pytest.mark.gloo
+def test_lightning_ddp_spawn_under_fakerun_isolation_process_trains_as_real_spawned_gloo(tmp_path):
+    """ddp_spawn calls torch.multiprocessing.spawn: in a rank process that starts a fake world
+    of 2 ranks instead of 2 real gloo processes; the weights the main process gets back agree."""
+    path = tmp_path / "train.py"
+    path.write_text(LIGHTNING_SPAWN)
+    results = []
+    for cmd in ([sys.executable, str(path)],
+                [sys.executable, "-m", "fakepg.launcher", "--isolation", "process",
+                 "--nproc-per-node", "1", str(path)]):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results.append((tmp_path / "result-main.txt").read_text().split())
+    real, fake = results
+    assert fake == real
