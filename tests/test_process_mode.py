@@ -494,3 +494,27 @@ def test_accelerate_under_fakerun_isolation_process_gives_each_rank_its_index_an
     assert r0[:2] == ["0", "True"] and r1[:2] == ["1", "False"]  # accelerate's singleton per process
     assert r0[2] != r1[2]  # each rank reads its own shard
     assert r0[3] == r1[3]  # and the replicas agree
+
+
+def _zoo_train(rank, name):
+    from fakepg import zoo
+
+    torch.set_num_threads(1)  # what a rank process runs with (libgomp's pool does not fork)
+    sc = zoo.get(name)
+    model = zoo.TrainLoop()(sc, rank, dist.get_world_size())
+    return {k: v.detach().clone() for k, v in model.module.state_dict().items()}
+
+
+@pytest.mark.parametrize("name", sorted(__import__("fakepg.zoo", fromlist=["SCENARIOS"]).SCENARIOS))
+def test_every_zoo_scenario_trains_in_processes_as_in_threads_bit_for_bit(name):
+    threads = fakepg.spawn(_zoo_train, args=(name,), nprocs=2)
+    if name == "sparse_embedding":  # sparse gradients: refused loudly in process mode
+        with pytest.raises(fakepg.RankFailedError, match="CPU tensors only|sparse"):
+            fakepg.spawn(_zoo_train, args=(name,), nprocs=2, isolation="process")
+        return
+    procs = fakepg.spawn(_zoo_train, args=(name,), nprocs=2, isolation="process")
+    for a, b in zip(threads.returns, procs.returns):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert torch.equal(a[k], b[k]), k
+    assert procs.to_json() == threads.to_json()
