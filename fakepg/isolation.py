@@ -49,7 +49,8 @@ saved before spawn and put back after it):
   - torch.set_printoptions
   - torch.set_num_threads: the value each rank asked for is put back when it resumes
     (the intra-op pool itself is one per process: ranks never run concurrently, so each
-    rank's ops run with the thread count it asked for)
+    rank's ops run with the thread count it asked for); a rank starts with the count its
+    OMP_NUM_THREADS gives (fakerun, like torchrun, sets 1 for several ranks)
   - training libraries' process singletons, once imported: accelerate's PartialState,
     AcceleratorState and GradientState; Lightning's rank_zero_only.rank (each rank starts
     with what a fresh process would have)
@@ -293,6 +294,10 @@ class ProcessState:
         st.switches = capture_switches()
         st.print_opts = dict(vars(_PRINT_OPTS))
         st.num_threads = torch.get_num_threads()
+        omp = env.get("OMP_NUM_THREADS")
+        if omp is not None and omp.isdigit() and int(omp) > 0:
+            # a process started with it (torchrun's workers: 1) sizes its intra-op pool so
+            st.num_threads = int(omp)
         return st
 
     def save(self) -> None:

@@ -271,3 +271,21 @@ def test_timeout_ends_a_world_whose_rank_never_arrives_and_names_its_state(tmp_p
     assert main(["--nproc-per-node", "2", "--timeout", "0.5", script]) == 1
     err = capsys.readouterr().err
     assert "SpawnTimeoutError" in err and "rank 1" in err
+
+
+def test_ranks_start_with_the_intra_op_threads_their_omp_num_threads_gives_as_under_torchrun(
+        tmp_path, capsys, monkeypatch):
+    """torchrun sets OMP_NUM_THREADS=1 for several workers, and a process sizes its pool from it
+    at start; a rank thread starts with that count too (the caller keeps its own)."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    callers = torch.get_num_threads()
+    script = _script(tmp_path, """
+        import json, os, torch
+        print(json.dumps({"threads": torch.get_num_threads()}), flush=True)
+    """)
+    assert main(["--nproc-per-node", "2", script]) == 0
+    assert _per_rank_json(capsys.readouterr().out) == {0: {"threads": 1}, 1: {"threads": 1}}
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert main(["--nproc-per-node", "2", script]) == 0
+    assert _per_rank_json(capsys.readouterr().out) == {0: {"threads": 3}, 1: {"threads": 3}}
+    assert torch.get_num_threads() == callers
