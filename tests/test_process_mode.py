@@ -479,18 +479,9 @@ def test_world_hooks_which_watch_ranks_on_their_threads_are_refused_in_process_m
 
 
 def test_accelerate_under_fakerun_isolation_process_gives_each_rank_its_index_and_shard(tmp_path):
-    from test_foreign_libraries import ACCELERATE
+    from test_foreign_libraries import ACCELERATE, launch
 
-    script = tmp_path / "train.py"
-    script.write_text(ACCELERATE)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(fakepg.__file__)))
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    proc = subprocess.run([sys.executable, "-m", "fakepg.launcher", "--nproc-per-node", "2",
-                           "--isolation", "process", str(script)], capture_output=True, text=True,
-                          timeout=300, cwd=tmp_path, env={**env, "PYTHONPATH": root})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    r0, r1 = sorted(line.split("RESULT ", 1)[1].split() for line in proc.stdout.splitlines()
-                    if "RESULT " in line)
+    r0, r1 = launch(["fakepg.launcher", "--isolation", "process"], ACCELERATE, tmp_path)
     assert r0[:2] == ["0", "True"] and r1[:2] == ["1", "False"]  # accelerate's singleton per process
     assert r0[2] != r1[2]  # each rank reads its own shard
     assert r0[3] == r1[3]  # and the replicas agree
