@@ -33,6 +33,7 @@ w = torch.cat([p.detach().flatten() for p in model.parameters()])
 with open(f"result-{os.environ['RANK']}.txt", "w") as f:
     f.write(f"{acc.process_index} {acc.is_main_process} {first} "
             f"{hashlib.md5(w.numpy().tobytes()).hexdigest()}")
+acc.end_training()  # destroys the process group
 '''
 
 LIGHTNING = '''
@@ -67,13 +68,28 @@ if __name__ == "__main__":
 '''
 
 
+# Real gloo processes that exit without destroy_process_group sometimes abort at interpreter
+# exit ("terminate called without an active exception", SIGABRT) — after the script's work is
+# done, in gloo's threads. That is the reference failing, not the code under test: a real run
+# that dies that way is run again (at most 3 times).
+_GLOO_EXIT_ABORT = "terminate called without an active exception"
+
+
+def run(cmd: list[str], tmp_path, real: bool) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    for attempt in range(3 if real else 1):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                              env=env)
+        if proc.returncode == 0 or _GLOO_EXIT_ABORT not in proc.stderr:
+            break
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 def launch(launcher: list[str], script: str, tmp_path) -> list[list[str]]:
     path = tmp_path / "train.py"
     path.write_text(script)
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    proc = subprocess.run([sys.executable, "-m", *launcher, "--nproc-per-node", "2", str(path)],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run([sys.executable, "-m", *launcher, "--nproc-per-node", "2", str(path)], tmp_path,
+        real=launcher[0] == "torch.distributed.run")
     rows = []
     for rank in (0, 1):  # each rank writes its own file: two processes' stdout may interleave
         result = tmp_path / f"result-{rank}.txt"
@@ -114,11 +130,10 @@ def test_lightning_ddp_spawn_under_fakerun_isolation_process_trains_as_real_spaw
     path = tmp_path / "train.py"
     path.write_text(LIGHTNING_SPAWN)
     results = []
-    for cmd in ([sys.executable, str(path)],
-                [sys.executable, "-m", "fakepg.launcher", "--isolation", "process",
-                 "--nproc-per-node", "1", str(path)]):
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+    for cmd, real in (([sys.executable, str(path)], True),
+                      ([sys.executable, "-m", "fakepg.launcher", "--isolation", "process",
+                        "--nproc-per-node", "1", str(path)], False)):
+        run(cmd, tmp_path, real)
         results.append((tmp_path / "result-main.txt").read_text().split())
     real, fake = results
     assert fake == real
