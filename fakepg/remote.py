@@ -18,7 +18,6 @@ import functools
 import itertools
 import sys
 import time
-import warnings
 from typing import Any, Callable
 from unittest import mock
 
@@ -27,14 +26,14 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from . import backends, ops
-from .process_group import (BACKEND_NAME, _JOIN_SHADOW_CODE, PythonProcessGroup, _as_is,
-                            _creating, _gloo_backend_for_logging, requested_backend)
+from .process_group import (BACKEND_NAME, PythonProcessGroup, _as_is, _creating,
+                            _gloo_backend_for_logging, _in_join_shadow, requested_backend)
 from .wire import Channel, decode, pack_exception, unpack_exception
 
 # torch's own entry points, as captured when fakepg was imported (not whatever a running
 # world has patched in by the time this module is first imported)
 from .world import (_ORIGINAL_GET_BACKEND, _ORIGINAL_INIT, _ORIGINAL_MONITORED_BARRIER,  # noqa: E402
-                    _ORIGINAL_PG_HELPER)
+                    _ORIGINAL_PG_HELPER, monitored_barrier_arguments)
 
 
 class _Rank:
@@ -232,17 +231,6 @@ def _copy(error: BaseException) -> BaseException:
         return new
     except Exception:  # noqa: BLE001
         return error
-
-
-def _in_join_shadow() -> bool:
-    frame = sys._getframe(2)
-    for _ in range(40):
-        if frame is None:
-            return False
-        if frame.f_code is _JOIN_SHADOW_CODE:
-            return True
-        frame = frame.f_back
-    return False
 
 
 _group_ids = itertools.count()
@@ -522,18 +510,10 @@ def _get_backend(group=None):
 
 @functools.wraps(_ORIGINAL_MONITORED_BARRIER)
 def _monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
-    if c10d._rank_not_in_group(group):
-        c10d._warn_not_in_group("monitored_barrier")
+    args = monitored_barrier_arguments(group, timeout)
+    if args is None:
         return None
-    g = group or c10d._get_default_group()
-    if not g.personality.monitored_barrier:
-        raise ValueError("monitored_barrier is only implemented for GLOO backend.")
-    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
-        warnings.warn("Please specify timeout arg as a timedelta. Converting current value of "
-                      f"{timeout} assuming it represents seconds", stacklevel=2)
-        timeout = datetime.timedelta(seconds=timeout)
-    if timeout is not None:
-        c10d._check_valid_timeout(timeout)
+    g, timeout = args
     return g._issue("monitored_barrier", (timeout, wait_all_ranks), {})
 
 

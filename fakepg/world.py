@@ -547,20 +547,28 @@ def _fake_get_backend(group=None):
 def _fake_monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
     if current_cluster() is None:
         return _ORIGINAL_MONITORED_BARRIER(group, timeout, wait_all_ranks)
-    # torch's own argument handling, with the personality's name in its backend check
+    args = monitored_barrier_arguments(group, timeout)
+    if args is None:
+        return None
+    return liveness.monitored_barrier(*args, wait_all_ranks)
+
+
+def monitored_barrier_arguments(group: Any, timeout: Any) -> tuple[Any, Any] | None:
+    """torch's own argument handling of ``monitored_barrier`` (with the personality's name in
+    its backend check): (group, timeout as a timedelta), or None on a non-member (a no-op)."""
     if c10d._rank_not_in_group(group):
         c10d._warn_not_in_group("monitored_barrier")
         return None
-    if not (group or c10d._get_default_group()).personality.monitored_barrier:
+    g = group or c10d._get_default_group()
+    if not g.personality.monitored_barrier:
         raise ValueError("monitored_barrier is only implemented for GLOO backend.")
     if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
         warnings.warn("Please specify timeout arg as a timedelta. Converting current value of "
-                      f"{timeout} assuming it represents seconds", stacklevel=2)
+                      f"{timeout} assuming it represents seconds", stacklevel=3)
         timeout = datetime.timedelta(seconds=timeout)
     if timeout is not None:
         c10d._check_valid_timeout(timeout)
-    g = group or c10d._get_default_group()
-    return liveness.monitored_barrier(g, timeout, wait_all_ranks)
+    return g, timeout
 
 
 def _settling(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
