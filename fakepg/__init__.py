@@ -15,7 +15,8 @@ Example::
 
 from .errors import (BackendTimeoutError, CollectiveHangError, CollectiveMismatchError,
                      CollectiveTimeoutError, FakePGError, InvalidCollectiveError, PeerCrashedError,
-                     RankFailedError, SpawnTimeoutError, StoreTimeoutError, WorldAbortedError)
+                     RankFailedError, RealProcessesWarning, SpawnTimeoutError, StoreTimeoutError,
+                     WorldAbortedError)
 from .exploration import ExplorationError, ExplorationSummary, explore
 from .hooks import WorldHooks
 from .process_group import BACKEND_NAME, FakeProcessGroup, FakeWork, register_backend
@@ -32,7 +33,7 @@ __all__ = [
     "spawn", "SpawnResult", "explore", "ExplorationError", "ExplorationSummary", "CollectiveRecord", "BACKEND_NAME",
     "FakePGError", "CollectiveMismatchError", "CollectiveHangError", "RankFailedError",
     "WorldAbortedError", "CollectiveTimeoutError", "InvalidCollectiveError", "PeerCrashedError", "SpawnTimeoutError", "BackendTimeoutError",
-    "StoreTimeoutError", "FakeStore", "RankProcessDiedError",
+    "StoreTimeoutError", "FakeStore", "RankProcessDiedError", "RealProcessesWarning",
     "FakeProcessGroup", "FakeWork", "WorldHooks",
     "to_json", "from_json", "flight_recorder_dump", "dump_flight_recorder",
 ]

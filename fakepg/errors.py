@@ -9,6 +9,11 @@ class FakePGError(RuntimeError):
     """Base class of every error the fake cluster raises."""
 
 
+class RealProcessesWarning(UserWarning):
+    """A rank thread started real processes (``torch.multiprocessing.spawn``): they run on the
+    real backend, outside the fake cluster. ``isolation="process"`` keeps them on it."""
+
+
 class CollectiveMismatchError(FakePGError):
     """The ranks of a group issued calls that cannot form one collective.
 

@@ -10,7 +10,8 @@ joined). A failure, hang or mismatch in the spawned world fails the launching ra
 fakepg's error and report.
 
 Not in thread mode: there a rank's ``mp.spawn`` still starts real processes (a Lightning
-``ddp_spawn`` run in a world nested in a rank *thread* was seen to hang; see README).
+``ddp_spawn`` run in a world nested in a rank *thread* was seen to hang; see README), with a
+:class:`~fakepg.RealProcessesWarning` that says so (:func:`warn_in_threads`).
 """
 
 from __future__ import annotations
@@ -72,4 +73,33 @@ def patch(stack: contextlib.ExitStack, isolation: str) -> None:
     module = sys.modules["torch.multiprocessing.spawn"]
     for target in (_mp, module):
         stack.enter_context(mock.patch.object(target, "start_processes", start))
+        stack.enter_context(mock.patch.object(target, "spawn", spawn))
+
+
+def warn_in_threads(stack: contextlib.ExitStack) -> None:
+    """In a thread-mode world, a rank's ``torch.multiprocessing`` launch starts real processes
+    on the real backend: say so, once per launch, and what keeps them on the fake cluster."""
+    import warnings
+
+    from .errors import RealProcessesWarning
+    from .sites import user_site
+    from .world import current_cluster
+
+    def start_processes(fn, args=(), nprocs=1, join=True, daemon=False, start_method="spawn"):
+        binding = current_cluster()
+        if binding is not None:
+            warnings.warn(RealProcessesWarning(
+                f"rank {binding[1]}: torch.multiprocessing starts {nprocs} real process(es) at "
+                f"{user_site()}; they run on the real backend, outside the fake cluster "
+                f"(unchecked, not deterministic, slower). Run the world with "
+                f"isolation=\"process\" (fakerun --isolation process) to make them a fake "
+                f"world."), stacklevel=2)
+        return _ORIGINAL_START(fn, args, nprocs, join, daemon, start_method)
+
+    def spawn(fn, args=(), nprocs=1, join=True, daemon=False, start_method="spawn"):
+        return start_processes(fn, args, nprocs, join, daemon, start_method)
+
+    module = sys.modules["torch.multiprocessing.spawn"]
+    for target in (_mp, module):
+        stack.enter_context(mock.patch.object(target, "start_processes", start_processes))
         stack.enter_context(mock.patch.object(target, "spawn", spawn))

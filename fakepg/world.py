@@ -464,6 +464,9 @@ def _patches(nprocs: int) -> contextlib.ExitStack:
                                               ddp_checks.verify_params_across_processes))
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from . import mp_spawn
+
+    mp_spawn.warn_in_threads(stack)
     for name in ("register_comm_hook", "_register_builtin_comm_hook"):
         stack.enter_context(mock.patch.object(DDP, name, _settle_at_issue(getattr(DDP, name))))
     for name, original in (("wait_all", torch.futures.wait_all),

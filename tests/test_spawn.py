@@ -175,3 +175,18 @@ def test_fakepg_backend_outside_a_world_says_how_to_use_it():
         dist.init_process_group("fakepg", rank=0, world_size=1, store=dist.HashStore())
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def _child(rank):  # runs in a real process started by torch.multiprocessing
+    pass
+
+
+def test_torch_multiprocessing_in_a_rank_thread_warns_that_it_starts_real_processes():
+    import torch.multiprocessing as mp
+
+    def body(rank):
+        mp.spawn(_child, nprocs=1)  # real processes: nothing of the fake world reaches them
+
+    with pytest.warns(fakepg.RealProcessesWarning, match=r"rank 0: torch.multiprocessing starts 1 "
+                      r"real process\(es\) at .*test_spawn.py:\d+; .*isolation=\"process\""):
+        fakepg.spawn(body, nprocs=1)
