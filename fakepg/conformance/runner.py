@@ -166,9 +166,16 @@ def _run_multiprocess(scenarios: list[Any], world_size: int, backend: str, seed:
     tmp = tempfile.mkdtemp(prefix="fakepg-conformance-")
     t0 = time.perf_counter()
     try:
-        _start_and_join(world_size, (world_size, backend, scenarios, trains, seed, device,
-                                     os.path.join(tmp, "store"), tmp, timeout),
-                        timeout, f"{backend} run of [{names}] on {world_size} ranks", tmp)
+        for attempt in range(3):
+            try:
+                _start_and_join(world_size, (world_size, backend, scenarios, trains, seed, device,
+                                             os.path.join(tmp, f"store{attempt}"), tmp, timeout),
+                                timeout, f"{backend} run of [{names}] on {world_size} ranks", tmp)
+                break
+            except _TeardownAbort:
+                if attempt == 2:
+                    raise
+                t0 = time.perf_counter()
         total = time.perf_counter() - t0
         per_rank = [torch.load(os.path.join(tmp, f"rank{r}.pt"), weights_only=False)
                     for r in range(world_size)]
@@ -183,6 +190,11 @@ def _run_multiprocess(scenarios: list[Any], world_size: int, backend: str, seed:
                             else "cuda:rank", rows, [row["collectives"] for row in rows],
                             max(row["wall"] for row in rows), launch))
     return out
+
+
+class _TeardownAbort(RuntimeError):
+    """A rank process died of SIGABRT: real gloo sometimes aborts a process as it tears down
+    ("terminate called without an active exception"). The reference run is tried again."""
 
 
 def _start_and_join(world_size: int, args: tuple, timeout: float, what: str, out_dir: str) -> None:
@@ -201,7 +213,10 @@ def _start_and_join(world_size: int, args: tuple, timeout: float, what: str, out
                 if ctx.join(timeout=0.2):
                     return
             except Exception as e:  # ProcessRaisedException / ProcessExitedException
-                raise RuntimeError(f"{what} failed: {e}{_rank_tracebacks(out_dir, world_size, str(e))}") from None
+                text = f"{what} failed: {e}{_rank_tracebacks(out_dir, world_size, str(e))}"
+                if getattr(e, "signal_name", None) == "SIGABRT":
+                    raise _TeardownAbort(text) from None
+                raise RuntimeError(text) from None
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{what} did not finish within {timeout:.0f} s (hung?); "
                                    f"its processes were killed")
