@@ -7,8 +7,6 @@ follow ProcessGroupNCCL's sources (no GPU on these machines).
 from __future__ import annotations
 
 import datetime
-import os
-import tempfile
 import time
 
 import pytest
@@ -16,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 import fakepg
+from gloo_processes import gloo_results
 
 
 def _probes(rank):
@@ -40,21 +39,9 @@ def _probes(rank):
     return out
 
 
-def _gloo_rank(rank, init_file, out_dir):
-    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=2)
-    try:
-        torch.save(_probes(rank), os.path.join(out_dir, f"{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.gloo
 def test_a_gloo_world_refuses_and_accepts_what_real_gloo_does_with_its_messages(tmp_path):
-    import torch.multiprocessing as mp
-
-    out = tempfile.mkdtemp(dir=tmp_path)
-    mp.start_processes(_gloo_rank, args=(str(tmp_path / "init"), out), nprocs=2, start_method="spawn")
-    real = [torch.load(os.path.join(out, f"{r}.pt")) for r in range(2)]
+    real = gloo_results(_probes, 2, tmp_path)
     fake = fakepg.spawn(_probes, nprocs=2, backend="gloo").returns
     assert fake == real
     assert real[0]["premul_sum"] == ("RuntimeError", "Cannot use ReduceOp.PREMUL_SUM with Gloo")

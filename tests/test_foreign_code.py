@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import fakepg
+from gloo_processes import gloo_results
 
 pytest.importorskip("expecttest")  # torch.testing._internal needs it
 
@@ -98,32 +98,9 @@ def _checkpoint_roundtrip(rank, ckpt):
                                           for p in model.parameters())).hexdigest()
 
 
-def _gloo_rank(rank, init_file, ckpt, out):
-    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=2)
-    try:
-        result = _checkpoint_roundtrip(rank, ckpt)
-    finally:
-        dist.destroy_process_group()
-    torch.save(result, os.path.join(out, f"rank{rank}.pt"))
-
-
 @pytest.mark.gloo
 def test_distributed_checkpoint_round_trip_after_an_elastic_store_barrier_matches_gloo(tmp_path):
-    import torch.multiprocessing as mp
-
-    for attempt in range(3):
-        out = tempfile.mkdtemp(dir=tmp_path)
-        try:
-            mp.start_processes(_gloo_rank, args=(str(tmp_path / f"init{attempt}"),
-                                                 str(tmp_path / f"gloo{attempt}"), out),
-                               nprocs=2, start_method="spawn")
-            break
-        except mp.ProcessExitedException as e:
-            # real gloo sometimes aborts a process as it tears down (SIGABRT, "terminate called
-            # without an active exception"): the reference failing, so it runs again
-            if e.signal_name != "SIGABRT" or attempt == 2:
-                raise
-    gloo = [torch.load(os.path.join(out, f"rank{r}.pt")) for r in range(2)]
+    gloo = gloo_results(_checkpoint_roundtrip, 2, tmp_path, args=(str(tmp_path / "gloo"),))
     first = fakepg.spawn(_checkpoint_roundtrip, args=(str(tmp_path / "a"),), nprocs=2, timeout=120)
     again = fakepg.spawn(_checkpoint_roundtrip, args=(str(tmp_path / "b"),), nprocs=2, timeout=120)
     assert first.returns == again.returns == [tuple(g) for g in gloo]

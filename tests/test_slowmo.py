@@ -16,16 +16,15 @@ fairscale is a test dependency (``ci/setup.sh`` installs it); without it these t
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 import fakepg
+from gloo_processes import gloo_results
 from fakepg.compat import cuda_synchronize_noop
 
 try:
@@ -135,22 +134,10 @@ def test_cuda_synchronize_noop_is_what_lets_slowmo_start_on_a_cpu_only_machine()
     assert "Torch not compiled with CUDA enabled" in str(info.value.__cause__)
 
 
-def _gloo_worker(rank: int, world_size: int, store_path: str, out_dir: str) -> None:
-    store = dist.FileStore(store_path, world_size)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
-    try:
-        torch.save(slowmo_train(rank), os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.gloo
 def test_slowmo_on_the_fake_cluster_matches_two_process_gloo_bit_for_bit(tmp_path):
     need_fairscale()
-    import torch.multiprocessing as mp
-
-    mp.spawn(_gloo_worker, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=True)
-    gloo = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    gloo = gloo_results(slowmo_train, 2, tmp_path)
     fake = fakepg.spawn(slowmo_train, nprocs=2).returns
     for rank in range(2):
         for step, (f, g) in enumerate(zip(fake[rank], gloo[rank])):
