@@ -63,10 +63,8 @@ def _seed_in_rank_process() -> int:
     return remote.seed()
 
 
-def patch(stack: contextlib.ExitStack, isolation: str) -> None:
-    """Route the program's ``torch.multiprocessing`` launches to nested fake worlds."""
-    start = _make(isolation)
-
+def _install(stack: contextlib.ExitStack, start: Callable[..., Any]) -> None:
+    """``start`` as torch.multiprocessing's start_processes, and spawn on top of it."""
     def spawn(fn, args=(), nprocs=1, join=True, daemon=False, start_method="spawn"):
         return start(fn, args, nprocs, join, daemon, start_method)
 
@@ -74,6 +72,11 @@ def patch(stack: contextlib.ExitStack, isolation: str) -> None:
     for target in (_mp, module):
         stack.enter_context(mock.patch.object(target, "start_processes", start))
         stack.enter_context(mock.patch.object(target, "spawn", spawn))
+
+
+def patch(stack: contextlib.ExitStack, isolation: str) -> None:
+    """Route the program's ``torch.multiprocessing`` launches to nested fake worlds."""
+    _install(stack, _make(isolation))
 
 
 def warn_in_threads(stack: contextlib.ExitStack) -> None:
@@ -96,10 +99,4 @@ def warn_in_threads(stack: contextlib.ExitStack) -> None:
                 f"world."), stacklevel=2)
         return _ORIGINAL_START(fn, args, nprocs, join, daemon, start_method)
 
-    def spawn(fn, args=(), nprocs=1, join=True, daemon=False, start_method="spawn"):
-        return start_processes(fn, args, nprocs, join, daemon, start_method)
-
-    module = sys.modules["torch.multiprocessing.spawn"]
-    for target in (_mp, module):
-        stack.enter_context(mock.patch.object(target, "start_processes", start_processes))
-        stack.enter_context(mock.patch.object(target, "spawn", spawn))
+    _install(stack, start_processes)
