@@ -32,8 +32,8 @@ from .wire import Channel, decode, pack_exception, unpack_exception
 
 # torch's own entry points, as captured when fakepg was imported (not whatever a running
 # world has patched in by the time this module is first imported)
-from .world import (_ORIGINAL_GET_BACKEND, _ORIGINAL_INIT, _ORIGINAL_MONITORED_BARRIER,  # noqa: E402
-                    _ORIGINAL_PG_HELPER, monitored_barrier_arguments)
+from .patches import (_ORIGINAL_GET_BACKEND, _ORIGINAL_INIT, _ORIGINAL_MONITORED_BARRIER,  # noqa: E402
+                      _ORIGINAL_PG_HELPER, monitored_barrier_arguments)
 
 
 class _Rank:
