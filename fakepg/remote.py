@@ -324,13 +324,41 @@ def _collective_event(pg: RemoteProcessGroup, method: str, args: tuple):
     if not torch.autograd._profiler_enabled():
         return contextlib.nullcontext()
     from .ops.base import tensors_of
-    from .profiling import collective_event
 
     try:
         name = ops.lookup(method).name
     except ValueError:
         name = method
-    return collective_event(name, tensors_of(list(args)), pg.personality.event_prefix)
+    if method == "recv_anysource":  # gloo's event name, as thread mode records it
+        name = "recvAnySource"
+    # the event shows the inputs, as thread mode's (and the backends') do: the second argument
+    # of the c10d methods that take their outputs first
+    inputs = args[1] if method in _OUTPUTS_FIRST and len(args) > 1 else args[:1]
+    return _ended_elsewhere(f"{pg.personality.event_prefix}:{name}", tensors_of([inputs]))
+
+
+_OUTPUTS_FIRST = frozenset({
+    "allgather", "_allgather_base", "allgather_coalesced", "allgather_into_tensor_coalesced",
+    "gather", "scatter", "reduce_scatter", "_reduce_scatter_base",
+    "reduce_scatter_tensor_coalesced", "alltoall", "alltoall_base"})
+
+
+@contextlib.contextmanager
+def _ended_elsewhere(name: str, tensors: list[Any]):
+    """A profiler range begun on this thread and ended on another, as a backend's collective
+    is (gloo's ends on its worker thread): torch's real profiler then reports it async, as
+    thread mode's per-rank profiler does."""
+    import threading
+
+    handle = torch.autograd._record_function_with_args_enter(
+        name, *[t for t in tensors if isinstance(t, torch.Tensor)])
+    try:
+        yield
+    finally:
+        ender = threading.Thread(target=torch.autograd._record_function_with_args_exit,
+                                 args=(handle,), name="fakepg-collective-end")
+        ender.start()
+        ender.join()
 
 
 def _forwarder(name: str) -> Callable[..., Any]:
