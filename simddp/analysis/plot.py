@@ -29,6 +29,14 @@ class _Picks(dict):
         elif len(self) < self.limit:
             self[rank] = why
 
+    def filled(self, n: int) -> dict[int, str]:
+        """Rank 0 and then the lowest ranks up to the limit, by rank."""
+        for r in [0, *range(n)]:
+            if len(self) >= self.limit:
+                break
+            self.add(r, "")
+        return dict(sorted(self.items()))
+
 
 def notable_ranks(tl: Timeline, limit: int = MAX_LANES) -> dict[int, str]:
     """Up to ``limit`` ranks worth drawing, each with why: the slowest rank of each iteration,
@@ -64,12 +72,7 @@ def notable_ranks(tl: Timeline, limit: int = MAX_LANES) -> dict[int, str]:
             add(r, "straggler")
     add(max(range(n), key=lambda r: (wait[r], -r)), "most wait")
     add(min(range(n), key=lambda r: (wait[r], r)), "least wait")
-    add(0, "")
-    for r in range(n):
-        if len(picks) >= limit:
-            break
-        add(r, "")
-    return dict(sorted(picks.items()))
+    return picks.filled(n)
 
 
 def _notable_classes(tl: Timeline, limit: int) -> dict[int, str]:
@@ -122,12 +125,7 @@ def _notable_classes(tl: Timeline, limit: int) -> dict[int, str]:
     add(classes[most][0], "most wait")
     least = min(range(len(classes)), key=lambda c: (wait[c], classes[c][0]))
     add(classes[least][0], "least wait")
-    add(0, "")
-    for r in range(n):
-        if len(picks) >= limit:
-            break
-        add(r, "")
-    return dict(sorted(picks.items()))
+    return picks.filled(n)
 
 
 def _matplotlib() -> tuple[Any, Any, Any]:
