@@ -150,23 +150,23 @@ class MeasuredNetwork:
         return times[i - 1] + w * (times[i] - times[i - 1])
 
     def _fit(self, op: str) -> Network:
-        """The α–β fallback for ``op`` (all rows of that op), or a zero-latency bandwidth line
-        through its largest measurement when the rows cannot separate α from bandwidth."""
+        """The α–β fallback for ``op``: fitted to that op's rows (another measured op's when it
+        has none), or a zero-latency bandwidth line through its largest measurement when the
+        rows cannot separate α from bandwidth."""
         if op not in self._fits:
-            data = [(r["bytes"], r["world_size"], r["seconds"]) for r in self.rows
-                    if r["op"] == op and r["world_size"] >= 2]
-            if not data:
-                data = [(r["bytes"], r["world_size"], r["seconds"]) for r in self.rows
-                        if r["world_size"] >= 2]
-                op_fit = self.rows[0]["op"] if data else op
-            else:
-                op_fit = op
+            multi = [r for r in self.rows if r["world_size"] >= 2]
+            if not multi:
+                raise ValueError(f"{self!r} has no measurement on 2 or more ranks, so it says "
+                                 f"nothing about the network; measure with nranks >= 2")
+            fit_op = op if any(r["op"] == op for r in multi) else multi[0]["op"]
+            data = [(r["bytes"], r["world_size"], r["seconds"]) for r in multi
+                    if r["op"] == fit_op]
             try:
-                fit = Network.calibrate(data, op=op_fit, name=f"{self.name}-fit")
+                fit = Network.calibrate(data, op=fit_op, name=f"{self.name}-fit")
             except ValueError:
-                b, n, s = max(data, key=lambda d: d[0]) if data else (1, 2, 1.0)
-                factor = Network.bus_bandwidth_factor(op_fit, n) or 1.0
-                fit = Network(bandwidth_GBps=factor * b / s / 1e9, latency_us=0.0,
+                b, n, t = max(data)
+                factor = Network.bus_bandwidth_factor(fit_op, n) or 1.0
+                fit = Network(bandwidth_GBps=factor * b / t / 1e9, latency_us=0.0,
                               name=f"{self.name}-fit")
             self._fits[op] = fit
         return self._fits[op]
