@@ -18,11 +18,11 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
-from . import nets, resnet
-from .scenario import Scenario, SeededBatches, cross_entropy_loss, rank_generator
+from . import data, nets
+from .scenario import Scenario, SeededBatches, cross_entropy_loss, ddp_options
+from .workloads import WORKLOADS, resnet101, resnet50
 
 __all__ = [
     "SCENARIOS",
@@ -45,9 +45,6 @@ __all__ = [
 ]
 
 SCENARIOS: dict[str, Callable[..., Scenario]] = {}
-# Benchmark-sized models (published DDP figures), kept apart from SCENARIOS: the feature suite
-# trains every scenario, and one ResNet-50 step costs seconds on a CPU.
-WORKLOADS: dict[str, Callable[..., Scenario]] = {}
 
 
 def _register(factory: Callable[..., Scenario]) -> Callable[..., Scenario]:
@@ -73,83 +70,6 @@ def get(name: str, **overrides: Any) -> Scenario:
     return scenario.with_(**rest) if rest else scenario
 
 
-def _ddp(bucket_cap_mb: float | None, **extra: Any) -> dict[str, Any]:
-    # Leave bucket_cap_mb out when None: passing it explicitly changes DDP's first-bucket size
-    # (dist._DEFAULT_FIRST_BUCKET_BYTES applies only when the cap is left at its default).
-    return ({"bucket_cap_mb": bucket_cap_mb} if bucket_cap_mb is not None else {}) | extra
-
-
-# -- batch generators: fn(seed, rank, world_size, **kwargs) -> list ---------------------------------
-
-
-def _regression(
-    seed: int, rank: int, world_size: int, *, iterations: int, batch_size: int,
-    in_shape: Sequence[int], out_features: int,
-) -> list[tuple[Tensor, Tensor]]:
-    g = rank_generator(seed, rank, "regression")
-    return [
-        (torch.randn(batch_size, *in_shape, generator=g), torch.randn(batch_size, out_features, generator=g))
-        for _ in range(iterations)
-    ]
-
-
-def _uneven(
-    seed: int, rank: int, world_size: int, *, base: int, batch_size: int, in_features: int,
-    out_features: int,
-) -> list[tuple[Tensor, Tensor]]:
-    return _regression(seed, rank, world_size, iterations=base + rank, batch_size=batch_size,
-                       in_shape=(in_features,), out_features=out_features)
-
-
-def _routed(
-    seed: int, rank: int, world_size: int, *, iterations: int, batch_size: int, in_features: int,
-    n_experts: int,
-) -> list[tuple[Tensor, Tensor, int]]:
-    # Rank r uses expert (r + i) % n_experts in iteration i: the used set differs per rank and per
-    # iteration, and with world_size < n_experts some experts are unused on *every* rank.
-    data = _regression(seed, rank, world_size, iterations=iterations, batch_size=batch_size,
-                       in_shape=(in_features,), out_features=1)
-    return [(x, y, (rank + i) % n_experts) for i, (x, y) in enumerate(data)]
-
-
-def _permuted(
-    seed: int, rank: int, world_size: int, *, iterations: int, batch_size: int, width: int,
-    order: Sequence[int],
-) -> list[tuple[Tensor, Tensor, tuple[int, ...]]]:
-    # Rank r applies the layers in `order` rotated by r: rank 0 keeps the model's own order.
-    k = rank % len(order)
-    rotated = tuple(order[k:]) + tuple(order[:k])
-    data = _regression(seed, rank, world_size, iterations=iterations, batch_size=batch_size,
-                       in_shape=(width,), out_features=1)
-    return [(x, y, rotated) for x, y in data]
-
-
-def _tokens(
-    seed: int, rank: int, world_size: int, *, iterations: int, batch_size: int, vocab: int,
-) -> list[tuple[Tensor, Tensor]]:
-    g = rank_generator(seed, rank, "tokens")
-    out = []
-    for _ in range(iterations):
-        tokens = torch.randint(vocab, (batch_size,), generator=g)
-        out.append((tokens, (tokens * 7 + 3) % vocab))  # a learnable next-token map
-    return out
-
-
-def _bags(
-    seed: int, rank: int, world_size: int, *, iterations: int, batch_size: int, vocab: int,
-    bag: int, out_features: int,
-) -> list[tuple[Tensor, Tensor]]:
-    g = rank_generator(seed, rank, "bags")
-    # Ids from a rank-dependent window: ranks touch overlapping but different embedding rows, so
-    # the sparse allreduce merges distinct index sets.
-    lo = (rank * vocab // 4) % vocab
-    return [
-        ((lo + torch.randint(vocab // 2, (batch_size, bag), generator=g)) % vocab,
-         torch.randn(batch_size, out_features, generator=g))
-        for _ in range(iterations)
-    ]
-
-
 def forward_with_extra(model: nn.Module, batch: tuple) -> Tensor:
     """``model(x, extra)`` for batches ``(x, y, extra)``: the rank-dependent forward argument."""
     return model(batch[0], batch[2])
@@ -167,9 +87,9 @@ def mlp(
     return Scenario(
         name="mlp",
         model=functools.partial(nets.MLP, depth, width, None, 8),
-        batches=SeededBatches(_regression, seed, dict(
+        batches=SeededBatches(data.regression, seed, dict(
             iterations=iterations, batch_size=batch_size, in_shape=(width,), out_features=8)),
-        ddp_kwargs=_ddp(bucket_cap_mb),
+        ddp_kwargs=ddp_options(bucket_cap_mb),
         iterations=iterations,
         seed=seed,
         description=f"{depth}-layer MLP, width {width}, batch {batch_size}",
@@ -187,9 +107,9 @@ def many_small_few_large(
     return Scenario(
         name="many_small_few_large",
         model=functools.partial(nets.ManySmallFewLarge, width, n_large, n_small),
-        batches=SeededBatches(_regression, seed, dict(
+        batches=SeededBatches(data.regression, seed, dict(
             iterations=iterations, batch_size=batch_size, in_shape=(width,), out_features=1)),
-        ddp_kwargs=_ddp(bucket_cap_mb),
+        ddp_kwargs=ddp_options(bucket_cap_mb),
         iterations=iterations,
         seed=seed,
         description=f"{n_large} large + {n_large * n_small} small layers, bucket_cap_mb={bucket_cap_mb}",
@@ -210,9 +130,9 @@ def grad_order_differs(
     return Scenario(
         name="grad_order_differs",
         model=functools.partial(nets.PermutedChain, width, tuple(order)),
-        batches=SeededBatches(_regression, seed, dict(
+        batches=SeededBatches(data.regression, seed, dict(
             iterations=iterations, batch_size=batch_size, in_shape=(width,), out_features=1)),
-        ddp_kwargs=_ddp(bucket_cap_mb),
+        ddp_kwargs=ddp_options(bucket_cap_mb),
         iterations=iterations,
         seed=seed,
         description=f"chain applied in order {tuple(order)}; buckets rebuilt after iteration 1",
@@ -229,7 +149,7 @@ def grad_order_differs_per_rank(
     each rank sees its own grad-ready order; DDP must adopt rank 0's rebuilt bucket layout."""
     return grad_order_differs(width, order, batch_size, iterations, seed, bucket_cap_mb).with_(
         name="grad_order_differs_per_rank",
-        batches=SeededBatches(_permuted, seed, dict(
+        batches=SeededBatches(data.permuted, seed, dict(
             iterations=iterations, batch_size=batch_size, width=width, order=tuple(order))),
         forward=forward_with_extra,
         description=f"rank r applies order {tuple(order)} rotated by r; rank 0's rebuild wins",
@@ -247,7 +167,7 @@ def rank_dependent_unused(
     return Scenario(
         name="rank_dependent_unused",
         model=functools.partial(nets.RoutedNet, width, in_features, n_experts),
-        batches=SeededBatches(_routed, seed, dict(
+        batches=SeededBatches(data.routed, seed, dict(
             iterations=iterations, batch_size=batch_size, in_features=in_features,
             n_experts=n_experts)),
         forward=forward_with_extra,
@@ -267,7 +187,7 @@ def tied_weights(
     return Scenario(
         name="tied_weights",
         model=functools.partial(nets.TiedLM, vocab, dim),
-        batches=SeededBatches(_tokens, seed, dict(
+        batches=SeededBatches(data.tokens, seed, dict(
             iterations=iterations, batch_size=batch_size, vocab=vocab)),
         loss=cross_entropy_loss,
         iterations=iterations,
@@ -288,7 +208,7 @@ def buffers(
     return Scenario(
         name="buffers",
         model=functools.partial(nets.BufferNet, width, in_features),
-        batches=SeededBatches(_regression, seed, dict(
+        batches=SeededBatches(data.regression, seed, dict(
             iterations=iterations, batch_size=batch_size, in_shape=(in_features,),
             out_features=1)),
         iterations=iterations,
@@ -307,7 +227,7 @@ def sparse_embedding(
     return Scenario(
         name="sparse_embedding",
         model=functools.partial(nets.SparseBagNet, vocab, dim, 4),
-        batches=SeededBatches(_bags, seed, dict(
+        batches=SeededBatches(data.bags, seed, dict(
             iterations=iterations, batch_size=batch_size, vocab=vocab, bag=bag, out_features=4)),
         iterations=iterations,
         seed=seed,
@@ -325,7 +245,7 @@ def mixed_dtypes(
     return Scenario(
         name="mixed_dtypes",
         model=functools.partial(nets.MixedDtypeNet, width, in_features),
-        batches=SeededBatches(_regression, seed, dict(
+        batches=SeededBatches(data.regression, seed, dict(
             iterations=iterations, batch_size=batch_size, in_shape=(in_features,),
             out_features=1)),
         iterations=iterations,
@@ -344,10 +264,10 @@ def transformer_block(
     return Scenario(
         name="transformer_block",
         model=functools.partial(nets.TransformerNet, d_model, nhead, 2 * d_model),
-        batches=SeededBatches(_regression, seed, dict(
+        batches=SeededBatches(data.regression, seed, dict(
             iterations=iterations, batch_size=batch_size, in_shape=(seq, d_model),
             out_features=1)),
-        ddp_kwargs=_ddp(bucket_cap_mb),
+        ddp_kwargs=ddp_options(bucket_cap_mb),
         iterations=iterations,
         seed=seed,
         description=f"transformer encoder layer, d_model {d_model}, {nhead} heads, seq {seq}",
@@ -366,9 +286,9 @@ def param_order(
     return Scenario(
         name="param_order",
         model=functools.partial(nets.MLP, depth, width, None, 1, order),
-        batches=SeededBatches(_regression, seed, dict(
+        batches=SeededBatches(data.regression, seed, dict(
             iterations=iterations, batch_size=batch_size, in_shape=(width,), out_features=1)),
-        ddp_kwargs=_ddp(bucket_cap_mb),
+        ddp_kwargs=ddp_options(bucket_cap_mb),
         iterations=iterations,
         seed=seed,
         description=f"{depth}-layer MLP registered in {order} order",
@@ -385,59 +305,10 @@ def uneven_inputs(
     return Scenario(
         name="uneven_inputs",
         model=functools.partial(nets.MLP, depth, width, None, 1),
-        batches=SeededBatches(_uneven, seed, dict(
+        batches=SeededBatches(data.uneven, seed, dict(
             base=base, batch_size=batch_size, in_features=width, out_features=1)),
         iterations=None,
         seed=seed,
         description=f"rank r runs {base} + r iterations (Join)",
         features=("uneven",),
     )
-
-
-# -- benchmark workloads (WORKLOADS, not SCENARIOS) ---------------------------------------------------
-
-
-def _images(
-    seed: int, rank: int, world_size: int, *, iterations: int, batch_size: int, image_size: int,
-    num_classes: int,
-) -> list[tuple[Tensor, Tensor]]:
-    g = rank_generator(seed, rank, "images")
-    return [(torch.randn(batch_size, 3, image_size, image_size, generator=g),
-             torch.randint(num_classes, (batch_size,), generator=g)) for _ in range(iterations)]
-
-
-def _resnet(name: str, depth_fn: Callable[..., nn.Module], batch_size: int, image_size: int,
-            iterations: int, seed: int, bucket_cap_mb: float | None) -> Scenario:
-    return Scenario(
-        name=name,
-        model=functools.partial(depth_fn, 1000),
-        batches=SeededBatches(_images, seed, dict(
-            iterations=iterations, batch_size=batch_size, image_size=image_size,
-            num_classes=1000)),
-        loss=cross_entropy_loss,
-        ddp_kwargs=_ddp(bucket_cap_mb),
-        optimizer=functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9),
-        iterations=iterations,
-        seed=seed,
-        description=f"torchvision-equal {name}, batch {batch_size}, {image_size}x{image_size}",
-        features=("benchmark", "buffers", "bucketing"),
-        reference_ok=False,  # BatchNorm's running stats are per rank under DDP
-    )
-
-
-def resnet50(batch_size: int = 32, image_size: int = 224, iterations: int = 3, seed: int = 0,
-             bucket_cap_mb: float | None = None) -> Scenario:
-    """torchvision's ResNet-50 (25.6 M parameters) on random ImageNet-shaped batches, SGD with
-    momentum: the PyTorch DDP paper's benchmark model. In ``WORKLOADS``."""
-    return _resnet("resnet50", resnet.resnet50, batch_size, image_size, iterations, seed,
-                   bucket_cap_mb)
-
-
-def resnet101(batch_size: int = 32, image_size: int = 224, iterations: int = 3, seed: int = 0,
-              bucket_cap_mb: float | None = None) -> Scenario:
-    """torchvision's ResNet-101 (44.5 M parameters), as :func:`resnet50`. In ``WORKLOADS``."""
-    return _resnet("resnet101", resnet.resnet101, batch_size, image_size, iterations, seed,
-                   bucket_cap_mb)
-
-
-WORKLOADS.update(resnet50=resnet50, resnet101=resnet101)

@@ -34,8 +34,8 @@ class MLP(nn.Module):
     order either way, so the RNG is consumed identically) in reversed registration order.  Only
     ``parameters()`` order changes, which is what DDP's initial bucket assignment follows.
 
-    >>> torch.manual_seed(0); a = MLP(3, 8, order="forward")
-    >>> torch.manual_seed(0); b = MLP(3, 8, order="reversed")
+    >>> _ = torch.manual_seed(0); a = MLP(3, 8, order="forward")
+    >>> _ = torch.manual_seed(0); b = MLP(3, 8, order="reversed")
     >>> [n for n, _ in b.named_parameters()][:2]
     ['l2.weight', 'l2.bias']
     >>> all(a.state_dict()[k].equal(v) for k, v in b.state_dict().items())

@@ -210,3 +210,10 @@ class Scenario:
     def step(self, model: nn.Module, batch: Any) -> Tensor:
         """Forward and loss for one batch: ``loss(forward(model, batch), batch)``."""
         return self.loss(self.forward(model, batch), batch)
+
+
+def ddp_options(bucket_cap_mb: float | None, **extra: Any) -> dict[str, Any]:
+    """DDP keyword arguments for a scenario factory's ``bucket_cap_mb`` (None: DDP's default)."""
+    # Leave bucket_cap_mb out when None: passing it explicitly changes DDP's first-bucket size
+    # (dist._DEFAULT_FIRST_BUCKET_BYTES applies only when the cap is left at its default).
+    return ({"bucket_cap_mb": bucket_cap_mb} if bucket_cap_mb is not None else {}) | extra

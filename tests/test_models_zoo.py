@@ -386,8 +386,8 @@ def test_zoo_imports_only_torch_and_itself() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("module", [zoo, zoo.scenario, zoo.catalog, zoo.reference, zoo.training,
-                                    zoo.resnet])
+@pytest.mark.parametrize("module", [zoo, zoo.scenario, zoo.catalog, zoo.data, zoo.nets,
+                                    zoo.workloads, zoo.resnet, zoo.reference, zoo.training])
 def test_docstring_examples_run(module: Any) -> None:
     failures, _ = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert failures == 0
