@@ -1,6 +1,6 @@
 """Training stacks nobody here wrote, under `fakerun`, against torchrun + real gloo.
 
-accelerate and Lightning keep process-wide singletons (accelerate's Borg states, Lightning's
+accelerate, Lightning and HuggingFace's Trainer (on accelerate) keep process-wide singletons (accelerate's Borg states, Lightning's
 ``rank_zero_only.rank``); with ranks as threads each rank must still see its own, or every
 rank believes it is rank 0 and reads the same data shard, silently.
 """
@@ -67,6 +67,31 @@ if __name__ == "__main__":
     main()
 '''
 
+TRANSFORMERS = '''
+import hashlib, os, torch
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments, set_seed
+
+class Tokens(torch.utils.data.Dataset):
+    def __init__(self):
+        self.x = torch.randint(128, (64, 16), generator=torch.Generator().manual_seed(1234))
+    def __len__(self):
+        return len(self.x)
+    def __getitem__(self, i):
+        return {"input_ids": self.x[i], "labels": self.x[i]}
+
+set_seed(0)
+model = GPT2LMHeadModel(GPT2Config(vocab_size=128, n_positions=32, n_embd=32, n_layer=2, n_head=2))
+args = TrainingArguments(output_dir="out", per_device_train_batch_size=4, max_steps=6,
+                         learning_rate=1e-3, save_strategy="no", report_to=[], use_cpu=True,
+                         ddp_backend="gloo", seed=0, disable_tqdm=True)
+trainer = Trainer(model=model, args=args, train_dataset=Tokens())
+loss = trainer.train().training_loss
+w = b"".join(v.detach().numpy().tobytes() for _, v in sorted(model.state_dict().items()))
+with open(f"result-{os.environ['RANK']}.txt", "w") as f:
+    f.write(f"{trainer.args.process_index} {trainer.is_world_process_zero()} {loss!r} "
+            f"{hashlib.md5(w).hexdigest()}")
+'''
+
 
 # Real gloo processes that exit without destroy_process_group sometimes abort at interpreter
 # exit ("terminate called without an active exception", SIGABRT) — after the script's work is
@@ -113,7 +138,8 @@ def test_lightning_ranks_under_fakerun_each_have_their_rank_zero_only_rank(tmp_p
 
 
 @pytest.mark.gloo
-@pytest.mark.parametrize("script", [ACCELERATE, LIGHTNING], ids=["accelerate", "lightning"])
+@pytest.mark.parametrize("script", [ACCELERATE, LIGHTNING, TRANSFORMERS],
+                         ids=["accelerate", "lightning", "transformers-trainer"])
 def test_fakerun_gives_each_rank_what_torchrun_with_real_gloo_gives_it(script, tmp_path):
     real = launch(["torch.distributed.run"], script, tmp_path)
     assert launch(["fakepg.launcher"], script, tmp_path) == real
