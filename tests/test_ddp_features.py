@@ -442,7 +442,7 @@ class _WithDeadLayer(nn.Module):
 
 def _dead_scenario(**ddp):
     return Scenario(name="dead", model=_WithDeadLayer, ddp_kwargs=ddp, iterations=3,
-                    batches=SeededBatches(zoo.catalog._regression, 0, dict(
+                    batches=SeededBatches(zoo.data.regression, 0, dict(
                         iterations=3, batch_size=6, in_shape=(16,), out_features=8)))
 
 
