@@ -11,6 +11,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from .collectives import (SPELL_OUT, Call, GroupState, PendingCollective, check_match,
                           mismatch_message, rank_list, rank_runs)
+from .ops.base import below_autograd
 from .ops.p2p import SEND
 from .errors import (CollectiveHangError, CollectiveMismatchError, FakePGError,
                      InvalidCollectiveError, PeerCrashedError, RankFailedError, WorldAbortedError)
@@ -183,10 +184,10 @@ class Cluster:
         if torch._C._len_torch_dispatch_stack() or _len_pre_dispatch_stack():
             # The data movement is the network's work, not the issuing rank's: keep it out
             # of any per-rank dispatch mode (a timing layer charges compute through one).
-            with _disable_current_modes(), unrecorded():
+            with _disable_current_modes(), unrecorded(), below_autograd():
                 coll.spec.execute(calls)
         else:
-            with unrecorded():  # nor in the rank's profile
+            with unrecorded(), below_autograd():  # nor in the rank's profile
                 coll.spec.execute(calls)
         coll.matched = True
         g = coll.group

@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from . import backends, ops
+from .ops.base import below_autograd
 from .process_group import (BACKEND_NAME, PythonProcessGroup, _as_is, _creating,
                             _gloo_backend_for_logging, _in_join_shadow, requested_backend)
 from .wire import Channel, decode, pack_exception, unpack_exception
@@ -143,8 +144,9 @@ class RemoteWork(dist.Work):
             return
         self._done = True
         self._source = source
-        for orig, copy in self._staged:
-            orig.copy_(copy)
+        with below_autograd():
+            for orig, copy in self._staged:
+                orig.copy_(copy)
         if error is not None:
             self._error = unpack_exception(error)
         else:

@@ -164,6 +164,13 @@ def tensor_bytes(t: Any) -> int:
     return t.numel() * t.element_size()
 
 
+def below_autograd() -> Any:
+    """Where the network writes into the ranks' tensors: below autograd, as a backend's C++
+    kernels write — no graph across ranks, no version bump, and leaves that require grad
+    accepted (``dist.broadcast(param, 0)``, a recv buffer that requires grad)."""
+    return torch._C._AutoDispatchBelowADInplaceOrView()
+
+
 def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
     if dst.shape != src.shape:
         src = src.reshape(dst.shape)
