@@ -17,6 +17,7 @@ from .errors import (CollectiveHangError, CollectiveMismatchError, FakePGError,
                      InvalidCollectiveError, PeerCrashedError, RankFailedError, WorldAbortedError)
 from .hooks import WorldHooks
 from .liveness import TimedWait, collective_wait
+from .gloo_hazards import GlooHazards
 from .nccl_hazards import NcclHazards
 from .profiling import unrecorded
 from .scheduler import BLOCKED, DONE, NEW, Scheduler
@@ -56,6 +57,7 @@ class Cluster:
         self.dead: set[int] = set()  # ranks an injected crash ended
         self._issued = [0] * nprocs  # collectives each rank issued (where faults fire)
         self.hazards = NcclHazards()  # NCCL's hazards under that personality (spawn sets modes)
+        self.gloo_hazards = GlooHazards()  # gloo's, under that one
         # per rank: the default group the program itself initialised (spawn's own does not
         # count), so a second init_process_group is refused as torch refuses it
         self.initialised_by_program: dict[int, Any] = {}
@@ -281,6 +283,7 @@ class Cluster:
                                  timed or collective_wait(self, call))
         self.complete_ready(call.rank)
         self.hazards.waited(call)
+        self.gloo_hazards.waited(call)
         if coll.error is not None:
             raise _fresh(coll.error)
         self.hooks.wait_finished(call.rank, coll)

@@ -23,6 +23,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from . import backends, ddp_checks, liveness
 from .cluster import current_cluster
+from .gloo_hazards import running_callback_of
 from .process_group import BACKEND_NAME, FakeFuture, FakeProcessGroup, requested_backend
 from .sites import user_site
 from .store import world_store
@@ -62,10 +63,31 @@ def world_patches(nprocs: int) -> contextlib.ExitStack:
     mp_spawn.warn_in_threads(stack)
     for name in ("register_comm_hook", "_register_builtin_comm_hook"):
         stack.enter_context(mock.patch.object(DDP, name, _settle_at_issue(getattr(DDP, name))))
+    stack.enter_context(mock.patch.object(torch._C.Future, "then",  # torch.futures.Future's too
+                                          _callbacks_marked(torch._C.Future.then)))
     for name, original in (("wait_all", torch.futures.wait_all),
                            ("collect_all", torch.futures.collect_all)):
         stack.enter_context(mock.patch.object(torch.futures, name, _settling(original)))
     return stack
+
+
+def _callbacks_marked(then: Callable[..., Any]) -> Callable[..., Any]:
+    """A callback on a fakepg work's future (or a future chained on it) runs marked as that
+    work's: gloo runs it on its own thread, racing the program (fakepg.gloo_hazards)."""
+    @functools.wraps(then)
+    def marked_then(self: Any, callback: Callable[..., Any]) -> Any:
+        binding = current_cluster()
+        call = binding[0].gloo_hazards.call_of(self, binding[1]) if binding is not None else None
+        if call is None:
+            return then(self, callback)
+
+        def run(fut: Any) -> Any:
+            with running_callback_of(call):
+                return callback(fut)
+        child = then(self, run)
+        binding[0].gloo_hazards.note_future(child, call)
+        return child
+    return marked_then
 
 
 def _settle_at_issue(register: Callable[..., Any]) -> Callable[..., Any]:

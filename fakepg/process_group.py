@@ -22,6 +22,7 @@ from . import backends, ops
 from .cluster import Cluster, _fresh, current_cluster
 from .collectives import Call
 from .errors import FakePGError, InvalidCollectiveError
+from .gloo_hazards import running_callback_of
 from .ops.base import dtype_name, tensors_of
 from .profiling import collective_event
 from .reductions import op_name
@@ -58,7 +59,9 @@ class FakeFuture(torch.futures.Future):
             if hooks is not None:
                 hooks.completion_started(call)
             try:
-                child.set_result(callback(fut))
+                with running_callback_of(call):
+                    value = callback(fut)
+                child.set_result(value)
             except BaseException as e:  # noqa: BLE001 - forwarded to whoever waits on child
                 child.set_exception(e)
             finally:
@@ -163,6 +166,7 @@ class FakeWork(dist.Work):
                     self._typed_future = torch._C.fork(_as_is, list(res))
                 else:
                     self._typed_future = self._future
+                self._cluster.gloo_hazards.note_future(self._typed_future, self._call)
             return self._typed_future
         return self._future
 
@@ -408,6 +412,7 @@ class FakeProcessGroup(PythonProcessGroup):
         if defer and not coll.settled:
             self._cluster.settle_before_backward_ends(call)
         self._cluster.hazards.collective_issued(call)
+        self._cluster.gloo_hazards.collective_issued(call)
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work

@@ -22,6 +22,7 @@ from .cluster import Cluster, bind_thread, current_cluster
 from .errors import (CollectiveHangError, CollectiveMismatchError, FakePGError, RankFailedError,
                      SpawnTimeoutError)
 from .hooks import WorldHooks
+from .gloo_hazards import GlooHazards
 from .nccl_hazards import NcclHazards, parse_modes
 from .isolation import ProcessState
 from .patches import _ORIGINAL_INIT, _PG_TIMEOUT, world_patches
@@ -81,7 +82,8 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
           timeout: float | None = None, backend: str = "fakepg",
           schedule: "Schedule | str | None" = None,
           nccl_hazards: str | Mapping[str, str] | None = None,
-          faults: Sequence[Any] | None = None, isolation: str = "thread") -> SpawnResult:
+          faults: Sequence[Any] | None = None, isolation: str = "thread",
+          gloo_hazards: str = "error") -> SpawnResult:
     """Run ``fn(rank, *args)`` on ``nprocs`` ranks of a deterministic in-process cluster.
 
     Inside ``fn``, torch.distributed is already initialised with the ``"fakepg"`` backend
@@ -101,6 +103,9 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
     (``"error"``, ``"warn"``, ``"off"``, a mapping per hazard, or None for the defaults) says
     what NCCL's hazards do under the nccl personality (:mod:`fakepg.nccl_hazards`:
     inconsistent order across communicators, unbatched crossing isend/irecv, CPU tensors).
+    ``gloo_hazards`` (``"error"``, ``"warn"``, ``"off"``) does the same for gloo's: a
+    collective issued from a future callback racing the program's own on that group
+    (:mod:`fakepg.gloo_hazards`).
     ``schedule`` (a token from :func:`fakepg.explore`, or a :class:`fakepg.schedule.Schedule`)
     replays one alternative interleaving; None is the default schedule. ``faults`` (from
     :mod:`fakepg.faults`) crash a rank or make it raise at a chosen collective.
@@ -132,6 +137,7 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
     backends.get(backend)  # a clear error for an unknown name
     schedule = as_schedule(schedule)
     hazard_modes = parse_modes(nccl_hazards)
+    gloo = GlooHazards(gloo_hazards)  # a clear error for an unknown mode
     faults = _faults.check(faults, nprocs)
     if isolation not in ("thread", "process"):
         raise ValueError(f"fakepg.spawn: isolation must be 'thread' or 'process', got {isolation!r}")
@@ -145,7 +151,7 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
                           "after another (use pytest-xdist for parallelism)")
     try:
         return _run_world(fn, tuple(args), nprocs, seed, hooks, hang_timeout, master_port, env,
-                          timeout, backend, schedule, hazard_modes, faults, isolation)
+                          timeout, backend, schedule, hazard_modes, faults, isolation, gloo)
     finally:
         _SPAWN_LOCK.release()
 
@@ -162,7 +168,7 @@ def spawn_nested(fn: Callable[..., Any], args: Sequence[Any], nprocs: int, *, se
 
 def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_env,
                timeout, backend, schedule, hazard_modes=None, faults=(),
-               isolation="thread") -> SpawnResult:
+               isolation="thread", gloo_hazards=None) -> SpawnResult:
     __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
     register_backend()
     t0 = time.perf_counter()
@@ -170,6 +176,8 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_e
     cluster.backend = backend
     cluster.faults = faults
     cluster.hazards = NcclHazards(hazard_modes)
+    if gloo_hazards is not None:
+        cluster.gloo_hazards = gloo_hazards
     extra = extra_env if callable(extra_env) else (lambda r: extra_env or {})  # noqa: E731
     processes = [ProcessState.for_rank(r, nprocs, seed,
                                        {**_rank_env(r, nprocs, master_port), **_str_env(extra(r))})
