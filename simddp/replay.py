@@ -135,7 +135,7 @@ from .analysis import ReplayResult, SweepResult, write_csv
 from .engines.capture import capture
 from .engines.plan import (COMM_HOOKS, CapturedIteration, ParamInfo, RankProfile,
                            assign_buckets)
-from .engines.run import replay
+from .engines.replaying import replay
 from .engines.sweep import sweep
 
 __all__ = ["capture", "replay", "sweep", "write_csv", "assign_buckets", "CapturedIteration",
