@@ -15,6 +15,7 @@ Both give the same figures (iteration ends bit for bit; see :mod:`simddp.engines
 
 from __future__ import annotations
 
+import gc
 import time as _time
 from typing import Any, Mapping
 
@@ -26,7 +27,7 @@ from ..models import Network, NetworkModel
 from .plan import CapturedIteration, Costs, check_knobs, plans
 from .progress import progress_display
 from .run import _Replay
-from .vector import VectorReplay, unsupported
+from .vector import DrawOrderUnsettled, VectorReplay, unsupported
 
 __all__ = ["replay", "ENGINES"]
 
@@ -111,10 +112,13 @@ def replay(captured: CapturedIteration, world_size: int | None = None, *,
         vec = VectorReplay(cap, world, net, plans=bucket_plans, speeds=speeds, jitter=jitter,
                            seed=seed, period=period, slowmo=slowmo_period is not None,
                            iterations=iterations, groups=groups, costs=costs)
+        was_enabled = gc.isenabled()
+        gc.disable()  # no cyclic garbage here; the collectives' records are many dicts
         try:
             with progress_display(progress) as report:
                 timeline = vec.run(report)
-        except RuntimeError:  # the draw order of interleaved communicators did not settle
+            colls = vec.collectives()
+        except DrawOrderUnsettled:
             if engine == "vector":
                 raise
             vector = False
@@ -122,9 +126,12 @@ def replay(captured: CapturedIteration, world_size: int | None = None, *,
             ncoll, nbytes = vec.rank_totals()
             one = np.zeros(world, dtype=np.int8)  # every rank alike: one class
             return ReplayResult(
-                **result, collectives=vec.collectives(),
+                **result, collectives=colls,
                 rank_collectives=PerRank([ncoll], one), rank_comm_bytes=PerRank([nbytes], one),
                 timeline=timeline, wall_time=_time.perf_counter() - t_wall)
+        finally:
+            if was_enabled:
+                gc.enable()
     sim = _Replay(cap, world, net, buckets=buckets, plans=bucket_plans, speeds=speeds,
                   jitter=jitter, seed=seed, period=period, slowmo=slowmo_period is not None,
                   uneven=uneven, iterations=iterations, groups=groups, shared_nic=shared_nic,

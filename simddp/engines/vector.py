@@ -40,7 +40,7 @@ from ..analysis.arrays import ArrayTimeline
 from ..models import NetworkModel, collective_time, noise
 from .plan import BucketPlan, CapturedIteration, Costs
 
-__all__ = ["VectorReplay", "unsupported", "KNOWN_OPTIONS"]
+__all__ = ["VectorReplay", "unsupported", "KNOWN_OPTIONS", "DrawOrderUnsettled"]
 
 # The replay options this engine implements. An option outside this set (a later knob such as
 # a contention model) makes unsupported() refuse, and replay() falls back to the simpy engine.
@@ -50,6 +50,11 @@ KNOWN_OPTIONS = frozenset({"network", "bucket_cap_mb", "first_bucket_mb", "comm_
                            "per_rank", "progress", "engine"})
 
 _MAX_PASSES = 64  # passes to settle the draw order of interleaved communicators
+
+
+class DrawOrderUnsettled(RuntimeError):
+    """The noise draw order of interleaved communicators did not settle (replay() then runs
+    the simpy engine)."""
 
 
 def unsupported(cap: CapturedIteration, world: int, net: NetworkModel, plans: list[BucketPlan],
@@ -197,7 +202,8 @@ class VectorReplay:
             self.scopes["node"] = _Scope("node", g * nnodes + ranks // gpn, groups * nnodes)
         self.multi = sum(len(s.present) for s in self.scopes.values()) > 1
         self.steps: dict[tuple, _Step] = {}
-        self.order: list[tuple[_Step, int]] = []  # (step, code) in creation order
+        self.order: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64),) * 2
+        # ^ (step index, communicator code) of every collective, in creation order
         self._lane_cache: dict[int, Lane] = {}
         self.passes = 0
 
@@ -389,7 +395,7 @@ class VectorReplay:
         themselves, so the pass is repeated with the order the previous pass produced until
         it reproduces itself (a causal fixed point: the earliest collectives are right after
         the first pass, and each pass fixes at least the next; in practice a few passes).
-        After :data:`_MAX_PASSES` it raises ``RuntimeError`` and replay() uses simpy."""
+        After :data:`_MAX_PASSES` it raises :class:`DrawOrderUnsettled` and replay() uses simpy."""
         what = f"replay: {self.world:,} ranks, vectorised"
         ranks = np.arange(self.world, dtype=np.int64)
         factors = None
@@ -410,23 +416,14 @@ class VectorReplay:
             self.passes += 1
             steps = list(self.steps.values())
             if not self.multi:
-                order = [(st, 0) for st in steps]
+                order = (np.arange(len(steps)), np.zeros(len(steps), dtype=np.int64))
                 break
             order = self._creation_order(steps)
-            if factors is None:
-                break
-            changed = False
-            i = 0
-            for st, c in order:  # a factor per collective of more than one rank, in order
-                if self.scopes[st.scope].size[c] > 1:
-                    if st.draw[c] != i:
-                        st.draw[c] = i
-                        changed = True
-                    i += 1
-            if not changed:
+            if factors is None or not self._redraw(steps, *order):
                 break
             if self.passes >= _MAX_PASSES:
-                raise RuntimeError("the vectorised replay's draw order did not settle")
+                raise DrawOrderUnsettled(f"the draw order of {self.world} ranks' collectives "
+                                         f"did not settle in {_MAX_PASSES} passes")
         self.order = order
         if progress is not None:
             progress(total, total + 1, f"{what}: statistics")
@@ -438,17 +435,37 @@ class VectorReplay:
             progress(total + 1, total + 1, f"{what}: done")
         return tl
 
-    def _creation_order(self, steps: list[_Step]) -> list[tuple[_Step, int]]:
-        keys_t, keys_r, keys_p, who = [], [], [], []
+    def _creation_order(self, steps: list[_Step]) -> tuple[np.ndarray, np.ndarray]:
+        """Every (step index, communicator code), in the order the simpy engine creates them."""
+        keys_t, keys_r, keys_p, who_s, who_c = [], [], [], [], []
         for i, st in enumerate(steps):
             pres = self.scopes[st.scope].present
             keys_t.append(st.ctime[pres])
             keys_r.append(st.crank[pres])
             keys_p.append(np.full(len(pres), st.pos))
-            who.append(np.stack([np.full(len(pres), i), pres], axis=1))
+            who_s.append(np.full(len(pres), i))
+            who_c.append(pres)
         t, r, p = np.concatenate(keys_t), np.concatenate(keys_r), np.concatenate(keys_p)
-        w = np.concatenate(who)[np.lexsort((p, r, t))]
-        return [(steps[i], c) for i, c in w.tolist()]
+        o = np.lexsort((p, r, t))
+        return np.concatenate(who_s)[o], np.concatenate(who_c)[o]
+
+    def _redraw(self, steps: list[_Step], step_of: np.ndarray, code_of: np.ndarray) -> bool:
+        """Give every collective of more than one rank the noise factor of its place in
+        creation order; whether any changed."""
+        sizes = np.empty(len(step_of), dtype=np.int64)
+        for i, st in enumerate(steps):
+            m = step_of == i
+            sizes[m] = self.scopes[st.scope].size[code_of[m]]
+        drawn = sizes > 1
+        index = np.cumsum(drawn) - 1
+        changed = False
+        for i, st in enumerate(steps):
+            m = (step_of == i) & drawn
+            new = index[m]
+            if not np.array_equal(st.draw[code_of[m]], new):
+                st.draw[code_of[m]] = new
+                changed = True
+        return changed
 
     # -- figures -----------------------------------------------------------------------------
     def _comm_figures(self, rec: _Rec) -> tuple[np.ndarray, np.ndarray]:
@@ -526,18 +543,27 @@ class VectorReplay:
         return range(g, self.world, self.groups)
 
     # -- the result's records ------------------------------------------------------------------
+    def _group(self, scope: str, c: int) -> str:
+        return f"dp{c}" if scope == "dp" else f"dp{c // self.nnodes}/node{c % self.nnodes}"
+
     def collectives(self) -> list[dict[str, Any]]:
+        """Every collective, in creation order (the simpy engine's ``order``)."""
+        steps = list(self.steps.values())
+        tags = ["/".join(str(x) for x in st.tag) for st in steps]
+        groups: dict[tuple[str, int], str] = {}
+        starts = [st.start.tolist() for st in steps]
+        ends = [st.end.tolist() for st in steps]
+        sizes = {k: sc.size.tolist() for k, sc in self.scopes.items()}
         out = []
-        for st, c in self.order:
-            sc = self.scopes[st.scope]
-            if st.scope == "dp":
-                group = f"dp{c}"
-            else:
-                group = f"dp{c // self.nnodes}/node{c % self.nnodes}"
-            out.append({"name": "/".join(str(x) for x in (group, *st.tag)), "op": st.op,
-                        "group": group, "members": int(sc.size[c]), "seq": st.seq,
-                        "bytes": st.nbytes, "start": float(st.start[c]),
-                        "end": float(st.end[c])})
+        for i, c in zip(*(a.tolist() for a in self.order)):
+            st = steps[i]
+            key = (st.scope, c)
+            group = groups.get(key)
+            if group is None:
+                group = groups[key] = self._group(st.scope, c)
+            out.append({"name": f"{group}/{tags[i]}", "op": st.op, "group": group,
+                        "members": sizes[st.scope][c], "seq": st.seq, "bytes": st.nbytes,
+                        "start": starts[i][c], "end": ends[i][c]})
         return out
 
     def rank_totals(self) -> tuple[int, int]:
@@ -548,27 +574,30 @@ class VectorReplay:
 
 class _Busy:
     """F(t) per rank: how long the rank's collectives ran (their union) before ``t``; pieces
-    ``[P, Q]`` per row, disjoint and sorted, ``C`` their cumulative lengths."""
+    ``[P, Q]`` per row (a set of communicators), disjoint and sorted, ``C`` their cumulative
+    lengths, ``row_idx`` each rank's row."""
 
     def __init__(self, P: np.ndarray, Q: np.ndarray, C: np.ndarray, row_idx: np.ndarray) -> None:
         self.P, self.Q, self.C, self.row_idx = P, Q, C, row_idx
-        self.groups = None
-        if len(P) > 1:
-            order = np.argsort(row_idx, kind="stable")
-            bounds = np.searchsorted(row_idx[order], np.arange(len(P) + 1))
-            self.groups = [order[bounds[i]:bounds[i + 1]] for i in range(len(P))]
+        self.m = P.shape[1]
+        self.base = row_idx * self.m  # flat index of each rank's row
 
     def __call__(self, t: np.ndarray) -> np.ndarray:
-        if self.groups is None:
-            return self._row(0, t)
-        out = np.empty_like(t)
-        for i, idx in enumerate(self.groups):
-            out[idx] = self._row(i, t[idx])
-        return out
-
-    def _row(self, i: int, t: np.ndarray) -> np.ndarray:
-        P, Q, C = self.P[i], self.Q[i], self.C[i]
-        k = np.searchsorted(P, t, side="right")  # pieces starting at or before t
+        P, Q, C, m = self.P, self.Q, self.C, self.m
+        if len(P) == 1:
+            k = np.searchsorted(P[0], t, side="right")  # pieces starting at or before t
+        else:  # the same, per row: a binary search vectorised over ranks
+            flat = P.reshape(-1)
+            k = np.zeros(len(t), dtype=np.int64)
+            step = 1 << max(0, m.bit_length() - 1)
+            while step:
+                cand = k + step
+                ok = cand <= m
+                probe = self.base + np.minimum(cand, m) - 1
+                k = np.where(ok & (flat[probe] <= t), cand, k)
+                step >>= 1
         km = np.maximum(k - 1, 0)
-        part = np.minimum(t, Q[km]) - P[km]
-        return np.where(k > 0, C[km] + np.maximum(part, 0.0), 0.0)
+        at = self.base + km if len(P) > 1 else km
+        part = np.minimum(t, Q.reshape(-1)[at]) - P.reshape(-1)[at]
+        cum = C[:, :-1].reshape(-1)[at] if len(P) > 1 else C[0, :-1][km]
+        return np.where(k > 0, cum + np.maximum(part, 0.0), 0.0)
