@@ -125,7 +125,12 @@ def test_the_vectorised_engine_agrees_with_simpy_on_random_replays(caps, world, 
     fast = replay(caps["mlp"], world, engine="vector", **kw)
     slow = replay(caps["mlp"], world, engine="simpy", per_rank=True, **kw)
     assert list(fast.timeline.boundaries) == list(slow.timeline.boundaries)
-    assert fast.collectives == slow.collectives
+    if jitter > 0:  # creation order decides which collective draws which noise factor
+        assert fast.collectives == slow.collectives
+    else:  # no draws; collectives created at one instant on two communicators (after a
+        # wait that released their ranks at once) are listed in simpy's wake-up order there
+        assert sorted(fast.collectives, key=lambda c: c["name"]) == \
+            sorted(slow.collectives, key=lambda c: c["name"])
     for r in range(world):
         assert _close(fast.timeline.exposed_comm(r), slow.timeline.exposed_comm(r))
 

@@ -35,10 +35,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..analysis import CommSpan, Lane
 from ..analysis.arrays import ArrayTimeline
 from ..models import NetworkModel, collective_time, noise
 from .plan import BucketPlan, CapturedIteration, Costs
+from .vector_records import Record, ResultRecords, Scope, Step, comm_figures
 
 __all__ = ["VectorReplay", "unsupported", "KNOWN_OPTIONS", "DrawOrderUnsettled"]
 
@@ -86,80 +86,7 @@ def _forward_events(prof: Any) -> list[tuple[float, int, int]]:
     return sorted(ev)
 
 
-class _Step:
-    """One collective of the plan (one per communicator of its scope): per communicator code
-    its start, end, draw index and creation key."""
-
-    __slots__ = ("tag", "scope", "op", "nbytes", "in_backward", "seq", "pos", "start", "end",
-                 "draw", "ctime", "crank")
-
-    def __init__(self, tag, scope, op, nbytes, in_backward, seq, pos):
-        self.tag, self.scope, self.op, self.nbytes = tag, scope, op, int(nbytes)
-        self.in_backward, self.seq, self.pos = in_backward, seq, pos
-        self.start = self.end = self.draw = self.ctime = self.crank = None
-
-
-class _Scope:
-    """One kind of communicator over the world: the DDP groups (``dp``) or the node subgroups
-    (``node``). ``code[r]``: rank r's communicator; per code its size."""
-
-    def __init__(self, name: str, code: np.ndarray, ncode: int) -> None:
-        self.name, self.code, self.ncode = name, code, ncode
-        self.size = np.bincount(code, minlength=ncode)
-        self.present = np.flatnonzero(self.size)
-        self.single = ncode == 1
-        if not self.single:
-            self.perm = np.argsort(code, kind="stable")
-            self.offsets = np.searchsorted(code[self.perm], self.present)
-
-    def reduce(self, ufunc: Any, v: np.ndarray, fill: float) -> np.ndarray:
-        out = np.full(self.ncode, fill)
-        if self.single:
-            out[0] = ufunc.reduce(v)
-        else:
-            out[self.present] = ufunc.reduceat(v[self.perm], self.offsets)
-        return out
-
-
-class _Rec:
-    """What a pass records: figures per rank and iteration (full pass), or spans and
-    collectives of a few ranks (``rows``: a lane per rank)."""
-
-    def __init__(self, n: int, iterations: int, rows: bool) -> None:
-        self.rows = rows
-        z = lambda: np.zeros((n, iterations))  # noqa: E731
-        self.forward, self.backward, self.optimizer, self.wait = z(), z(), z(), z()
-        self.bounds = np.zeros((n, iterations))
-        self.waits: list[tuple[int, np.ndarray, np.ndarray]] = []  # (it, start, end)
-        self.spans: list[list] = [[] for _ in range(n)] if rows else []
-        self.comms: list[list] = [[] for _ in range(n)] if rows else []
-        self.it = 0
-
-    def compute(self, kind: str, s: np.ndarray, e: np.ndarray, label: str | None = None
-                ) -> None:
-        d = e - s
-        getattr(self, kind)[:, self.it] += np.where(d > 0, d, 0.0)
-        if self.rows:
-            self._rows(kind, s, e, label or kind)
-
-    def waited(self, s: np.ndarray, e: np.ndarray, label: str) -> None:
-        d = e - s
-        self.wait[:, self.it] += np.where(d > 0, d, 0.0)
-        self.waits.append((self.it, s, e))
-        if self.rows:
-            self._rows("wait", s, e, label)
-
-    def callback(self, s: np.ndarray, e: np.ndarray) -> None:
-        if self.rows:
-            self._rows("callback", s, e, "callback (side stream)")
-
-    def _rows(self, kind: str, s: np.ndarray, e: np.ndarray, label: str) -> None:
-        for i, (a, b) in enumerate(zip(s.tolist(), e.tolist())):
-            if b > a:
-                self.spans[i].append((kind, a, b, label))
-
-
-class VectorReplay:
+class VectorReplay(ResultRecords):
     """One vectorised replay (see the module docstring). Same arguments as ``_Replay``."""
 
     def __init__(self, cap: CapturedIteration, world: int, net: NetworkModel, *,
@@ -195,16 +122,16 @@ class VectorReplay:
             self.noise = noise.lognormal(noise.generator(seed, 0), jitter,
                                          (world, iterations, 4))
         g = ranks % groups
-        self.scopes = {"dp": _Scope("dp", g, groups)}
+        self.scopes = {"dp": Scope("dp", g, groups)}
         nnodes = -(-world // gpn)
         self.nnodes = nnodes
         if period:
-            self.scopes["node"] = _Scope("node", g * nnodes + ranks // gpn, groups * nnodes)
+            self.scopes["node"] = Scope("node", g * nnodes + ranks // gpn, groups * nnodes)
         self.multi = sum(len(s.present) for s in self.scopes.values()) > 1
-        self.steps: dict[tuple, _Step] = {}
+        self.steps: dict[tuple, Step] = {}
         self.order: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64),) * 2
         # ^ (step index, communicator code) of every collective, in creation order
-        self._lane_cache: dict[int, Lane] = {}
+        self._lane_cache: dict[int, Any] = {}
         self.passes = 0
 
     # -- collective durations ----------------------------------------------------------------
@@ -225,7 +152,7 @@ class VectorReplay:
         return self.iterations * (fwd * per["dp"] + bwd * per[scope]) + avg * per["dp"]
 
     # -- one pass over the plan -------------------------------------------------------------
-    def _pass(self, ranks: np.ndarray, rec: _Rec, full: bool, factors: np.ndarray | None,
+    def _pass(self, ranks: np.ndarray, rec: Record, full: bool, factors: np.ndarray | None,
               progress: Any = None) -> None:
         n = len(ranks)
         it_n = self.iterations
@@ -243,13 +170,13 @@ class VectorReplay:
         ticks = 0
 
         def coll(tag: tuple, scope: str, op: str, nbytes: int, enq: np.ndarray,
-                 arrive: np.ndarray, in_backward: bool = False) -> _Step:
+                 arrive: np.ndarray, in_backward: bool = False) -> Step:
             """The collective ``tag``: created (full pass) or looked up (rows)."""
             p = pos[0]
             pos[0] += 1
             st = self.steps.get(tag)
             if st is None:
-                st = self.steps[tag] = _Step(tag, scope, op, nbytes, in_backward, seqs[scope], p)
+                st = self.steps[tag] = Step(tag, scope, op, nbytes, in_backward, seqs[scope], p)
             seqs[scope] += 1
             if full:
                 sc = self.scopes[scope]
@@ -282,7 +209,7 @@ class VectorReplay:
                     rec.comms[i].append((st, c, float(arrive[i])))
             return st
 
-        def end_of(st: _Step, scope: str) -> np.ndarray:
+        def end_of(st: Step, scope: str) -> np.ndarray:
             return st.end[codes[scope]]
 
         def compute(kind: str, seconds: np.ndarray, label: str | None = None) -> None:
@@ -292,7 +219,7 @@ class VectorReplay:
             rec.compute(kind, now, new, label)
             now = new
 
-        def wait(st: _Step, scope: str, label: str) -> None:
+        def wait(st: Step, scope: str, label: str) -> None:
             nonlocal now
             e = np.maximum(now, end_of(st, scope))
             rec.waited(now, e, label)
@@ -304,7 +231,7 @@ class VectorReplay:
             # forward, with the captured forward collectives at their offsets
             scale = s * f[:, 0]
             done = np.zeros(n)
-            fwd: dict[int, _Step] = {}
+            fwd: dict[int, Step] = {}
             fcs = self.cap.profiles[0].forward_collectives
             for j, (what, k) in enumerate(self.fwd_events):
                 dt = self.fwd_offsets[prof, j] * scale - done
@@ -411,7 +338,7 @@ class VectorReplay:
         if progress is not None:
             progress(0, total + 1, what)
         while True:
-            rec = _Rec(self.world, self.iterations, rows=False)
+            rec = Record(self.world, self.iterations, rows=False)
             self._pass(ranks, rec, True, factors, tick)
             self.passes += 1
             steps = list(self.steps.values())
@@ -427,7 +354,7 @@ class VectorReplay:
         self.order = order
         if progress is not None:
             progress(total, total + 1, f"{what}: statistics")
-        comm, exposed = self._comm_figures(rec)
+        comm, exposed = comm_figures(list(self.steps.values()), self.scopes, rec)
         tl = ArrayTimeline(self.world, self.iterations, bounds=rec.bounds,
                            forward=rec.forward, backward=rec.backward, optimizer=rec.optimizer,
                            wait=rec.wait, comm=comm, exposed=exposed, lanes=self.lanes)
@@ -435,7 +362,7 @@ class VectorReplay:
             progress(total + 1, total + 1, f"{what}: done")
         return tl
 
-    def _creation_order(self, steps: list[_Step]) -> tuple[np.ndarray, np.ndarray]:
+    def _creation_order(self, steps: list[Step]) -> tuple[np.ndarray, np.ndarray]:
         """Every (step index, communicator code), in the order the simpy engine creates them."""
         keys_t, keys_r, keys_p, who_s, who_c = [], [], [], [], []
         for i, st in enumerate(steps):
@@ -449,7 +376,7 @@ class VectorReplay:
         o = np.lexsort((p, r, t))
         return np.concatenate(who_s)[o], np.concatenate(who_c)[o]
 
-    def _redraw(self, steps: list[_Step], step_of: np.ndarray, code_of: np.ndarray) -> bool:
+    def _redraw(self, steps: list[Step], step_of: np.ndarray, code_of: np.ndarray) -> bool:
         """Give every collective of more than one rank the noise factor of its place in
         creation order; whether any changed."""
         sizes = np.empty(len(step_of), dtype=np.int64)
@@ -466,138 +393,3 @@ class VectorReplay:
                 st.draw[code_of[m]] = new
                 changed = True
         return changed
-
-    # -- figures -----------------------------------------------------------------------------
-    def _comm_figures(self, rec: _Rec) -> tuple[np.ndarray, np.ndarray]:
-        """Per rank and iteration: time a collective of the rank runs (comm), and the part of
-        it the rank spends waiting (exposed: a rank's time is compute or wait, nothing else)."""
-        steps = list(self.steps.values())
-        world = self.world
-        # a rank's collectives: those of its DDP group and (LocalSGD) of its node subgroup;
-        # rows: one per distinct set
-        if "node" in self.scopes:
-            row_of = self.scopes["node"].code
-        else:
-            row_of = self.scopes["dp"].code
-        rows, first, row_idx = np.unique(row_of, return_index=True, return_inverse=True)
-        row_idx = row_idx.reshape(-1)
-        S = np.empty((len(rows), len(steps)))
-        E = np.empty((len(rows), len(steps)))
-        for j, st in enumerate(steps):
-            code = self.scopes[st.scope].code[first]
-            S[:, j], E[:, j] = st.start[code], st.end[code]
-        o = np.argsort(S, axis=1, kind="stable")
-        S, E = np.take_along_axis(S, o, 1), np.take_along_axis(E, o, 1)
-        run = np.maximum.accumulate(E, axis=1)
-        prev = np.concatenate([np.full((len(rows), 1), -np.inf), run[:, :-1]], axis=1)
-        P = np.maximum(S, prev)
-        Q = np.maximum(P, E)
-        L = Q - P
-        C = np.concatenate([np.zeros((len(rows), 1)), np.cumsum(L, axis=1)], axis=1)
-        F = _Busy(P, Q, C, row_idx)
-        b = rec.bounds
-        lo = np.concatenate([np.zeros((world, 1)), b[:, :-1]], axis=1)
-        comm = np.empty_like(b)
-        for i in range(self.iterations):
-            comm[:, i] = F(b[:, i]) - F(lo[:, i])
-        exposed = np.zeros_like(b)
-        for i, ws, we in rec.waits:
-            exposed[:, i] += np.where(we > ws, F(we) - F(ws), 0.0)
-        return comm, np.maximum(exposed, 0.0)
-
-    # -- lanes on demand -----------------------------------------------------------------------
-    def lanes(self, ranks: list[int]) -> list[Lane]:
-        """Rank ``ranks``' lanes (spans and collectives), re-run from the recorded collectives."""
-        todo = [r for r in ranks if r not in self._lane_cache]
-        if todo:
-            rec = _Rec(len(todo), self.iterations, rows=True)
-            self._pass(np.array(todo, dtype=np.int64), rec, False, None)
-            for i, r in enumerate(todo):
-                comms = []
-                for st, c, issue in rec.comms[i]:
-                    sc = self.scopes[st.scope]
-                    g = int(r % self.groups)
-                    group = f"dp{g}" if st.scope == "dp" else f"dp{g}/node{r // self.gpn}"
-                    tag = "/".join(str(x) for x in (group, *st.tag))
-                    size = int(sc.size[c])
-                    members = self._members(st.scope, r)
-                    comms.append(CommSpan(
-                        rank=r, op=st.op, group=group,
-                        group_ranks=tuple(members) if size <= 64 else (), seq=st.seq,
-                        bytes=st.nbytes, issue=issue, start=float(st.start[c]),
-                        end=float(st.end[c]), site=tag, in_backward=st.in_backward))
-                comms.sort(key=lambda x: x.issue)  # arrival order, as the simpy lanes keep
-                spans = sorted(rec.spans[i], key=lambda x: (x[1], x[2]))
-                bounds = rec.bounds[i].tolist()
-                if len(self._lane_cache) > 256:
-                    self._lane_cache.clear()
-                self._lane_cache[r] = Lane(spans, comms, bounds, bounds[-1] if bounds else 0.0)
-        return [self._lane_cache[r] for r in ranks]
-
-    def _members(self, scope: str, r: int) -> range:
-        g = r % self.groups
-        if scope == "node":
-            node = r // self.gpn
-            lo, hi = node * self.gpn, min((node + 1) * self.gpn, self.world)
-            return range(lo + (g - lo) % self.groups, hi, self.groups)
-        return range(g, self.world, self.groups)
-
-    # -- the result's records ------------------------------------------------------------------
-    def _group(self, scope: str, c: int) -> str:
-        return f"dp{c}" if scope == "dp" else f"dp{c // self.nnodes}/node{c % self.nnodes}"
-
-    def collectives(self) -> list[dict[str, Any]]:
-        """Every collective, in creation order (the simpy engine's ``order``)."""
-        steps = list(self.steps.values())
-        tags = ["/".join(str(x) for x in st.tag) for st in steps]
-        groups: dict[tuple[str, int], str] = {}
-        starts = [st.start.tolist() for st in steps]
-        ends = [st.end.tolist() for st in steps]
-        sizes = {k: sc.size.tolist() for k, sc in self.scopes.items()}
-        out = []
-        for i, c in zip(*(a.tolist() for a in self.order)):
-            st = steps[i]
-            key = (st.scope, c)
-            group = groups.get(key)
-            if group is None:
-                group = groups[key] = self._group(st.scope, c)
-            out.append({"name": f"{group}/{tags[i]}", "op": st.op, "group": group,
-                        "members": sizes[st.scope][c], "seq": st.seq, "bytes": st.nbytes,
-                        "start": starts[i][c], "end": ends[i][c]})
-        return out
-
-    def rank_totals(self) -> tuple[int, int]:
-        """(collectives, bytes) every rank takes part in (the same for all: SPMD)."""
-        steps = list(self.steps.values())
-        return len(steps), sum(st.nbytes for st in steps)
-
-
-class _Busy:
-    """F(t) per rank: how long the rank's collectives ran (their union) before ``t``; pieces
-    ``[P, Q]`` per row (a set of communicators), disjoint and sorted, ``C`` their cumulative
-    lengths, ``row_idx`` each rank's row."""
-
-    def __init__(self, P: np.ndarray, Q: np.ndarray, C: np.ndarray, row_idx: np.ndarray) -> None:
-        self.P, self.Q, self.C, self.row_idx = P, Q, C, row_idx
-        self.m = P.shape[1]
-        self.base = row_idx * self.m  # flat index of each rank's row
-
-    def __call__(self, t: np.ndarray) -> np.ndarray:
-        P, Q, C, m = self.P, self.Q, self.C, self.m
-        if len(P) == 1:
-            k = np.searchsorted(P[0], t, side="right")  # pieces starting at or before t
-        else:  # the same, per row: a binary search vectorised over ranks
-            flat = P.reshape(-1)
-            k = np.zeros(len(t), dtype=np.int64)
-            step = 1 << max(0, m.bit_length() - 1)
-            while step:
-                cand = k + step
-                ok = cand <= m
-                probe = self.base + np.minimum(cand, m) - 1
-                k = np.where(ok & (flat[probe] <= t), cand, k)
-                step >>= 1
-        km = np.maximum(k - 1, 0)
-        at = self.base + km if len(P) > 1 else km
-        part = np.minimum(t, Q.reshape(-1)[at]) - P.reshape(-1)[at]
-        cum = C[:, :-1].reshape(-1)[at] if len(P) > 1 else C[0, :-1][km]
-        return np.where(k > 0, cum + np.maximum(part, 0.0), 0.0)
