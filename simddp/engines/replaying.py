@@ -71,6 +71,9 @@ def replay(captured: CapturedIteration, world_size: int | None = None, *,
     when stderr is a terminal, True always, False never; a callable ``progress(done, total,
     description)`` hears it instead. None of these changes the result (the vectorised
     engine's per-iteration figures agree to float rounding, its iteration ends exactly)."""
+    # every keyword as given: a knob the vectorised engine does not know (vector.KNOWN_OPTIONS)
+    # makes it fall back to the simpy engine, so a new keyword is safe by default
+    options = {k: v for k, v in locals().items() if k not in ("captured", "world_size")}
     t_wall = _time.perf_counter()
     cap = captured
     world = integer("world_size", cap.world_size if world_size is None else world_size,
@@ -94,11 +97,6 @@ def replay(captured: CapturedIteration, world_size: int | None = None, *,
              "slowmo_period": slowmo_period,
              "uneven": {str(k): v for k, v in sorted(uneven.items())} or None,
              "groups": groups, "shared_nic": shared_nic}
-    options = dict(network=network, bucket_cap_mb=bucket_cap_mb,
-                   first_bucket_mb=first_bucket_mb, comm_hook=comm_hook,
-                   powersgd_rank=powersgd_rank, rank_speed=rank_speed, jitter=jitter, seed=seed,
-                   localsgd_period=localsgd_period, slowmo_period=slowmo_period, uneven=uneven,
-                   iterations=iterations, groups=groups, shared_nic=shared_nic)
     vector = engine == "vector" or (engine in (None, "auto") and jitter > 0 and not per_rank)
     if vector:
         why = unsupported(cap, world, net, bucket_plans, options)
