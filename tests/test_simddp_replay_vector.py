@@ -103,6 +103,9 @@ def test_the_vectorised_engine_gives_the_per_rank_simpy_engines_answer(caps, nam
     for r in sorted({0, 1, world // 2, world - 1}):
         assert sorted(a.rank_spans(r), key=key) == sorted(b.rank_spans(r), key=key)
         assert a.rank_comms(r) == b.rank_comms(r)
+    assert sorted(a.spans, key=lambda s: (s.rank, *key(s))) == \
+        sorted(b.spans, key=lambda s: (s.rank, *key(s)))
+    assert a.comms == b.comms
     assert a.notable_ranks(6) == b.notable_ranks(6)
     assert a.summary() == b.summary()
 

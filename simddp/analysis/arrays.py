@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .lanes import IterationStats, Lane
+from .lanes import CommSpan, IterationStats, Lane, Span
 from .timeline import Timeline
 
 __all__ = ["ArrayTimeline"]
@@ -113,6 +113,25 @@ class ArrayTimeline(Timeline):
 
     def windows(self, rank: int) -> list[tuple[float, float]]:
         return list(zip(self.starts[rank].tolist(), self.bounds[rank].tolist()))
+
+    @property
+    def spans(self) -> list[Span]:
+        """Every rank's spans, rank by rank (lanes built 1024 ranks at a time)."""
+        got = self._cache.get("spans")
+        if got is None:
+            got = self._cache["spans"] = [Span(r, k, s, e, name)
+                                          for r, lane in enumerate(self.lanes)
+                                          for k, s, e, name in lane.spans]
+        return got
+
+    @property
+    def comms(self) -> list[CommSpan]:
+        """Every rank's collectives, rank by rank."""
+        got = self._cache.get("comms")
+        if got is None:
+            got = self._cache["comms"] = [c for r, lane in enumerate(self.lanes)
+                                          for c in lane.comm_spans(r)]
+        return got
 
     def subset(self, ranks: Any) -> Timeline:
         return Timeline.from_lanes(self.make_lanes([int(r) for r in ranks]))
