@@ -111,7 +111,8 @@ def test_the_vectorised_engine_gives_the_per_rank_simpy_engines_answer(caps, nam
 
 
 @settings(max_examples=15, deadline=None)
-@given(world=st.sampled_from([2, 3, 8, 12, 24]), jitter=st.floats(0.0, 0.1),
+@given(world=st.sampled_from([2, 3, 8, 12, 24]),
+       jitter=st.one_of(st.just(0.0), st.floats(1e-3, 0.1)),
        seed=st.integers(0, 2**16), hook=st.sampled_from([None, "fp16", "powersgd"]),
        period=st.sampled_from([None, 1, 2]), groups=st.sampled_from([1, 2, 3]),
        straggler=st.floats(0.3, 1.0), gpn=st.sampled_from([2, 4, 8]))
@@ -131,7 +132,8 @@ def test_the_vectorised_engine_agrees_with_simpy_on_random_replays(caps, world, 
     if jitter > 0:  # creation order decides which collective draws which noise factor
         assert fast.collectives == slow.collectives
     else:  # no draws; collectives created at one instant on two communicators (after a
-        # wait that released their ranks at once) are listed in simpy's wake-up order there
+        # wait that released their ranks at once) are listed in simpy's wake-up order there.
+        # (Only with no or vanishing jitter — ~1e-16 — can such instants coincide.)
         assert sorted(fast.collectives, key=lambda c: c["name"]) == \
             sorted(slow.collectives, key=lambda c: c["name"])
     for r in range(world):

@@ -322,7 +322,13 @@ class VectorReplay(ResultRecords):
         themselves, so the pass is repeated with the order the previous pass produced until
         it reproduces itself (a causal fixed point: the earliest collectives are right after
         the first pass, and each pass fixes at least the next; in practice a few passes).
-        After :data:`_MAX_PASSES` it raises :class:`DrawOrderUnsettled` and replay() uses simpy."""
+        After :data:`_MAX_PASSES` it raises :class:`DrawOrderUnsettled` and replay() uses simpy.
+
+        Ties at a later instant (collectives on two communicators created at one time, after
+        a wait released their ranks together) are broken the same way, where simpy wakes
+        ranks in the order they began to wait. Ranks' compute carries their own noise, so
+        that only happens with no jitter (no draws: only the order of the ``collectives``
+        list can differ) or a vanishing one (~1e-16, the factors' last bits)."""
         what = f"replay: {self.world:,} ranks, vectorised"
         ranks = np.arange(self.world, dtype=np.int64)
         factors = None
