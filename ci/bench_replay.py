@@ -4,16 +4,21 @@
    ranks under co-simulation (A100 roofline, 100 GbE), and check that replaying it at 2 ranks
    reproduces the co-simulated iteration time.
 2. Replay it at 512, 1024 and 4096 ranks (best of --rounds, side by side in one run): wall time
-   and wall time per simulated rank, plain DDP and with PowerSGD (3 collectives per bucket and
-   a callback process per rank and bucket: the heaviest knob), with jitter (every rank distinct).
+   and wall time per simulated rank, plain DDP and with PowerSGD (3 collectives per bucket
+   and a callback per rank and bucket: the heaviest knob), with jitter (every rank distinct:
+   the vectorised engine).
 3. Scale: at each of --scale (default 65,536 and 1,000,000 ranks), plain DDP with one
    straggler, each replay in a fresh subprocess (its peak RSS: getrusage(RUSAGE_CHILDREN) in
    a small launcher process whose only child it is, so every figure is separate; "import" is
-   a child that only loads simddp and the capture): in classes of identical ranks (the default), per rank (``per_rank=True``,
-   the path before classes; --no-old skips it) and with jitter 0.02 (per-rank noise: every
-   rank its own class; --no-noise skips it). Median wall of --scale-rounds for the class path,
-   of --slow-rounds for the others; the per-rank/classes ratio, and whether both gave the
-   same result (sha256 of ``to_json()``).
+   a child that only loads simddp and the capture): in classes of identical ranks (the
+   default), per rank (``per_rank=True``, the path before classes), with jitter 0.02
+   (per-rank noise: every rank distinct, the vectorised engine; --no-noise skips it) and with
+   jitter 0.02 on the per-rank simpy engine (``engine="simpy"``, the path before the
+   vectorised engine). --no-old skips both "before" rows. Median wall of --scale-rounds for
+   the class path and the vectorised one, of --slow-rounds for the others; the before/after
+   ratios, and whether both gave the same result (sha256 of ``to_json()`` for classes; of the
+   iteration ends and the collectives for the two engines, whose exposed-comm sums may differ
+   in the last bit).
 4. A what-if table: world size × network × bucket_cap_mb × fp16 hook → iteration time and
    exposed communication; written as CSV and a PNG under --out (default /tmp/simddp_sweep).
 
@@ -132,12 +137,16 @@ def _child(spec: dict) -> int:
         net = Network.preset(SCALE_KNOBS["network"], gpus_per_node=SCALE_KNOBS["gpus_per_node"])
         t = time.perf_counter()
         res = replay(cap, spec["world"], network=net, rank_speed=SCALE_KNOBS["rank_speed"],
-                     jitter=spec["jitter"], seed=0, per_rank=spec["per_rank"], progress=False)
+                     jitter=spec["jitter"], seed=0, per_rank=spec["per_rank"],
+                     engine=spec.get("engine"), progress=False)
         out["wall"] = time.perf_counter() - t
+        times = json.dumps([list(res.timeline.boundaries[r]) for r in (0, 17, spec["world"] - 1)]
+                           + [res.iteration_times, res.collectives])
         out.update(iteration_ms=res.iteration_time * 1e3,
                    exposed_ms=res.mean_exposed_comm * 1e3, slowest=res.slowest_rank,
                    lanes=len(res.timeline.class_lanes),
-                   sha=hashlib.sha256(res.to_json().encode()).hexdigest()[:12])
+                   sha=hashlib.sha256(res.to_json().encode()).hexdigest()[:12],
+                   sha_times=hashlib.sha256(times.encode()).hexdigest()[:12])
     print(json.dumps(out))
     return 0
 
@@ -150,10 +159,10 @@ print(json.dumps({"children_maxrss_kb": resource.getrusage(resource.RUSAGE_CHILD
 
 
 def _measure(capture_path: str, world: int, *, per_rank: bool = False,
-             jitter: float = 0.0) -> dict:
+             jitter: float = 0.0, engine: str | None = None) -> dict:
     """Run one replay in a child process: its result, wall time and peak RSS (MB)."""
     spec = json.dumps({"capture": capture_path, "world": world, "per_rank": per_rank,
-                       "jitter": jitter})
+                       "jitter": jitter, "engine": engine})
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
          os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
@@ -179,31 +188,35 @@ def _scale(a: argparse.Namespace, capture_path: str) -> None:
     print(f"\nscale: ib-ndr, 8 GPUs per node, rank 17 at 0.8 speed; each replay in a fresh "
           f"process (import + capture alone: {base['rss_mb']:.0f} MB peak RSS, "
           f"{base['process_s']:.1f} s)")
-    print(f"  {'ranks':>9} {'path':>16} {'lanes':>9} {'wall s':>8} {'(runs)':>20} "
+    print(f"  {'ranks':>9} {'path':>19} {'lanes':>9} {'wall s':>8} {'(runs)':>20} "
           f"{'peak RSS MB':>11} {'iteration ms':>13} {'result':>13}")
     for n in worlds:
-        rows = [("classes", False, 0.0, a.scale_rounds)]
+        rows = [("classes", False, 0.0, None, a.scale_rounds)]
         if not a.no_old:
-            rows.append(("per rank (old)", True, 0.0, a.slow_rounds))
+            rows.append(("per rank (old)", True, 0.0, None, a.slow_rounds))
         if not a.no_noise:
-            rows.append(("jitter 0.02", False, 0.02, a.slow_rounds))
+            rows.append(("jitter 0.02", False, 0.02, None, a.scale_rounds))
+            if not a.no_old:
+                rows.append(("jitter, simpy (old)", True, 0.02, "simpy", a.slow_rounds))
         walls: dict[str, float] = {}
-        shas: dict[str, str] = {}
-        for name, per_rank, jitter, rounds in rows:
-            runs = [_measure(capture_path, n, per_rank=per_rank, jitter=jitter)
+        runs_of: dict[str, dict] = {}
+        for name, per_rank, jitter, engine, rounds in rows:
+            runs = [_measure(capture_path, n, per_rank=per_rank, jitter=jitter, engine=engine)
                     for _ in range(max(1, rounds))]
             wall = statistics.median(r["wall"] for r in runs)
             rss = max(r["rss_mb"] for r in runs)
             last = runs[-1]
-            walls[name], shas[name] = wall, last["sha"]
-            print(f"  {n:>9,} {name:>16} {last['lanes']:>9,} {wall:8.3f} "
+            walls[name], runs_of[name] = wall, last
+            print(f"  {n:>9,} {name:>19} {last['lanes']:>9,} {wall:8.3f} "
                   f"{'/'.join(format(r['wall'], '.3f') for r in runs):>20} {rss:11.0f} "
                   f"{last['iteration_ms']:13.3f} {last['sha']:>13}", flush=True)
-        if "per rank (old)" in walls:
-            same = shas["per rank (old)"] == shas["classes"]
-            print(f"  {n:>9,} per rank / classes: "
-                  f"{walls['per rank (old)'] / walls['classes']:.0f}x "
-                  f"wall; results {'identical' if same else 'DIFFER'}")
+        for old, new, key in (("per rank (old)", "classes", "sha"),
+                              ("jitter, simpy (old)", "jitter 0.02", "sha_times")):
+            if old in walls and new in walls:
+                same = runs_of[old][key] == runs_of[new][key]
+                what = "results" if key == "sha" else "iteration ends and collectives"
+                print(f"  {n:>9,} {old} / {new}: {walls[old] / walls[new]:.0f}x wall; "
+                      f"{what} {'identical' if same else 'DIFFER'}")
 
 
 def _plot(rows: list[dict], path: str) -> None:

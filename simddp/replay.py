@@ -108,13 +108,18 @@ Knobs (all of :func:`replay`'s keywords are grid axes for :func:`sweep`):
   with its own communicator. With ``shared_nic=True`` the ranks of a node (``gpus_per_node``)
   share one NIC, a simpy resource: a collective spanning several nodes holds the NIC of every
   node it spans, so the groups' collectives serialise there (contention).
-* ``per_rank`` / ``progress`` (not grid axes of interest; results do not depend on them):
-  ranks that nothing above distinguishes (same captured profile, speed, iteration count,
-  group, and node where node subgroups communicate; no jitter, which draws per rank) form a
-  class, and one representative per class is simulated, arriving at each collective for its
-  whole class — bit-for-bit the per-rank result; ``per_rank=True`` simulates every rank.
-  ``progress``: a rich bar on stderr (None: when stderr is a terminal) or a callback
-  ``(done, total, description)``.
+* ``per_rank`` / ``engine`` / ``progress`` (not grid axes of interest; results do not depend
+  on them): ranks that nothing above distinguishes (same captured profile, speed, iteration
+  count, group, and node where node subgroups communicate; no jitter, which draws per rank)
+  form a class, and one representative per class is simulated, arriving at each collective
+  for its whole class — bit-for-bit the per-rank result; ``per_rank=True`` simulates every
+  rank. With ``jitter`` every rank is distinct, and the vectorised engine
+  (:mod:`simddp.engines.vector`: every rank a slot of numpy arrays, each collective a scalar
+  per communicator) replays them all — the simpy engine's iteration ends and collectives bit
+  for bit, its per-iteration sums to float rounding — except where it does not model an
+  option (uneven inputs, NICs shared between groups: then the simpy engine runs).
+  ``engine="simpy"`` / ``"vector"`` chooses. ``progress``: a rich bar on stderr (None: when
+  stderr is a terminal) or a callback ``(done, total, description)``.
 * ``iterations``: how many to replay (default 1; one averaging period with LocalSGD/SlowMo;
   with ``uneven``, one more than the largest count listed, which the other ranks run).
 
@@ -135,7 +140,7 @@ from .analysis import ReplayResult, SweepResult, write_csv
 from .engines.capture import capture
 from .engines.plan import (COMM_HOOKS, CapturedIteration, ParamInfo, RankProfile,
                            assign_buckets)
-from .engines.run import replay
+from .engines.replaying import replay
 from .engines.sweep import sweep
 
 __all__ = ["capture", "replay", "sweep", "write_csv", "assign_buckets", "CapturedIteration",

@@ -9,7 +9,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .timeline import CommSpan, IterationStats, Timeline
+    from .timeline import CommSpan, Timeline
 
 __all__ = ["chrome_trace", "breakdown_csv", "summary", "write_csv"]
 
@@ -82,31 +82,19 @@ def summary(tl: Timeline, max_rows: int = 12) -> str:
     from rich.console import Console
     from rich.table import Table
 
-    rows = tl.breakdown(representatives=True)  # one row per class of identical ranks
-    weight = dict(tl.classes()) if tl.rank_class is not None else None
-    its: dict[int, list[IterationStats]] = {}
-    for row in rows:
-        its.setdefault(row.iteration, []).append(row)
+    its = dict(enumerate(tl.iteration_figures()))
     table = Table(title=f"simddp: {tl.nranks} ranks, {len(its)} iterations, "
                         f"makespan {tl.makespan * 1e3:.3f} ms (virtual)")
     for col in ("iter", "time ms", "compute ms", "comm ms", "exposed ms", "overlap",
                 "wait ms", "most compute"):
         table.add_column(col, justify="right")
 
-    def line(label: str, group: list[IterationStats]) -> list[str]:
-        if weight is None:
-            comm = sum(g.comm for g in group)
-            ov = sum(g.overlap for g in group)
-        else:  # a class counts once per rank
-            comm = sum(g.comm * weight[g.rank] for g in group)
-            ov = sum(g.overlap * weight[g.rank] for g in group)
-        heavy = max(group, key=lambda g: (g.compute, -g.rank))
-        return [label, f"{max(g.duration for g in group) * 1e3:.3f}",
-                f"{max(g.compute for g in group) * 1e3:.3f}",
-                f"{max(g.comm for g in group) * 1e3:.3f}",
-                f"{max(g.exposed_comm for g in group) * 1e3:.3f}",
+    def line(label: str, g: dict[str, Any]) -> list[str]:
+        comm, ov = g["comm_sum"], g["overlap_sum"]
+        return [label, f"{g['duration'] * 1e3:.3f}", f"{g['compute'] * 1e3:.3f}",
+                f"{g['comm'] * 1e3:.3f}", f"{g['exposed'] * 1e3:.3f}",
                 f"{100.0 * ov / comm:.0f} %" if comm > 0 else "-",
-                f"{max(g.wait for g in group) * 1e3:.3f}", f"rank {heavy.rank}"]
+                f"{g['wait'] * 1e3:.3f}", f"rank {g['most_compute']}"]
 
     keys = sorted(its)
     shown = keys if len(keys) <= max_rows else keys[: max_rows // 2] + keys[-(max_rows // 2):]
@@ -121,11 +109,9 @@ def summary(tl: Timeline, max_rows: int = 12) -> str:
             return f"{sum(fn(g) for g in steady) / len(steady) * 1e3:.3f}"
 
         table.add_section()
-        table.add_row(f"mean 1–{keys[-1]}", mean(lambda g: max(x.duration for x in g)),
-                      mean(lambda g: max(x.compute for x in g)),
-                      mean(lambda g: max(x.comm for x in g)),
-                      mean(lambda g: max(x.exposed_comm for x in g)), "",
-                      mean(lambda g: max(x.wait for x in g)), "")
+        table.add_row(f"mean 1–{keys[-1]}", mean(lambda g: g["duration"]),
+                      mean(lambda g: g["compute"]), mean(lambda g: g["comm"]),
+                      mean(lambda g: g["exposed"]), "", mean(lambda g: g["wait"]), "")
     buf = io.StringIO()
     Console(file=buf, width=110, color_system=None, force_terminal=False).print(table)
     return buf.getvalue()

@@ -149,7 +149,7 @@ def plot(tl: Timeline, path: str | os.PathLike, *, ranks: Sequence[int] | None =
     FigureCanvasAgg, Figure, Patch = _matplotlib()
 
     if ranks is None:
-        why = notable_ranks(tl)
+        why = tl.notable_ranks()
     else:
         why = {}
         for r in ranks:

@@ -45,14 +45,11 @@ def row_figures(tl: Timeline) -> dict[str, Any]:
     """The breakdown columns of a row, from a run's timeline: ``compute_s`` and ``wait_s``
     (per iteration the largest over ranks, averaged) and the last iteration's
     ``slowest_rank``."""
-    per_it: dict[int, list[float]] = {}
-    for s in tl.breakdown(representatives=True):  # maxima: one row per class will do
-        c = per_it.setdefault(s.iteration, [0.0, 0.0])
-        c[0], c[1] = max(c[0], s.compute), max(c[1], s.wait)
+    per_it = tl.iteration_figures()
     n = len(per_it) or 1
     slowest = tl.slowest_ranks()
-    return {"compute_s": sum(c for c, _ in per_it.values()) / n,
-            "wait_s": sum(w for _, w in per_it.values()) / n,
+    return {"compute_s": sum(g["compute"] for g in per_it) / n,
+            "wait_s": sum(g["wait"] for g in per_it) / n,
             "slowest_rank": slowest[-1] if slowest else None}
 
 
@@ -243,7 +240,7 @@ class SweepResult(list):
         if self.captured is None or self.configs is None:
             raise ValueError("this SweepResult has no capture (built from rows alone), so a "
                              "row cannot be replayed; use simddp.replay.sweep(cap, ...)")
-        from ..engines.run import replay
+        from ..engines.replaying import replay
 
         return replay(self.captured, **{**self.configs[index], **changes})
 

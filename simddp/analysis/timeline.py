@@ -29,161 +29,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence as _SequenceABC
-from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from . import export
-from .intervals import clip, intersection, measure, union
+from .intervals import intersection, measure
+from .lanes import COMPUTE_KINDS, CommSpan, IterationStats, Lane, Span, SpanRow, _LaneView
 from .perrank import PerRank
 
 __all__ = ["Timeline", "Lane", "Span", "CommSpan", "IterationStats", "COMPUTE_KINDS"]
-
-SpanRow = tuple[str, float, float, str]  # (kind, start, end, name) of one rank's span
-
-COMPUTE_KINDS = ("forward", "backward", "optimizer")
-
-
-@dataclass(frozen=True)
-class Span:
-    """A stretch of one rank's time: kind is forward/backward/optimizer/wait/callback."""
-
-    rank: int
-    kind: str
-    start: float
-    end: float
-    name: str
-
-    @property
-    def duration(self) -> float:
-        return self.end - self.start
-
-
-@dataclass(frozen=True)
-class CommSpan:
-    """One rank's part of one collective (start/end are None if it never matched)."""
-
-    rank: int
-    op: str
-    group: str
-    group_ranks: tuple[int, ...]
-    seq: int
-    bytes: int
-    issue: float
-    start: float | None
-    end: float | None
-    site: str
-    in_backward: bool
-    p2p: bool = False
-    peer: int | None = None
-
-    @property
-    def duration(self) -> float:
-        return 0.0 if self.start is None or self.end is None else self.end - self.start
-
-    @property
-    def name(self) -> str:
-        if self.p2p:
-            arrow = "→" if self.op == "send" else "←"
-            return f"{self.op} {arrow}{self.peer} #{self.seq}"
-        return f"{self.op} #{self.seq}"
-
-
-@dataclass(frozen=True)
-class IterationStats:
-    """One rank's iteration, in seconds."""
-
-    iteration: int
-    rank: int
-    start: float
-    end: float
-    forward: float
-    backward: float
-    optimizer: float
-    wait: float
-    comm: float
-    overlap: float
-
-    @property
-    def duration(self) -> float:
-        return self.end - self.start
-
-    @property
-    def compute(self) -> float:
-        return self.forward + self.backward + self.optimizer
-
-    @property
-    def exposed_comm(self) -> float:
-        return max(0.0, self.comm - self.overlap)
-
-
-class Lane:
-    """One rank's part of a timeline: ``spans`` as ``(kind, start, end, name)`` rows in time
-    order per kind, its collectives, its iteration ends (``boundaries``) and its final clock.
-
-    ``comms`` holds :class:`CommSpan` objects here; an engine with a cheaper record of its
-    collectives subclasses Lane and overrides :meth:`comm_intervals` and :meth:`comm_spans`.
-    """
-
-    __slots__ = ("spans", "comms", "boundaries", "end_time", "_unions")
-
-    def __init__(self, spans: list[SpanRow], comms: Sequence[Any], boundaries: list[float],
-                 end_time: float) -> None:
-        self.spans = spans
-        self.comms = comms
-        self.boundaries = boundaries
-        self.end_time = end_time
-        self._unions: dict[Any, list[tuple[float, float]]] = {}
-
-    def comm_intervals(self) -> Iterable[tuple[float, float]]:
-        """``(start, end)`` of every collective that ran."""
-        return [(c.start, c.end) for c in self.comms if c.start is not None and c.end is not None]
-
-    def comm_spans(self, rank: int) -> list[CommSpan]:
-        """The collectives as :class:`CommSpan` objects of rank ``rank``."""
-        return [c if c.rank == rank else dataclasses.replace(c, rank=rank) for c in self.comms]
-
-    def union(self, what: str | tuple[str, ...]) -> list[tuple[float, float]]:
-        """The union of the spans of kind(s) ``what`` ("comm": the collectives); cached."""
-        got = self._unions.get(what)
-        if got is None:
-            if what == "comm":
-                got = union(self.comm_intervals())
-            elif isinstance(what, str):
-                got = union([(s, e) for k, s, e, _ in self.spans if k == what])
-            else:
-                got = union([(s, e) for k, s, e, _ in self.spans if k in what])
-            self._unions[what] = got
-        return got
-
-    def windows(self) -> list[tuple[float, float]]:
-        b = self.boundaries
-        return [(b[i - 1] if i else 0.0, b[i]) for i in range(len(b))]
-
-    def clipped(self, what: str | tuple[str, ...], lo: float, hi: float
-                ) -> list[tuple[float, float]]:
-        return clip(self.union(what), lo, hi)
-
-    def exposed(self) -> list[float]:
-        """Per iteration: communication not overlapped by compute."""
-        comm = self.union("comm")
-        if not comm:
-            return [0.0] * len(self.boundaries)
-        compute = self.union(COMPUTE_KINDS)
-        out = []
-        for lo, hi in self.windows():
-            cw = clip(comm, lo, hi)
-            x = measure(cw) - intersection(cw, clip(compute, lo, hi)) if cw else 0.0
-            out.append(x if x > 0.0 else 0.0)
-        return out
-
-    def durations(self) -> list[float]:
-        b = self.boundaries
-        return [b[i] - (b[i - 1] if i else 0.0) for i in range(len(b))]
-
-    def waits(self) -> list[float]:
-        return [measure(self.clipped("wait", lo, hi)) for lo, hi in self.windows()]
-
 
 class Timeline:
     """Per-rank spans and collectives of one simulated run, with iteration statistics and
@@ -354,6 +207,33 @@ class Timeline:
                     overlap=intersection(comm, lane.clipped(COMPUTE_KINDS, lo, hi))))
         return rows
 
+    def iteration_figures(self) -> list[dict[str, Any]]:
+        """Per iteration, over all ranks: the largest ``duration``, ``compute``, ``comm``,
+        ``exposed`` comm and ``wait``; ``comm_sum`` and ``overlap_sum`` (over ranks) and the
+        rank with the most compute (``most_compute``, the lowest such). What
+        :meth:`summary` shows; from one breakdown row per class, weighted by its size."""
+        weight = dict(self.classes()) if self.rank_class is not None else None
+        its: dict[int, list[IterationStats]] = {}
+        for row in self.breakdown(representatives=True):
+            its.setdefault(row.iteration, []).append(row)
+        out = []
+        for k in sorted(its):
+            group = its[k]
+            if weight is None:
+                comm = sum(g.comm for g in group)
+                ov = sum(g.overlap for g in group)
+            else:  # a class counts once per rank
+                comm = sum(g.comm * weight[g.rank] for g in group)
+                ov = sum(g.overlap * weight[g.rank] for g in group)
+            out.append({"duration": max(g.duration for g in group),
+                        "compute": max(g.compute for g in group),
+                        "comm": max(g.comm for g in group),
+                        "exposed": max(g.exposed_comm for g in group),
+                        "wait": max(g.wait for g in group), "comm_sum": comm,
+                        "overlap_sum": ov,
+                        "most_compute": max(group, key=lambda g: (g.compute, -g.rank)).rank})
+        return out
+
     def _per_class(self, metric: str) -> list[list[float]]:
         got = self._cache.get(metric)
         if got is None:
@@ -449,24 +329,3 @@ class Timeline:
         """A text table per iteration: time (longest rank), compute, comm, exposed comm and
         overlap (largest over ranks), waits, and the rank with the most compute."""
         return export.summary(self, max_rows)
-
-
-class _LaneView(_SequenceABC):
-    """Per rank, its class's lane (:meth:`Timeline.from_classes`), without a list per rank."""
-
-    __slots__ = ("class_lanes", "rank_class")
-
-    def __init__(self, class_lanes: list[Lane], rank_class: Any) -> None:
-        self.class_lanes = class_lanes
-        self.rank_class = rank_class
-
-    def __len__(self) -> int:
-        return len(self.rank_class)
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return [self.class_lanes[c] for c in self.rank_class[i].tolist()]
-        return self.class_lanes[int(self.rank_class[i])]
-
-    def __iter__(self):
-        return iter(PerRank(self.class_lanes, self.rank_class))

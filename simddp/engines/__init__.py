@@ -10,7 +10,7 @@
 from .capture import capture
 from .core import Channel, CollectiveProcess, Fabric, at
 from .plan import CapturedIteration
-from .run import replay
+from .replaying import replay
 from .simulate import Observer, mark_iteration, now, simulate
 from .sweep import sweep
 

@@ -1,28 +1,27 @@
-"""Replay's engine: a captured DDP iteration replayed on one simpy environment.
+"""Replay's simpy engine: a captured DDP iteration replayed on one simpy environment.
 
-:func:`replay` checks its knobs, plans each bucket (:mod:`~simddp.engines.plan`) and runs
-:class:`_Replay`: every rank a simpy process on one :class:`~simddp.engines.core.Fabric`,
-every collective a process on its communicator. The model and every knob are described in
+:class:`_Replay`: every rank (or one representative per class of identical ranks,
+:mod:`~simddp.engines.classes`) a simpy process on one :class:`~simddp.engines.core.Fabric`,
+every collective a process on its communicator. :func:`~simddp.engines.replaying.replay`
+checks the knobs and picks this engine or the vectorised one
+(:mod:`~simddp.engines.vector`). The model and every knob are described in
 :mod:`simddp.replay`. The result's figures come from its :class:`~simddp.Timeline`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import sys
-import time as _time
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import simpy
-from fakepg.arguments import integer
 
-from ..analysis import CommSpan, Lane, PerRank, ReplayResult, Timeline
-from ..models import Network, NetworkModel, collective_time, noise
+from ..analysis import CommSpan, Lane, PerRank, Timeline
+from ..models import NetworkModel, collective_time, noise
+from .classes import classes as _classes
 from .core import CollectiveProcess, Fabric, at
-from .plan import BucketPlan, CapturedIteration, Costs, check_knobs, plans
+from .plan import BucketPlan, CapturedIteration, Costs
 
-__all__ = ["replay"]
+__all__ = ["_Replay"]
 
 
 class _ReplayLane(Lane):
@@ -46,22 +45,6 @@ class _ReplayLane(Lane):
                 seq=info["seq"], bytes=info["bytes"], issue=issue, start=c.start, end=c.end,
                 site=info["name"], in_backward=info["in_backward"]))
         return out
-
-
-def _network(network: Any, cap: CapturedIteration) -> NetworkModel:
-    if network is None:
-        net = cap.network_model()
-        if net is None:
-            raise ValueError("replay(network=...) is needed: the capture's network was not a "
-                             "simddp.Network")
-        return net
-    if isinstance(network, str):
-        return Network.preset(network)
-    if not isinstance(network, NetworkModel):
-        raise TypeError(f"network must be a preset name or a network model (simddp.Network, or "
-                        f"anything with name, gpus_per_node, collective_time(op, nbytes, "
-                        f"nranks) and describe(): simddp.models.NetworkModel), got {network!r}")
-    return network
 
 
 class _Replay:
@@ -425,133 +408,3 @@ class _Replay:
     def per_rank(self, values: list) -> list | PerRank:
         """Per-lane values as per-rank values (a compact :class:`PerRank` for classes)."""
         return values if self.rank_class is None else PerRank(values, self.rank_class)
-
-
-@contextlib.contextmanager
-def _progress(progress: Any) -> Iterator[Any]:
-    """replay(progress=...) as a callback ``(done, total, description)`` or None."""
-    if callable(progress):
-        yield progress
-        return
-    if progress is None:
-        progress = sys.stderr.isatty()
-    if not progress:
-        yield None
-        return
-    from rich.console import Console
-    from rich.progress import (BarColumn, Progress, TaskProgressColumn, TextColumn,
-                               TimeElapsedColumn)
-
-    console = Console(stderr=True)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
-                  TimeElapsedColumn(), console=console, transient=console.is_terminal) as prog:
-        task = prog.add_task("replay", total=None)
-
-        def report(done: int, total: int, description: str) -> None:
-            prog.update(task, completed=done, total=total, description=description)
-
-        yield report
-
-
-def _classes(world: int, nprof: int, speeds: Mapping[int, float], uneven: Mapping[int, int],
-             groups: int, gpn: int, noisy: bool, enabled: bool
-             ) -> tuple[Any, list[int] | range]:
-    """Ranks grouped into equivalence classes: ``(rank_class, representatives)``.
-
-    Two ranks behave identically in replay when nothing tells them apart: the captured
-    profile they replay (rank % profiles), their speed, their iteration count (``uneven``),
-    their DDP group (rank % groups) and, when node subgroups communicate (``gpn`` > 0:
-    LocalSGD/SlowMo), their node. Their issue times, waits and spans are then equal, and one
-    representative (the class's lowest rank) stands for all: it arrives at a collective once
-    for its whole class. Returns ``(None, range(world))`` — one lane per rank, the per-rank
-    simulation — when classes are disabled, when per-rank noise (``jitter``) makes every rank
-    distinct, or when no two ranks are alike. ``rank_class``: a numpy integer array, the
-    class of each rank; classes are numbered in order of their lowest rank.
-    """
-    if not enabled or noisy or world <= 1:
-        return None, range(world)
-    import numpy as np
-
-    ranks = np.arange(world, dtype=np.int64)
-    code = ranks % nprof
-    width = nprof
-    if groups > 1:
-        code += width * (ranks % groups)
-        width *= groups
-    if gpn:
-        code += width * (ranks // gpn)
-        width *= -(-world // gpn)
-    special = sorted(set(speeds) | set(uneven))
-    if special:  # a few listed ranks: their (speed, count) as one more digit
-        kinds: dict[tuple, int] = {}
-        idx = np.array(special, dtype=np.int64)
-        ks = [kinds.setdefault((float(speeds.get(r, 1.0)), uneven.get(r)), len(kinds) + 1)
-              for r in special]
-        digit = np.zeros(world, dtype=np.int64)
-        digit[idx] = ks
-        code = code * (len(kinds) + 1) + digit
-    _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
-    if len(first) == world:
-        return None, range(world)
-    order = np.argsort(first, kind="stable")  # classes in order of their lowest rank
-    renumber = np.empty_like(order)
-    renumber[order] = np.arange(len(order))
-    dtype = np.int32 if len(first) < 2**31 else np.int64
-    rank_class = renumber[inverse.reshape(-1)].astype(dtype)
-    return rank_class, first[order].tolist()
-
-
-def replay(captured: CapturedIteration, world_size: int | None = None, *,
-           network: NetworkModel | str | None = None, bucket_cap_mb: float | None = None,
-           first_bucket_mb: float | None = None, comm_hook: str | None = None,
-           powersgd_rank: int = 1, rank_speed: Mapping[int, float] | None = None,
-           jitter: float = 0.0, seed: int = 0, localsgd_period: int | None = None,
-           slowmo_period: int | None = None, uneven: Mapping[int, int] | None = None,
-           iterations: int | None = None, groups: int = 1,
-           shared_nic: bool = False, per_rank: bool = False,
-           progress: Any = None) -> ReplayResult:
-    """Replay ``captured`` on ``world_size`` ranks (default: the captured world size) with one
-    global simpy environment. See :mod:`simddp.replay` for the model and every knob.
-
-    ``per_rank=True`` simulates every rank, instead of one representative per class of
-    identical ranks (same results, much slower at scale: for benchmarks and tests).
-    ``progress``: None shows a rich progress bar on stderr when stderr is a terminal, True
-    always, False never; a callable ``progress(done, total, description)`` hears it instead.
-    Neither changes the result."""
-    t_wall = _time.perf_counter()
-    cap = captured
-    world = integer("world_size", cap.world_size if world_size is None else world_size,
-                    minimum=1)
-    net = _network(network, cap)
-    period = localsgd_period if localsgd_period is not None else slowmo_period
-    speeds, uneven, iterations = check_knobs(
-        world, net, comm_hook=comm_hook, powersgd_rank=powersgd_rank, rank_speed=rank_speed,
-        jitter=jitter, localsgd_period=localsgd_period, slowmo_period=slowmo_period,
-        uneven=uneven, iterations=iterations, groups=groups, shared_nic=shared_nic)
-    buckets = cap.buckets(bucket_cap_mb, first_bucket_mb)
-    costs = Costs(cap.costs)
-    bucket_plans = plans(cap, buckets, comm_hook, powersgd_rank, costs)
-    sim = _Replay(cap, world, net, buckets=buckets, plans=bucket_plans, speeds=speeds,
-                  jitter=jitter, seed=seed, period=period, slowmo=slowmo_period is not None,
-                  uneven=uneven, iterations=iterations, groups=groups, shared_nic=shared_nic,
-                  costs=costs, classes=not per_rank)
-    with _progress(progress) as report:
-        timeline = sim.run(report)
-    knobs = {**net.describe(), "bucket_cap_mb": bucket_cap_mb,
-             "first_bucket_mb": first_bucket_mb, "comm_hook": comm_hook,
-             "powersgd_rank": powersgd_rank if comm_hook == "powersgd" else None,
-             "rank_speed": {str(k): v for k, v in sorted(speeds.items())} or None,
-             "jitter": float(jitter), "seed": seed, "localsgd_period": localsgd_period,
-             "slowmo_period": slowmo_period,
-             "uneven": {str(k): v for k, v in sorted(uneven.items())} or None,
-             "groups": groups, "shared_nic": shared_nic}
-    colls = [{"name": c.info["name"], "op": c.info["op"], "group": c.info["group"],
-              "members": len(c.info["members"]), "seq": c.info["seq"],
-              "bytes": c.info["bytes"], "start": c.start, "end": c.end} for c in sim.order]
-    return ReplayResult(
-        world_size=world, iterations=iterations, knobs=knobs, buckets=buckets,
-        bucket_bytes=[[b for _, b, _ in p.stages] for p in bucket_plans], collectives=colls,
-        rank_collectives=sim.per_rank([len(x) for x in sim.comms]),
-        rank_comm_bytes=sim.per_rank([sum(c.info["bytes"] for c, _ in x) for x in sim.comms]),
-        timeline=timeline, wall_time=_time.perf_counter() - t_wall)
-

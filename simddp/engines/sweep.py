@@ -11,7 +11,7 @@ from typing import Any, Callable
 from ..analysis import write_csv
 from ..analysis.sweeps import SweepResult, row_figures
 from .plan import CapturedIteration
-from .run import replay
+from .replaying import replay
 
 __all__ = ["sweep", "grid", "run_configs", "replay_row", "write_csv"]
 

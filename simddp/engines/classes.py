@@ -1,0 +1,59 @@
+"""Equivalence classes of ranks: the ranks replay can simulate once for all.
+
+Ranks that nothing in the replay model tells apart follow identical trajectories; the simpy
+engine (:class:`~simddp.engines.run._Replay`) simulates one representative per class.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+__all__ = ["classes"]
+
+
+def classes(world: int, nprof: int, speeds: Mapping[int, float], uneven: Mapping[int, int],
+             groups: int, gpn: int, noisy: bool, enabled: bool
+             ) -> tuple[Any, list[int] | range]:
+    """Ranks grouped into equivalence classes: ``(rank_class, representatives)``.
+
+    Two ranks behave identically in replay when nothing tells them apart: the captured
+    profile they replay (rank % profiles), their speed, their iteration count (``uneven``),
+    their DDP group (rank % groups) and, when node subgroups communicate (``gpn`` > 0:
+    LocalSGD/SlowMo), their node. Their issue times, waits and spans are then equal, and one
+    representative (the class's lowest rank) stands for all: it arrives at a collective once
+    for its whole class. Returns ``(None, range(world))`` — one lane per rank, the per-rank
+    simulation — when classes are disabled, when per-rank noise (``jitter``) makes every rank
+    distinct, or when no two ranks are alike. ``rank_class``: a numpy integer array, the
+    class of each rank; classes are numbered in order of their lowest rank.
+    """
+    if not enabled or noisy or world <= 1:
+        return None, range(world)
+    import numpy as np
+
+    ranks = np.arange(world, dtype=np.int64)
+    code = ranks % nprof
+    width = nprof
+    if groups > 1:
+        code += width * (ranks % groups)
+        width *= groups
+    if gpn:
+        code += width * (ranks // gpn)
+        width *= -(-world // gpn)
+    special = sorted(set(speeds) | set(uneven))
+    if special:  # a few listed ranks: their (speed, count) as one more digit
+        kinds: dict[tuple, int] = {}
+        idx = np.array(special, dtype=np.int64)
+        ks = [kinds.setdefault((float(speeds.get(r, 1.0)), uneven.get(r)), len(kinds) + 1)
+              for r in special]
+        digit = np.zeros(world, dtype=np.int64)
+        digit[idx] = ks
+        code = code * (len(kinds) + 1) + digit
+    _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+    if len(first) == world:
+        return None, range(world)
+    order = np.argsort(first, kind="stable")  # classes in order of their lowest rank
+    renumber = np.empty_like(order)
+    renumber[order] = np.arange(len(order))
+    dtype = np.int32 if len(first) < 2**31 else np.int64
+    rank_class = renumber[inverse.reshape(-1)].astype(dtype)
+    return rank_class, first[order].tolist()
