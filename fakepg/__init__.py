@@ -18,6 +18,8 @@ from .errors import (BackendTimeoutError, CollectiveHangError, CollectiveMismatc
                      RankFailedError, RealProcessesWarning, SpawnTimeoutError, StoreTimeoutError,
                      WorldAbortedError)
 from .exploration import ExplorationError, ExplorationSummary, explore
+from .gloo_hazards import GlooHazardError, GlooHazardWarning
+from .nccl_hazards import NcclHazardError, NcclHazardWarning
 from .hooks import WorldHooks
 from .process_group import BACKEND_NAME, FakeProcessGroup, FakeWork, register_backend
 from .world import SpawnResult, spawn
@@ -33,7 +35,8 @@ __all__ = [
     "spawn", "SpawnResult", "explore", "ExplorationError", "ExplorationSummary", "CollectiveRecord", "BACKEND_NAME",
     "FakePGError", "CollectiveMismatchError", "CollectiveHangError", "RankFailedError",
     "WorldAbortedError", "CollectiveTimeoutError", "InvalidCollectiveError", "PeerCrashedError", "SpawnTimeoutError", "BackendTimeoutError",
-    "StoreTimeoutError", "FakeStore", "RankProcessDiedError", "RealProcessesWarning",
+    "StoreTimeoutError", "GlooHazardError", "GlooHazardWarning", "NcclHazardError",
+    "NcclHazardWarning", "FakeStore", "RankProcessDiedError", "RealProcessesWarning",
     "FakeProcessGroup", "FakeWork", "WorldHooks",
     "to_json", "from_json", "flight_recorder_dump", "dump_flight_recorder",
 ]
