@@ -131,6 +131,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--reps", type=int, default=5)
     c.add_argument("--backend", choices=["gloo", "nccl"], default=None)
     c.add_argument("--json", metavar="FILE", help="write measurements and the fit as JSON")
+    c.add_argument("--no-contention", action="store_true",
+                   help="skip the contention measurement (gloo: a matmul alone vs beside an "
+                        "all_reduce, and the cost of issuing one; stored as the file's "
+                        "\"contention\", which replay applies)")
     return p
 
 
@@ -289,9 +293,23 @@ def _calibrate(args: argparse.Namespace) -> int:
         fits[op] = {"bandwidth_GBps": net.bandwidth_GBps, "latency_us": net.latency_us}
         print(f"{op}: α–β fit: latency {net.latency_us:.1f} us, bandwidth "
               f"{net.bandwidth_GBps:.3f} GB/s (Network(bandwidth_GBps=..., latency_us=...))")
+    contention = None
+    if not args.no_contention and rows and rows[0]["backend"] == "gloo":
+        from .engines.measure import contention_of, measure_contention
+
+        worlds = [n for n in args.world_size if n >= 2]
+        if worlds:
+            contention = contention_of(measure_contention(world_sizes=worlds, reps=args.reps))
+            for r in contention["measurements"]:
+                print(f"contention, {r['world_size']} ranks: compute x{r['slowdown']:.2f} while "
+                      f"an all_reduce runs (the all_reduce x{r['comm_slowdown']:.2f} while the "
+                      f"rank computes); issuing one: {r['per_collective_us']:.0f} us")
+            print(f"contention: slowdown {contention['slowdown']:.2f}, per collective "
+                  f"{contention['per_collective_us']:.0f} us (medians over world sizes)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"measurements": rows, "alpha_beta": fits}, f, indent=1)
+            json.dump({"measurements": rows, "alpha_beta": fits, "contention": contention}, f,
+                      indent=1)
         print(f"wrote {args.json}: use it as a measured network model, e.g. "
               f"`simddp whatif mlp --network {args.json}` or Network.from_measurements(path)")
     return 0
