@@ -86,6 +86,11 @@ def _grid_flags(p: argparse.ArgumentParser, *, world_default: str | None) -> Non
                    help="comm hooks: none, fp16, bf16, powersgd")
     g.add_argument("--straggler", type=_straggler, action="append", default=[],
                    help="RANK:SPEED, e.g. 3:0.5 (repeatable; left out where a world is smaller)")
+    g.add_argument("--contention", type=_contention, default="keep", metavar="SPEC",
+                   help="compute slowed while the rank's collectives run, and a fixed cost per "
+                        "issued collective, for every network: SLOWDOWN[:US] (e.g. 1.3:8.4), "
+                        "or 'off'; default: each network's own (a calibrate file's measured "
+                        "one, none for presets)")
     g.add_argument("--iterations", type=int, default=1, help="iterations replayed (default 1)")
     g.add_argument("--jitter", type=float, default=0.0, help="relative noise per segment")
     g.add_argument("--seed", type=int, default=0)
@@ -200,13 +205,32 @@ def _executor(args: argparse.Namespace) -> Iterator[concurrent.futures.Executor 
         yield None
 
 
+def _contention(text: str) -> Any:
+    """--contention: "off", "SLOWDOWN" or "SLOWDOWN:US" → a Contention (None for off)."""
+    from .models import Contention
+
+    if text.strip().lower() in ("off", "none"):
+        return None
+    if text == "keep":  # the default: each network's own
+        return text
+    try:
+        parts = [float(x) for x in text.split(":")]
+        if len(parts) > 2:
+            raise ValueError(text)
+        return Contention(slowdown=parts[0], per_collective_us=parts[1] if len(parts) > 1 else 0.0,
+                          source="--contention")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(
+            f"expected SLOWDOWN[:US] (e.g. 1.3:8.4) or 'off', got {text!r} ({e})") from None
+
+
 def _grid_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     speeds: dict[int, float] = {}
     for s in args.straggler:
         speeds.update(s)
     return dict(world_size=args.world_size, network=args.network,
                 gpus_per_node=args.gpus_per_node, bucket_cap_mb=args.bucket_cap_mb,
-                comm_hook=args.comm_hook, rank_speed=speeds)
+                comm_hook=args.comm_hook, rank_speed=speeds, contention=args.contention)
 
 
 def _write_outputs(res: Any, args: argparse.Namespace) -> list[str]:

@@ -188,3 +188,26 @@ def test_calibrate_measures_gloo_contention_and_stores_it_for_whatif(tmp_path):
     assert doc["contention"]["slowdown"] >= 1.0 and doc["contention"]["per_collective_us"] > 0
     net = Network.from_measurements(path)
     assert net.contention.slowdown == doc["contention"]["slowdown"]
+
+
+def test_whatif_contention_option_sets_it_for_every_network_or_drops_a_files(tmp_path, capsys):
+    from simddp.cli import main
+
+    rows = [{"op": "all_reduce", "world_size": 2, "bytes": b, "seconds": s}
+            for b, s in [(4000, 1 * MS), (1 << 20, 2 * MS)]]
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps({"measurements": rows, "contention": {"slowdown": 2.0}}))
+    out = tmp_path / "rows.json"
+    assert main(["whatif", "mlp", "--world-size", "2", "--network", f"100gbe,{cal}",
+                 "--contention", "1.5:20", "--no-progress", "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert [(r["contention_slowdown"], r["per_collective_us"]) for r in got] == [(1.5, 20.0)] * 2
+    assert main(["whatif", "mlp", "--world-size", "2", "--network", str(cal),
+                 "--no-progress", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())[0]["contention_slowdown"] == 2.0  # the file's own
+    assert main(["whatif", "mlp", "--world-size", "2", "--network", str(cal),
+                 "--contention", "off", "--no-progress", "--json", str(out)]) == 0
+    assert "contention_slowdown" not in json.loads(out.read_text())[0]
+    with pytest.raises(SystemExit):
+        main(["whatif", "mlp", "--world-size", "2", "--contention", "fast"])
+    assert "SLOWDOWN[:US]" in capsys.readouterr().err

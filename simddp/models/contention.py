@@ -14,9 +14,11 @@ A :class:`Contention` rides on a network model (``Network(..., contention=...)``
   (:func:`simddp.engines.measure.measure_contention`). On GPUs the same form describes NCCL's
   kernels occupying SMs (one CTA per channel) and memory bandwidth while compute kernels run
   (the "overlapped-kernel slowdown" of Echo and Lumos); :meth:`Contention.sm_share` gives the
-  SM-count form ``SMs / (SMs − channels)``. There is no default for GPUs: published figures
-  range from none to ~2× (a GEMM whose single wave is split by NCCL's CTAs into two), so it
-  is off unless measured.
+  SM-count form ``SMs / (SMs − channels)``. There is no default for GPUs: the one figure found,
+  an NVIDIA developer-forum report (forums.developer.nvidia.com, "Compute-Communication Overlap
+  Causes Severe GEMM Performance Degradation because of Tail Effect": on H100 a GEMM of one
+  132-SM wave took ~2× beside an all_gather holding 24 SMs), is a worst case (a second wave),
+  not a typical factor; so it is off unless measured.
 * ``per_collective_us``: a fixed cost, on the issuing rank's compute stream, of every collective
   it issues (DDP's per-bucket work in the Reducer and the comm hook, the process group's call,
   the backend's enqueue or kernel launch): the rank's compute stops for that long before the

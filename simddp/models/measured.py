@@ -102,6 +102,17 @@ class MeasuredNetwork:
         kw.setdefault("name", f"measured:{os.path.basename(os.fspath(path))}")
         return cls(rows, **kw)
 
+    def with_(self, **changes: Any) -> "MeasuredNetwork":
+        """A copy with ``gpus_per_node``, ``name`` or ``contention`` changed (as
+        :meth:`Network.with_`), e.g. ``net.with_(contention=None)``."""
+        kw = {"gpus_per_node": self.gpus_per_node, "name": self.name,
+              "contention": self.contention}
+        unknown = set(changes) - kw.keys()
+        if unknown:
+            raise TypeError(f"MeasuredNetwork.with_ changes gpus_per_node, name or contention, "
+                            f"not {', '.join(sorted(unknown))}")
+        return MeasuredNetwork(self.rows, **{**kw, **changes})
+
     def describe(self) -> dict[str, Any]:
         """The parameters a sweep table shows (:class:`~simddp.models.NetworkModel`)."""
         return {"network": self.name, "gpus_per_node": self.gpus_per_node,
