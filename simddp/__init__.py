@@ -79,13 +79,15 @@ from .engines import (CapturedIteration, Channel, CollectiveProcess, Fabric, Obs
 from . import faults
 from .errors import CollectiveRaceError, CollectiveTimeoutError, ExplorationError
 from .exploration import ExplorationSummary, explore
-from .models import Compute, ComputeModel, DevicePreset, MeasuredNetwork, Network, NetworkModel
+from .models import (Compute, ComputeModel, Contention, DevicePreset, MeasuredNetwork, Network,
+                     NetworkModel)
 from .timing import Timing
 
 _skip_package(_os.path.dirname(_os.path.abspath(__file__)))  # user_site() skips simddp frames
 
 __all__ = [
-    "simulate", "SimResult", "Timing", "Network", "MeasuredNetwork", "Compute", "DevicePreset",
+    "simulate", "SimResult", "Timing", "Network", "MeasuredNetwork", "Contention", "Compute",
+    "DevicePreset",
     "NetworkModel", "ComputeModel", "Observer",
     "Timeline", "Span", "CommSpan", "IterationStats", "RunResult",
     "CollectiveRaceError", "CollectiveTimeoutError", "now", "mark_iteration",

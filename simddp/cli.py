@@ -86,6 +86,11 @@ def _grid_flags(p: argparse.ArgumentParser, *, world_default: str | None) -> Non
                    help="comm hooks: none, fp16, bf16, powersgd")
     g.add_argument("--straggler", type=_straggler, action="append", default=[],
                    help="RANK:SPEED, e.g. 3:0.5 (repeatable; left out where a world is smaller)")
+    g.add_argument("--contention", type=_contention, default="keep", metavar="SPEC",
+                   help="compute slowed while the rank's collectives run, and a fixed cost per "
+                        "issued collective, for every network: SLOWDOWN[:US] (e.g. 1.3:8.4), "
+                        "or 'off'; default: each network's own (a calibrate file's measured "
+                        "one, none for presets)")
     g.add_argument("--iterations", type=int, default=1, help="iterations replayed (default 1)")
     g.add_argument("--jitter", type=float, default=0.0, help="relative noise per segment")
     g.add_argument("--seed", type=int, default=0)
@@ -131,6 +136,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--reps", type=int, default=5)
     c.add_argument("--backend", choices=["gloo", "nccl"], default=None)
     c.add_argument("--json", metavar="FILE", help="write measurements and the fit as JSON")
+    c.add_argument("--no-contention", action="store_true",
+                   help="skip the contention measurement (gloo: a matmul alone vs beside an "
+                        "all_reduce, and the cost of issuing one; stored as the file's "
+                        "\"contention\", which replay applies)")
     return p
 
 
@@ -196,13 +205,32 @@ def _executor(args: argparse.Namespace) -> Iterator[concurrent.futures.Executor 
         yield None
 
 
+def _contention(text: str) -> Any:
+    """--contention: "off", "SLOWDOWN" or "SLOWDOWN:US" → a Contention (None for off)."""
+    from .models import Contention
+
+    if text.strip().lower() in ("off", "none"):
+        return None
+    if text == "keep":  # the default: each network's own
+        return text
+    try:
+        parts = [float(x) for x in text.split(":")]
+        if len(parts) > 2:
+            raise ValueError(text)
+        return Contention(slowdown=parts[0], per_collective_us=parts[1] if len(parts) > 1 else 0.0,
+                          source="--contention")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(
+            f"expected SLOWDOWN[:US] (e.g. 1.3:8.4) or 'off', got {text!r} ({e})") from None
+
+
 def _grid_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     speeds: dict[int, float] = {}
     for s in args.straggler:
         speeds.update(s)
     return dict(world_size=args.world_size, network=args.network,
                 gpus_per_node=args.gpus_per_node, bucket_cap_mb=args.bucket_cap_mb,
-                comm_hook=args.comm_hook, rank_speed=speeds)
+                comm_hook=args.comm_hook, rank_speed=speeds, contention=args.contention)
 
 
 def _write_outputs(res: Any, args: argparse.Namespace) -> list[str]:
@@ -289,9 +317,23 @@ def _calibrate(args: argparse.Namespace) -> int:
         fits[op] = {"bandwidth_GBps": net.bandwidth_GBps, "latency_us": net.latency_us}
         print(f"{op}: α–β fit: latency {net.latency_us:.1f} us, bandwidth "
               f"{net.bandwidth_GBps:.3f} GB/s (Network(bandwidth_GBps=..., latency_us=...))")
+    contention = None
+    if not args.no_contention and rows and rows[0]["backend"] == "gloo":
+        from .engines.measure import contention_of, measure_contention
+
+        worlds = [n for n in args.world_size if n >= 2]
+        if worlds:
+            contention = contention_of(measure_contention(world_sizes=worlds, reps=args.reps))
+            for r in contention["measurements"]:
+                print(f"contention, {r['world_size']} ranks: compute x{r['slowdown']:.2f} while "
+                      f"an all_reduce runs (the all_reduce x{r['comm_slowdown']:.2f} while the "
+                      f"rank computes); issuing one: {r['per_collective_us']:.0f} us")
+            print(f"contention: slowdown {contention['slowdown']:.2f}, per collective "
+                  f"{contention['per_collective_us']:.0f} us (medians over world sizes)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"measurements": rows, "alpha_beta": fits}, f, indent=1)
+            json.dump({"measurements": rows, "alpha_beta": fits, "contention": contention}, f,
+                      indent=1)
         print(f"wrote {args.json}: use it as a measured network model, e.g. "
               f"`simddp whatif mlp --network {args.json}` or Network.from_measurements(path)")
     return 0

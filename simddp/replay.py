@@ -69,7 +69,11 @@ rank runs:
 Knobs (all of :func:`replay`'s keywords are grid axes for :func:`sweep`):
 
 * ``network``: a :class:`~simddp.Network` or preset name; a collective lasts
-  ``network.collective_time(op, bytes, group size) × jitter``.
+  ``network.collective_time(op, bytes, group size) × jitter``. The network's ``contention``
+  (:class:`~simddp.Contention`), if any: a rank's compute segments run at ``1/slowdown`` of
+  their rate while one of its own collectives is in flight, and each collective the rank
+  issues from its compute stream (forward collectives, buckets — a multi-stage hook's first
+  stage —, backward collectives, averaging, Join's) first costs it ``per_collective_us``.
 * ``bucket_cap_mb`` / ``first_bucket_mb``: as DDP's (an explicit cap makes the first bucket
   the same size, as in DDP, unless ``first_bucket_mb`` says otherwise).
 * ``comm_hook``: ``"fp16"``/``"bf16"``: each bucket is sent as 2-byte elements; the cast

@@ -162,6 +162,17 @@ def test_replay_falls_back_to_the_simpy_engine_where_the_vectorised_one_does_not
     bp = plans(cap, cap.buckets(), None, 1, Costs(cap.costs))
     assert unsupported(cap, 16, IB8, bp, {"jitter": 0.05}) is None
     assert "contention" in unsupported(cap, 16, IB8, bp, {"jitter": 0.05, "contention": 0.3})
+    # a network carrying an active Contention: the simpy engine, which models it
+    from dataclasses import replace as with_field
+
+    from simddp.models.contention import Contention
+
+    busy = with_field(IB8, contention=Contention(slowdown=1.5, per_collective_us=20.0))
+    assert "Contention" in unsupported(cap, 16, busy, bp, {"jitter": 0.05})
+    slowed = replay(cap, 16, **{**kw, "network": busy})
+    assert not isinstance(slowed.timeline, ArrayTimeline)
+    assert slowed.to_json() == replay(cap, 16, per_rank=True, **{**kw, "network": busy}).to_json()
+    assert slowed.iteration_time > replay(cap, 16, **kw).iteration_time
 
 
 def test_a_million_jittered_ranks_replay_vectorised_with_per_rank_figures(caps):

@@ -114,6 +114,17 @@ class _Replay:
         self.bounds: list[list[float]] = [[] for _ in range(nl)]
         self.ticks = 0  # progress: forward ends, buckets issued, iteration ends
         self.param_bytes = cap.param_bytes
+        # the network's Contention (simddp.models.contention): compute slowed while one of the
+        # lane's collectives is in flight, and a fixed compute-stream cost per issued
+        # collective. Inactive (None, or slowdown 1 and no cost): the code paths of no
+        # contention, so results are bitwise those of a network without it.
+        cont = getattr(net, "contention", None)
+        cont = cont if cont is not None and cont.active else None
+        self.slowdown = cont.slowdown if cont is not None else 1.0
+        self.slowed = self.slowdown != 1.0
+        self.issue_s = cont.per_collective_s if cont is not None else 0.0
+        self._live: list[list[CollectiveProcess]] = [[] for _ in range(nl)]  # not ended yet
+        self._seen = [0] * nl  # how many of comms[r] _live has taken in
 
     # -- collectives -----------------------------------------------------------------------
     def _net_factor(self) -> float:
@@ -183,8 +194,64 @@ class _Replay:
     def compute(self, r: int, kind: str, seconds: float, label: str | None = None):
         if seconds > 0:
             start = self.env.now
-            yield self.env.timeout(seconds)  # lands on start + seconds exactly
+            if self.slowed:
+                yield from self._work(r, seconds)
+            else:
+                yield self.env.timeout(seconds)  # lands on start + seconds exactly
             self._span(r, kind, start, self.env.now, label or kind)
+
+    def issue_cost(self, r: int, kind: str, label: str):
+        """The contention's fixed compute-stream cost of issuing one collective (none: no-op)."""
+        if self.issue_s > 0:
+            start = self.env.now
+            yield self.env.timeout(self.issue_s)
+            self._span(r, kind, start, self.env.now, label)
+
+    def _work(self, r: int, work: float):
+        """Lane r computes ``work`` seconds' worth, at ``1 / slowdown`` of its rate while one of
+        its collectives is in flight. A collective's start is known only once it has started, so
+        the lane waits until the finish the known intervals give, then looks again: a collective
+        that started meanwhile pushes the finish later (once per such collective)."""
+        env = self.env
+        t0 = env.now
+        end = self._finish(r, t0, work)
+        while end > env.now:
+            yield at(env, end)
+            end = self._finish(r, t0, work)
+
+    def _finish(self, r: int, t0: float, work: float) -> float:
+        """When ``work`` seconds of compute begun at ``t0`` end, given the in-flight intervals
+        of lane r's collectives known now."""
+        live, comms = self._live[r], self.comms[r]
+        if self._seen[r] < len(comms):
+            live.extend(c for c, _ in comms[self._seen[r]:])
+            self._seen[r] = len(comms)
+        spans = []
+        keep = []
+        for c in live:
+            if c.start is None:
+                keep.append(c)
+                continue
+            e = c.start + c.duration
+            if e > t0:  # ended before t0: irrelevant to this and every later segment
+                keep.append(c)
+                spans.append((max(c.start, t0), e))
+        self._live[r] = keep
+        sd = self.slowdown
+        t, left = t0, work
+        for a, b in sorted(spans):
+            if b <= t:
+                continue
+            if a > t:  # full rate until the next collective starts
+                if left <= a - t:
+                    return t + left
+                left -= a - t
+                t = a
+            if left * sd <= b - t:  # slowed until it (and those it overlaps) ends
+                return t + left * sd
+            left -= (b - t) / sd
+            t = b
+        return t + left
 
     def _span(self, r: int, kind: str, s: float, e: float, label: str) -> None:
         if e > s:
@@ -263,8 +330,11 @@ class _Replay:
         s = self.slow[r]
         f = self.noise[r, it].tolist() if self.noise is not None else (1.0, 1.0, 1.0, 1.0)
         pending: list = []
+        ic = self.issue_s  # the contention's cost of issuing a collective (0: none)
         if self.join:  # Join.notify_join_context and DDP's requires-grad-sync, async
+            yield from self.issue_cost(r, "forward", "issue: join")
             pending.append((self.issue(r, ("join", it), "dp", "all_reduce", 4), 0.0))
+            yield from self.issue_cost(r, "forward", "issue: join")
             pending.append((self.issue(r, ("sync", it), "dp", "all_reduce", 4), 0.0))
         # forward, with the captured forward collectives at their offsets
         scale = s * f[0]
@@ -277,6 +347,7 @@ class _Replay:
                 done += dt
             fc = prof.forward_collectives[k]
             if what == 0:
+                yield from self.issue_cost(r, "forward", f"issue: {fc['op']}")
                 issued[k] = self.issue(r, ("fwd", it, k), "dp", fc["op"], int(fc["bytes"]))
             else:
                 yield from self.wait(r, issued[k], f"wait: {fc['op']}")
@@ -288,21 +359,44 @@ class _Replay:
         scale = s * f[1]
         shift = 0.0
         ready = self.ready[p]
-        for k, plan in enumerate(self.plans):
-            t = t_b + ready[k] * scale + shift
-            if t > env.now:
-                yield at(env, t)
-            if plan.pre > 0:
-                pre = plan.pre * scale
-                yield env.timeout(pre)
-                shift += pre
-            self.issue_bucket(r, it, k, plan, scale, scope, pending)
-        for k, bc in enumerate(self.cap.backward_collectives):
-            pending.append((self.issue(r, ("bwd", it, k), scope, bc["op"], int(bc["bytes"])),
-                            0.0))
-        end = t_b + prof.backward * scale + shift
-        if end > env.now:
-            yield at(env, end)
+        if self.slowed:  # backward as work, slowed while the lane's collectives run
+            work = 0.0
+            for k, plan in enumerate(self.plans):
+                target = ready[k] * scale
+                if target > work:
+                    yield from self._work(r, target - work)
+                    work = target
+                if plan.pre > 0:
+                    yield from self._work(r, plan.pre * scale)
+                if ic > 0:
+                    yield env.timeout(ic)
+                self.issue_bucket(r, it, k, plan, scale, scope, pending)
+            for k, bc in enumerate(self.cap.backward_collectives):
+                if ic > 0:
+                    yield env.timeout(ic)
+                pending.append((self.issue(r, ("bwd", it, k), scope, bc["op"],
+                                           int(bc["bytes"])), 0.0))
+            if prof.backward * scale > work:
+                yield from self._work(r, prof.backward * scale - work)
+        else:
+            for k, plan in enumerate(self.plans):
+                t = t_b + ready[k] * scale + shift
+                if t > env.now:
+                    yield at(env, t)
+                if plan.pre > 0 or ic > 0:
+                    pre = plan.pre * scale + ic
+                    yield env.timeout(pre)
+                    shift += pre
+                self.issue_bucket(r, it, k, plan, scale, scope, pending)
+            for k, bc in enumerate(self.cap.backward_collectives):
+                if ic > 0:
+                    yield env.timeout(ic)
+                    shift += ic
+                pending.append((self.issue(r, ("bwd", it, k), scope, bc["op"],
+                                           int(bc["bytes"])), 0.0))
+            end = t_b + prof.backward * scale + shift
+            if end > env.now:
+                yield at(env, end)
         self._span(r, "backward", t_b, env.now, "backward")
         yield from self.wait_all(r, pending, "wait: collectives of backward")
         yield from self.compute(r, "backward", prof.post_backward * s * f[2])
@@ -315,6 +409,7 @@ class _Replay:
         """PeriodicModelAverager (LocalSGD) / SlowMo: all_reduce of all parameters."""
         pb = self.param_bytes
         yield from self.compute(r, "optimizer", self.costs.op(2 * pb) * s, "flatten")
+        yield from self.issue_cost(r, "optimizer", "issue: all_reduce")
         c = self.issue(r, ("avg", it), "dp", "all_reduce", pb)
         yield from self.wait(r, c, "wait: model averaging")
         post = self.costs.op(2 * pb) + self.costs.op(2 * pb)  # divide, unflatten
@@ -324,8 +419,10 @@ class _Replay:
 
     def shadow(self, r: int, it: int):
         """A joined rank's shadow of iteration ``it`` (Join's DDP hook)."""
+        yield from self.issue_cost(r, "forward", "issue: join")
         c = self.issue(r, ("join", it), "dp", "all_reduce", 4)
         yield from self.wait(r, c, "wait: join")
+        yield from self.issue_cost(r, "forward", "issue: join")
         c = self.issue(r, ("sync", it), "dp", "all_reduce", 4)
         yield from self.wait(r, c, "wait: join")
         pending: list = []
@@ -333,6 +430,7 @@ class _Replay:
         for k, plan in enumerate(self.plans):
             if plan.pre > 0:
                 yield from self.compute(r, "backward", plan.pre * s, "comm hook")
+            yield from self.issue_cost(r, "backward", "issue: all_reduce")
             self.issue_bucket(r, it, k, plan, s, "dp", pending)
         yield from self.wait_all(r, pending, "wait: join shadow all_reduces")
 

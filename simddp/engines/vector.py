@@ -66,6 +66,9 @@ def unsupported(cap: CapturedIteration, world: int, net: NetworkModel, plans: li
         return f"option(s) {', '.join(unknown)} not implemented by the vectorised engine"
     if options.get("uneven"):
         return "uneven inputs (Join's shadow iterations)"
+    contention = getattr(net, "contention", None)
+    if contention is not None and contention.active:
+        return "the network's Contention (compute slowed while communicating)"
     groups = options.get("groups") or 1
     if options.get("shared_nic") and groups > 1 and world > (net.gpus_per_node or world):
         return "shared NICs contended by several DDP groups"

@@ -131,17 +131,27 @@ def calibrate_compute(scenario: Any, compute: Any, seconds: float) -> tuple[Any,
     return compute.scaled(factor), factor
 
 
-def network_for(spec: Any, gpus_per_node: int | None = None) -> NetworkModel:
+def network_for(spec: Any, gpus_per_node: int | None = None,
+                contention: Any = "keep") -> NetworkModel:
     """A network model from a preset name or a ``simddp calibrate --json`` file
-    (``gpus_per_node`` applied), or a model as is."""
+    (``gpus_per_node`` applied; the file's measured contention kept), or a model as is.
+    ``contention``: "keep" (the model's own), None (none) or a
+    :class:`~simddp.models.Contention` for every network."""
     if isinstance(spec, str):
         kw = {} if gpus_per_node is None else {"gpus_per_node": gpus_per_node}
         if spec.endswith(".json"):  # a `simddp calibrate --json` file
-            return Network.from_measurements(spec, **kw)
-        return Network.preset(spec, **kw)
-    if gpus_per_node is not None and isinstance(spec, Network):
-        return spec.with_(gpus_per_node=gpus_per_node)
-    return spec
+            net = Network.from_measurements(spec, **kw)
+        else:
+            net = Network.preset(spec, **kw)
+    elif gpus_per_node is not None and isinstance(spec, Network):
+        net = spec.with_(gpus_per_node=gpus_per_node)
+    else:
+        net = spec
+    if isinstance(contention, str) and contention == "keep":
+        return net
+    if not hasattr(net, "with_"):
+        raise TypeError(f"contention= needs a simddp.Network or MeasuredNetwork, got {net!r}")
+    return net.with_(contention=contention)
 
 
 def _as_list(v: Any) -> list[Any]:
@@ -153,11 +163,13 @@ def replay_grid(captured: CapturedIteration, *, world_size: Any, network: Any = 
                 comm_hook: Any = None, rank_speed: Mapping[int, float] | None = None,
                 executor: concurrent.futures.Executor | None = None,
                 progress: Progress | None = None, title: str | None = None,
-                replay_progress: Any = None, **knobs: Any) -> SweepResult:
+                replay_progress: Any = None, contention: Any = "keep",
+                **knobs: Any) -> SweepResult:
     """Replay ``captured`` over world sizes × networks × bucket caps × comm hooks (lists or
     single values), stragglers ``rank_speed`` applied where the world has those ranks;
-    ``knobs``: other :func:`~simddp.replay.replay` keywords (single values)."""
-    nets = [network_for(n, gpus_per_node) for n in _as_list(network)]
+    ``contention``: see :func:`network_for`; ``knobs``: other :func:`~simddp.replay.replay`
+    keywords (single values)."""
+    nets = [network_for(n, gpus_per_node, contention) for n in _as_list(network)]
     speeds = dict(rank_speed or {})
     configs = []
     for n in _as_list(world_size):
@@ -181,9 +193,11 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
            executor: concurrent.futures.Executor | None = None,
            progress: Progress | None = None,
            status: Callable[[str], None] | None = None,
-           replay_progress: Any = None) -> SweepResult:
+           replay_progress: Any = None, contention: Any = "keep") -> SweepResult:
     """One row per configuration of ``workload`` (see the module docstring). ``compute``
     overrides ``Compute.roofline(gpu)``; ``status(text)`` hears each stage as it starts.
+    ``contention``: "keep" each network's own :class:`~simddp.models.Contention` (a calibrate
+    file's measured one), None to drop it, or one for every network.
     The result's ``meta`` dict says what was modelled (compute, calibration factor)."""
     say = status or (lambda text: None)
     sc = load_workload(workload, batch_size=batch_size)
@@ -192,7 +206,7 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
     if step_time_s is not None:
         say(f"calibrating compute: one rank's step without DDP = {step_time_s * 1e3:g} ms")
         model, factor = calibrate_compute(sc, model, step_time_s)
-    first_net = network_for(_as_list(network)[0], gpus_per_node)
+    first_net = network_for(_as_list(network)[0], gpus_per_node, contention)
     say(f"capturing {sc.name} (torch's DDP) on {capture_ranks} fake rank(s)")
     cap = capture(sc, nprocs=capture_ranks, timing=Timing(network=first_net, compute=model),
                   seed=seed)
@@ -201,7 +215,7 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
     res = replay_grid(cap, world_size=world_size, network=network, gpus_per_node=gpus_per_node,
                       bucket_cap_mb=bucket_cap_mb, comm_hook=comm_hook, rank_speed=rank_speed,
                       executor=executor, progress=progress, title=title,
-                      replay_progress=replay_progress,
+                      replay_progress=replay_progress, contention=contention,
                       iterations=iterations, jitter=jitter, seed=seed)
     res.meta = {"workload": sc.name, "compute": repr(model), "calibration_factor": factor,
                 "step_time_s": step_time_s, "capture_ranks": capture_ranks}

@@ -1,7 +1,10 @@
 """Timing models: what a collective and an op cost, and the noise on those costs.
 
 * :class:`NetworkModel` / :class:`ComputeModel`: the protocols both engines accept;
-* :class:`Network`: NCCL's α–β model (flat or two-level), with presets and calibration;
+* :class:`Network`: NCCL's α–β model (flat or two-level), with calibration; its formulas in
+  :mod:`~simddp.models.algorithms`, its named fabrics in :mod:`~simddp.models.presets`;
+* :class:`Contention`: how a rank's communication slows its compute, and the fixed cost of
+  issuing a collective (carried by a network model; replay applies it);
 * :class:`MeasuredNetwork`: collective times interpolated from this machine's measurements;
 * :class:`Compute`: roofline, per-op constant and profile-based compute models;
 * :mod:`simddp.models.noise`: the seeded log-normal jitter both engines draw.
@@ -10,10 +13,12 @@
 from . import noise
 from .compute import (DEVICES, Compute, ConstantCompute, DevicePreset, ProfileCompute,
                       RooflineCompute, ScaledCompute)
+from .contention import Contention
 from .measured import MeasuredNetwork
-from .network import PRESETS, Network
+from .network import Network
+from .presets import PRESETS
 from .protocols import ComputeModel, NetworkModel, collective_time
 
-__all__ = ["NetworkModel", "ComputeModel", "collective_time", "Network", "MeasuredNetwork", "PRESETS", "Compute",
+__all__ = ["NetworkModel", "ComputeModel", "collective_time", "Network", "MeasuredNetwork", "PRESETS", "Contention", "Compute",
            "DevicePreset", "DEVICES", "RooflineCompute", "ConstantCompute", "ProfileCompute",
            "ScaledCompute", "noise"]

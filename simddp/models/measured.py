@@ -35,6 +35,7 @@ from typing import Any, Iterable, Mapping
 from fakepg import ops
 from fakepg.arguments import integer, number
 
+from .contention import Contention, as_contention
 from .network import Network
 
 __all__ = ["MeasuredNetwork"]
@@ -57,10 +58,13 @@ class MeasuredNetwork:
         :class:`simddp.Network`'s convention.
     gpus_per_node: ranks per node, for replay's node-local subgroups (None: one flat fabric).
     name: the label tables show.
+    contention: a :class:`~simddp.models.Contention` (or a dict of its fields) measured on the
+        same machine; :meth:`load` reads the file's ``"contention"`` entry. None = none.
     """
 
     def __init__(self, rows: Iterable[Mapping[str, Any]], *, gpus_per_node: int | None = None,
-                 name: str = "measured") -> None:
+                 name: str = "measured", contention: Contention | Mapping | None = None) -> None:
+        self.contention = as_contention(contention, "MeasuredNetwork")
         self.rows = [dict(r) for r in rows]
         if not self.rows:
             raise ValueError("MeasuredNetwork needs at least one measurement; run "
@@ -87,18 +91,34 @@ class MeasuredNetwork:
 
     @classmethod
     def load(cls, path: str | os.PathLike, **kw: Any) -> "MeasuredNetwork":
-        """The model of a ``simddp calibrate --json`` file (or a JSON list of rows)."""
+        """The model of a ``simddp calibrate --json`` file (or a JSON list of rows), with the
+        file's ``"contention"`` entry (``simddp calibrate``'s contention measurement) unless
+        ``contention=`` is given."""
         with open(path) as f:
             doc = json.load(f)
         rows = doc["measurements"] if isinstance(doc, dict) else doc
+        if isinstance(doc, dict) and doc.get("contention") is not None:
+            kw.setdefault("contention", doc["contention"])
         kw.setdefault("name", f"measured:{os.path.basename(os.fspath(path))}")
         return cls(rows, **kw)
+
+    def with_(self, **changes: Any) -> "MeasuredNetwork":
+        """A copy with ``gpus_per_node``, ``name`` or ``contention`` changed (as
+        :meth:`Network.with_`), e.g. ``net.with_(contention=None)``."""
+        kw = {"gpus_per_node": self.gpus_per_node, "name": self.name,
+              "contention": self.contention}
+        unknown = set(changes) - kw.keys()
+        if unknown:
+            raise TypeError(f"MeasuredNetwork.with_ changes gpus_per_node, name or contention, "
+                            f"not {', '.join(sorted(unknown))}")
+        return MeasuredNetwork(self.rows, **{**kw, **changes})
 
     def describe(self) -> dict[str, Any]:
         """The parameters a sweep table shows (:class:`~simddp.models.NetworkModel`)."""
         return {"network": self.name, "gpus_per_node": self.gpus_per_node,
                 "measured_points": sum(len(b) for b, _ in self._tables.values()),
-                "measured_world_sizes": sorted({n for _, n in self._tables})}
+                "measured_world_sizes": sorted({n for _, n in self._tables}),
+                **(self.contention.describe() if self.contention is not None else {})}
 
     def __repr__(self) -> str:
         return (f"MeasuredNetwork({self.name!r}, {len(self.rows)} rows, "

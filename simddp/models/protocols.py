@@ -22,7 +22,9 @@ class NetworkModel(Protocol):
     flat fabric (replay uses it for node-local subgroups and shared NICs).
     ``collective_time(op, nbytes, nranks)``: seconds, ``op`` a name of fakepg's op registry
     (:mod:`fakepg.ops`), ``nbytes`` as :class:`simddp.Network` documents. ``describe()``: the
-    model's parameters as a flat dict of JSON values (columns of sweep tables).
+    model's parameters as a flat dict of JSON values (columns of sweep tables). Optional: a
+    ``contention`` attribute (a :class:`~simddp.models.Contention` or None), which replay
+    applies; a model without one has none.
     """
 
     name: str
