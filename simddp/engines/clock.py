@@ -19,7 +19,7 @@ import torch
 
 from ..models import noise
 from ..models.compute import _moves_no_data
-from . import checks
+from . import checks, tape
 
 if TYPE_CHECKING:
     from .dispatch import ClockMode
@@ -163,6 +163,14 @@ class RankClock:
         self.cb_saved: list[tuple[float, int | None]] = []
         self.mode: ClockMode | None = None
         self.finished_at: float | None = None
+        # The coarse path (simddp.engines.tape): tapes by backward key (None: never coarse);
+        # while a backward is recorded, rec and its op list rec_ops (ClockMode appends);
+        # while one is replayed, play.
+        self.coarse = bool(getattr(sim, "coarse", False)) and tape.pure(t.compute)
+        self.tapes: dict[tuple, Any] = {}
+        self.rec: Any = None
+        self.rec_ops: list | None = None
+        self.play: Any = None
 
     def _noise_table(self, scale: float) -> array.array:
         rng = noise.generator(self.jitter_seed, 0, self.rank)
@@ -331,6 +339,7 @@ class RankClock:
 
     def end_of_backward(self) -> None:
         """Queued into each backward pass: the Reducer's hidden wait on its bucket futures."""
+        tape.event(self, ("eob",))
         start = self.clock
         pending = [f for f in self.flights if f.stream and f.end is not None]
         pending.sort(key=lambda f: f.eff_end())
@@ -362,6 +371,8 @@ class RankClock:
                         p = ptr(x)
                         if p in watched:
                             hits.extend((x, f) for f in watched[p])
+        if hits and self.rec is not None:
+            tape.interrupt(self, "an access to a tensor a collective writes")
         side: list[Flight] | None = None
         for tensor, f in hits:
             if f.retired:

@@ -1,0 +1,350 @@
+"""Coarse-grained charging of backward passes: co-simulation's fast path.
+
+A do-nothing ``TorchDispatchMode`` alone nearly doubles the cost of a DDP step (torch boxes
+every op's arguments into Python), and two thirds of a training step's ops run in
+backward. So a backward pass whose ops the rank has already seen, twice in a row and
+identically, runs with the rank's :class:`~simddp.engines.dispatch.ClockMode` off, and its
+cost comes from a *tape*: the charges of its ops (each op's ticks, or with jitter its noise
+entry: the factors are still drawn from the noise streams, op by op, in the recorded order)
+cut at the *events* where the clock is read — a collective's issue, a wait, the end of
+backward. At each event the clock is advanced by the ops before it, so every collective's
+issue time, every wait and every span is exactly what the per-op path gives.
+
+The key of a backward pass is its autograd graph, walked from the roots: each node's type,
+edges, input metadata and saved state (scalars, sizes, strides; saved tensors' shapes,
+dtypes and strides, without unpacking them), each leaf's parameter (identity, shape, its
+``.grad``'s layout), the gradients fed in and the engine's flags. Not coarse (per-op, as
+before): ranks with ``slow_rank`` faults, compute models other than roofline and constant
+(others may depend on anything), graphs holding Python autograd Functions or saved-tensor
+hooks (checkpointing), leaves with Python hooks, anomaly mode, ``inputs=``, reentrant
+backward, other dispatch modes, a collective in flight at the start, and any tape that saw
+what a tape cannot hold (a future callback, an optimizer step, ``simddp.now()``, an access to
+a tensor a collective writes). What the key cannot see — Python hooks on non-leaf tensors or
+nodes that do different work from one iteration to the next on the same graph — is checked
+where it would show: a replay that meets an event its tape does not have raises
+:class:`Divergence`, and :func:`~simddp.engines.simulate.simulate` reruns the world per-op.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from .clock import RankClock
+
+__all__ = ["Divergence", "install", "uninstall", "event", "interrupt"]
+
+_floor = math.floor
+_C = torch._C
+_gtid = _C._current_graph_task_id
+_ACCUMULATE = _C._functions.AccumulateGrad
+_PY_NODE = torch.autograd.function.BackwardCFunction
+_SAVED_TENSOR = _C._autograd.SavedTensor
+_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_SCALARS = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device,
+                      torch.layout, torch.memory_format})
+_TAPE_LIMIT = 256  # keys kept per rank (a program with more shapes than this rebuilds them)
+BWD = 1  # clock.BWD (not imported: clock imports this module)
+
+
+class Divergence(RuntimeError):
+    """A replayed backward met an event its tape does not hold: the program did something
+    its graph did not show. :func:`simulate` reruns the world per-op."""
+
+
+class _Ineligible(Exception):
+    pass
+
+
+# -- the key ---------------------------------------------------------------------------------
+_attrs: dict[type, tuple[str, ...]] = {}  # node class -> its saved attributes (raw if tensor)
+
+
+def _saved_names(node: Any) -> tuple[str, ...]:
+    names = []
+    for a in dir(node):
+        if a.startswith("_saved_"):
+            raw = "_raw" + a
+            names.append(raw if hasattr(node, raw) else a)
+    return tuple(names)
+
+
+def _meta(v: Any) -> Any:
+    """A saved value as the key holds it: tensors by layout, never unpacked."""
+    c = v.__class__
+    if c in _SCALARS:
+        return (c, v)  # 1, 1.0 and True are distinct here
+    if c is _SAVED_TENSOR:
+        if v.unpack_hook is not None:
+            raise _Ineligible  # saved-tensor hooks (checkpointing, offloading): Python code
+        t = v.data
+        return None if t is None else (t.shape, t.dtype, t.stride(), t.layout)
+    if c is tuple or c is list:
+        return (c, *[_meta(x) for x in v])
+    if c in _TENSORS:
+        return t_meta(v)
+    raise _Ineligible  # SymInts, opaque objects
+
+
+def t_meta(t: torch.Tensor) -> tuple:
+    return (t.shape, t.dtype, t.stride(), t.layout, t.requires_grad)
+
+
+def _leaf(node: Any) -> tuple:
+    """An AccumulateGrad node: its parameter and the state of its ``.grad``."""
+    v = node.variable
+    if v._backward_hooks or getattr(v, "_post_accumulate_grad_hooks", None):
+        raise _Ineligible
+    g = v.grad
+    return (id(v), v.shape, v.dtype, v.stride(), None if g is None else t_meta(g))
+
+
+def graph_key(roots: list) -> tuple:
+    """The key of a backward from ``roots`` (nodes): raises _Ineligible where there is none."""
+    order: list = []
+    index: dict = {}
+    stack = list(reversed(roots))
+    while stack:
+        n = stack.pop()
+        if n is None or n in index:
+            continue
+        index[n] = len(order)
+        order.append(n)
+        stack.extend(reversed([c for c, _ in n.next_functions]))
+    key = []
+    for n in order:
+        cls = n.__class__
+        if cls is _ACCUMULATE:
+            key.append(_leaf(n))
+            continue
+        if isinstance(n, _PY_NODE):
+            raise _Ineligible  # a Python autograd Function: its backward is arbitrary code
+        names = _attrs.get(cls)
+        if names is None:
+            names = _attrs[cls] = _saved_names(n)
+        try:
+            saved = tuple([_meta(getattr(n, a)) for a in names])
+        except RuntimeError:  # freed saved tensors: the backward will say so, per-op
+            raise _Ineligible from None
+        key.append((cls, saved, tuple([(*m.shape, m.dtype) for m in n._input_metadata]),
+                    tuple([(-1 if c is None else index[c], i) for c, i in n.next_functions])))
+    return tuple(key)
+
+
+def _backward_key(r: "RankClock", t_outputs: Any, args: tuple, kwargs: dict) -> tuple:
+    if len(args) != 4 or args[3] or len(kwargs) > 2:  # inputs=: which nodes run is not in
+        raise _Ineligible                                # the graph
+    grads, retain, create, _inputs = args
+    allow, acc = kwargs.get("allow_unreachable"), kwargs.get("accumulate_grad")
+    if len(kwargs) != (allow is not None) + (acc is not None):
+        raise _Ineligible
+    roots = []
+    for t in t_outputs:
+        fn = getattr(t, "grad_fn", None)
+        if fn is None:
+            raise _Ineligible
+        roots.append(fn)
+    gk = tuple([None if g is None else t_meta(g) for g in grads])
+    return (bool(retain), bool(create), allow, acc, gk, graph_key(roots))
+
+
+def pure(compute: Any) -> bool:
+    """Whether ``compute``'s costs are a function of the ops alone (a tape may hold them)."""
+    from ..models.compute import ConstantCompute, RooflineCompute
+    return type(compute) in (ConstantCompute, RooflineCompute)
+
+
+def _eligible(r: "RankClock") -> bool:
+    return (r.coarse and r.rec is None and r.play is None and r.override is None
+            and not r.flights and not r.rank_faults and _gtid() == -1
+            and _C._len_torch_dispatch_stack() == 1 and not torch.is_anomaly_enabled())
+
+
+# -- tapes ---------------------------------------------------------------------------------
+class Tape:
+    """One backward's charges, cut at its events: ``events`` [(signature, ops before it)],
+    ``tail``: the ops after the last event; ops are ticks (int) or noise entries."""
+
+    __slots__ = ("events", "tail", "confirmed")
+
+    def __init__(self, events: list, tail: list) -> None:
+        self.events = events
+        self.tail = tail
+        self.confirmed = False
+
+    def form(self) -> tuple:
+        """What two recordings must share to confirm each other (noise streams by identity)."""
+        def ops(xs: list) -> tuple:
+            return tuple([x if x.__class__ is int else (x[0], id(x[1]), x[2]) for x in xs])
+        return (tuple([(s, ops(o)) for s, o in self.events]), ops(self.tail))
+
+
+class Recorder:
+    """A backward being observed per-op: the ops (appended by ClockMode) and the events."""
+
+    __slots__ = ("ops", "events", "clean", "start")
+
+    def __init__(self) -> None:
+        self.ops: list = []
+        self.events: list = []
+        self.clean = True
+        self.start = 0
+
+    def mark(self, sig: tuple) -> None:
+        self.events.append((sig, self.ops[self.start:]))
+        self.start = len(self.ops)
+
+    def tape(self) -> Tape:
+        return Tape(self.events, self.ops[self.start:])
+
+
+class Player:
+    """A backward being replayed from its tape (ClockMode off)."""
+
+    __slots__ = ("tape", "i")
+
+    def __init__(self, tape: Tape) -> None:
+        self.tape = tape
+        self.i = 0
+
+    def charge(self, r: "RankClock", ops: list) -> None:
+        """Advance ``r`` by ``ops`` as the per-op path would."""
+        if not ops:
+            return
+        if r.phase != BWD:
+            r.switch(BWD)
+        noise = r.noise
+        if noise is None:
+            r.ticks += sum(ops)
+            return
+        t = 0
+        for q, st, k in ops:
+            i = st[0]
+            st[0] = (i + k) & 0xFFFF
+            t += _floor(q * noise[i])
+        r.ticks += t
+
+    def advance(self, r: "RankClock", sig: tuple) -> None:
+        events = self.tape.events
+        if self.i >= len(events) or events[self.i][0] != sig:
+            want = events[self.i][0] if self.i < len(events) else "the end of backward"
+            raise _diverged(r, f"met {sig}, its tape holds {want}")
+        self.charge(r, events[self.i][1])
+        self.i += 1
+
+
+def _diverged(r: "RankClock", what: str) -> Divergence:
+    r.sim.diverged = True
+    return Divergence(f"simddp: rank {r.rank}'s replayed backward {what}; rerunning per-op")
+
+
+def event(r: "RankClock", sig: tuple, empty: bool = False) -> None:
+    """A point inside a backward where the clock is read (a collective's issue, a wait, a
+    future's completion, the end of backward): cut the recording here, or advance the replay
+    to it. ``empty``: no op may run since the last event (those of a future callback would
+    run on the side stream, which a tape does not hold)."""
+    rec = r.rec
+    if rec is not None:
+        if empty and len(rec.ops) > rec.start:
+            rec.clean = False
+        rec.mark(sig)
+    elif r.play is not None:
+        r.play.advance(r, sig)
+
+
+def interrupt(r: "RankClock", what: str) -> None:
+    """Something a tape cannot hold happened inside a backward (a callback, an optimizer
+    step, a read of the clock from Python, a tensor a collective writes was touched)."""
+    if r.rec is not None:
+        r.rec.clean = False
+    elif r.play is not None:
+        raise _diverged(r, f"met {what}")
+
+
+# -- running a backward --------------------------------------------------------------------
+def _run(orig: Any, t_outputs: Any, *args: Any, **kwargs: Any) -> Any:
+    from .clock import current
+    r = current()
+    if r is None or not _eligible(r):
+        return orig(t_outputs, *args, **kwargs)
+    try:
+        key = _backward_key(r, t_outputs, args, kwargs)
+        tape = r.tapes.get(key, False)
+    except (_Ineligible, TypeError):  # TypeError: an unhashable value in the key
+        return orig(t_outputs, *args, **kwargs)
+    if tape is None:  # seen unclean: per-op for good
+        return orig(t_outputs, *args, **kwargs)
+    if tape is not False and tape.confirmed:
+        return _replay(r, tape, orig, t_outputs, args, kwargs)
+    return _record(r, key, tape or None, orig, t_outputs, args, kwargs)
+
+
+def _record(r: "RankClock", key: tuple, prev: Tape | None, orig: Any, t_outputs: Any,
+            args: tuple, kwargs: dict) -> Any:
+    rec = r.rec = Recorder()
+    r.rec_ops = rec.ops
+    try:
+        out = orig(t_outputs, *args, **kwargs)
+    finally:
+        r.rec = r.rec_ops = None
+    if len(r.tapes) >= _TAPE_LIMIT:
+        r.tapes.clear()
+    if not rec.clean:
+        r.tapes[key] = None
+    else:
+        tape = rec.tape()
+        tape.confirmed = prev is not None and prev.form() == tape.form()
+        r.tapes[key] = tape
+    return out
+
+
+def _replay(r: "RankClock", tape: Tape, orig: Any, t_outputs: Any, args: tuple,
+            kwargs: dict) -> Any:
+    play = r.play = Player(tape)
+    root = t_outputs[0].grad_fn
+    wants_eob = any(s == ("eob",) for s, _ in tape.events)
+
+    def first(grad_outputs: Any) -> None:  # inside the engine: what the first op did
+        handle.remove()
+        r.gtid = _gtid()
+        if wants_eob:
+            torch.autograd.Variable._execution_engine.queue_callback(r.end_of_backward)
+
+    handle = root.register_prehook(first)
+    mode = _C._pop_torch_dispatch_stack(None)
+    try:
+        out = orig(t_outputs, *args, **kwargs)
+        if play.i != len(tape.events):
+            raise _diverged(r, f"ended before {tape.events[play.i][0]}")
+        play.charge(r, tape.tail)
+    finally:
+        _C._push_on_torch_dispatch_stack(mode)
+        r.play = None
+    return out
+
+
+# -- installing ------------------------------------------------------------------------------
+_installed = [0, None]  # [users, the original _engine_run_backward]
+
+
+def install() -> None:
+    """Route torch's backward passes through :func:`_run` (while any simulation runs)."""
+    if _installed[0] == 0:
+        orig = torch.autograd._engine_run_backward
+        _installed[1] = orig
+
+        def run(t_outputs: Any, *args: Any, **kwargs: Any) -> Any:
+            return _run(orig, t_outputs, *args, **kwargs)
+        torch.autograd._engine_run_backward = run
+    _installed[0] += 1
+
+
+def uninstall() -> None:
+    _installed[0] -= 1
+    if _installed[0] == 0:
+        torch.autograd._engine_run_backward = _installed[1]
+        _installed[1] = None
+
