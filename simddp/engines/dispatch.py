@@ -18,6 +18,20 @@ from .clock import (_CALL, _EMPTY, _FREE, _MEMO, _TICK, BWD, FWD, RankClock, _fl
 
 __all__ = ["ClockMode", "classify"]
 
+_DATA_DEPENDENT: set = set()  # ops whose output's shape or value depends on data: no tape
+_TAGGED: set = set()
+_DATA_TAGS = (torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output)
+
+
+def data_dependent(op: Any, func: Any) -> bool:
+    """Whether ``func`` (``op`` its C++ operator) may return a shape or value that depends on
+    the data (torch's tags): a backward running it is charged per-op, never from a tape."""
+    _TAGGED.add(op)
+    if any(t in _DATA_TAGS for t in getattr(func, "tags", ())):
+        _DATA_DEPENDENT.add(op)
+        return True
+    return False
+
 _Tensor = torch.Tensor
 # Classes whose shape and dtype are all the memo key needs (flat key); other tensors and
 # non-tensor arguments take the nested key, marked so that the two forms never compare equal.
@@ -115,6 +129,8 @@ class ClockMode(TorchDispatchMode):
         rec = r.rec_ops
         if rec is not None:  # a backward being recorded for the coarse path (see tape)
             rec.append(q)
+            if op in _DATA_DEPENDENT or op not in _TAGGED and data_dependent(op, func):
+                r.rec.clean = False
         noise = r.noise
         if noise is not None:  # q is (ticks, stream, stride): take the stream's next factor
             q, st, k = q
