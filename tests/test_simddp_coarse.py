@@ -36,8 +36,8 @@ def replays(monkeypatch):
     class Counted(tape.Player):
         __slots__ = ()
 
-        def __init__(self, t):
-            super().__init__(t)
+        def __init__(self, *args):
+            super().__init__(*args)
             count[0] += 1
     monkeypatch.setattr(tape, "Player", Counted)
     return count

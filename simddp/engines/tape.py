@@ -104,34 +104,35 @@ def _leaf(node: Any) -> tuple:
 
 def graph_key(roots: list) -> tuple:
     """The key of a backward from ``roots`` (nodes): raises _Ineligible where there is none."""
-    order: list = []
     index: dict = {}
-    stack = list(reversed(roots))
+    nodes: list = []
+    edges: list = []
+    stack = roots[::-1]
     while stack:
         n = stack.pop()
         if n is None or n in index:
             continue
-        index[n] = len(order)
-        order.append(n)
-        stack.extend(reversed([c for c, _ in n.next_functions]))
-    key = []
-    for n in order:
+        index[n] = len(nodes)
+        nf = n.next_functions
         cls = n.__class__
         if cls is _ACCUMULATE:
-            key.append(_leaf(n))
-            continue
-        if isinstance(n, _PY_NODE):
+            nodes.append(_leaf(n))
+        elif isinstance(n, _PY_NODE):
             raise _Ineligible  # a Python autograd Function: its backward is arbitrary code
-        names = _attrs.get(cls)
-        if names is None:
-            names = _attrs[cls] = _saved_names(n)
-        try:
-            saved = tuple([_meta(getattr(n, a)) for a in names])
-        except RuntimeError:  # freed saved tensors: the backward will say so, per-op
-            raise _Ineligible from None
-        key.append((cls, saved, tuple([(*m.shape, m.dtype) for m in n._input_metadata]),
-                    tuple([(-1 if c is None else index[c], i) for c, i in n.next_functions])))
-    return tuple(key)
+        else:
+            names = _attrs.get(cls)
+            if names is None:
+                names = _attrs[cls] = _saved_names(n)
+            try:
+                saved = [_meta(getattr(n, a)) for a in names]
+            except RuntimeError:  # freed saved tensors: the backward will say so, per-op
+                raise _Ineligible from None
+            nodes.append((cls, *saved, *[(*m.shape, m.dtype) for m in n._input_metadata]))
+        edges.append(nf)
+        if nf:
+            stack += [c for c, _ in nf[::-1]]
+    get = index.get
+    return (*nodes, *[(*[(get(c, -1), i) for c, i in nf],) for nf in edges])
 
 
 def _backward_key(r: "RankClock", t_outputs: Any, args: tuple, kwargs: dict) -> tuple:
@@ -202,20 +203,21 @@ class Recorder:
 
 
 class Player:
-    """A backward being replayed from its tape (ClockMode off)."""
+    """A segment being replayed from its tape (ClockMode off); its ops are of ``phase``."""
 
-    __slots__ = ("tape", "i")
+    __slots__ = ("tape", "i", "phase")
 
-    def __init__(self, tape: Tape) -> None:
+    def __init__(self, tape: Tape, phase: int = BWD) -> None:
         self.tape = tape
         self.i = 0
+        self.phase = phase
 
     def charge(self, r: "RankClock", ops: list) -> None:
         """Advance ``r`` by ``ops`` as the per-op path would."""
         if not ops:
             return
-        if r.phase != BWD:
-            r.switch(BWD)
+        if r.phase != self.phase:
+            r.switch(self.phase)
         noise = r.noise
         if noise is None:
             r.ticks += sum(ops)
@@ -264,30 +266,24 @@ def interrupt(r: "RankClock", what: str) -> None:
         raise _diverged(r, f"met {what}")
 
 
-# -- running a backward --------------------------------------------------------------------
-def _run(orig: Any, t_outputs: Any, *args: Any, **kwargs: Any) -> Any:
-    from .clock import current
-    r = current()
-    if r is None or not _eligible(r):
-        return orig(t_outputs, *args, **kwargs)
-    try:
-        key = _backward_key(r, t_outputs, args, kwargs)
-        tape = r.tapes.get(key, False)
-    except (_Ineligible, TypeError):  # TypeError: an unhashable value in the key
-        return orig(t_outputs, *args, **kwargs)
+# -- running a segment ------------------------------------------------------------------------
+def segment(r: "RankClock", key: tuple, run: Any, phase: int, before: Any = None) -> Any:
+    """``run()``, a segment of the rank's program whose ops ``key`` determines: observed
+    per-op and recorded, or (its last two recordings alike) replayed with ClockMode off, its
+    ops of ``phase``; ``before(tape)`` prepares a replay."""
+    tape = r.tapes.get(key, False)
     if tape is None:  # seen unclean: per-op for good
-        return orig(t_outputs, *args, **kwargs)
+        return run()
     if tape is not False and tape.confirmed:
-        return _replay(r, tape, orig, t_outputs, args, kwargs)
-    return _record(r, key, tape or None, orig, t_outputs, args, kwargs)
+        return _replay(r, tape, run, phase, before)
+    return _record(r, key, tape or None, run)
 
 
-def _record(r: "RankClock", key: tuple, prev: Tape | None, orig: Any, t_outputs: Any,
-            args: tuple, kwargs: dict) -> Any:
+def _record(r: "RankClock", key: tuple, prev: Tape | None, run: Any) -> Any:
     rec = r.rec = Recorder()
     r.rec_ops = rec.ops
     try:
-        out = orig(t_outputs, *args, **kwargs)
+        out = run()
     finally:
         r.rec = r.rec_ops = None
     if len(r.tapes) >= _TAPE_LIMIT:
@@ -301,29 +297,46 @@ def _record(r: "RankClock", key: tuple, prev: Tape | None, orig: Any, t_outputs:
     return out
 
 
-def _replay(r: "RankClock", tape: Tape, orig: Any, t_outputs: Any, args: tuple,
-            kwargs: dict) -> Any:
-    play = r.play = Player(tape)
-    root = t_outputs[0].grad_fn
-    wants_eob = any(s == ("eob",) for s, _ in tape.events)
-
-    def first(grad_outputs: Any) -> None:  # inside the engine: what the first op did
-        handle.remove()
-        r.gtid = _gtid()
-        if wants_eob:
-            torch.autograd.Variable._execution_engine.queue_callback(r.end_of_backward)
-
-    handle = root.register_prehook(first)
-    mode = _C._pop_torch_dispatch_stack(None)
+def _replay(r: "RankClock", tape: Tape, run: Any, phase: int, before: Any) -> Any:
+    play = r.play = Player(tape, phase)
     try:
-        out = orig(t_outputs, *args, **kwargs)
+        if before is not None:
+            before(tape)
+        mode = _C._pop_torch_dispatch_stack(None)
+        try:
+            out = run()
+        finally:
+            _C._push_on_torch_dispatch_stack(mode)
         if play.i != len(tape.events):
             raise _diverged(r, f"ended before {tape.events[play.i][0]}")
         play.charge(r, tape.tail)
     finally:
-        _C._push_on_torch_dispatch_stack(mode)
         r.play = None
     return out
+
+
+def _run(orig: Any, t_outputs: Any, *args: Any, **kwargs: Any) -> Any:
+    """A backward pass (torch.autograd's ``_engine_run_backward``): a segment."""
+    from .clock import current
+    r = current()
+    if r is None or not _eligible(r):
+        return orig(t_outputs, *args, **kwargs)
+    try:
+        key = _backward_key(r, t_outputs, args, kwargs)
+        hash(key)
+    except (_Ineligible, TypeError):  # TypeError: an unhashable value in the key
+        return orig(t_outputs, *args, **kwargs)
+
+    def before(tape: Tape) -> None:  # the engine's first step does what the first op did
+        wants_eob = any(s == ("eob",) for s, _ in tape.events)
+
+        def first(grad_outputs: Any) -> None:
+            handle.remove()
+            r.gtid = _gtid()
+            if wants_eob:
+                torch.autograd.Variable._execution_engine.queue_callback(r.end_of_backward)
+        handle = t_outputs[0].grad_fn.register_prehook(first)
+    return segment(r, key, lambda: orig(t_outputs, *args, **kwargs), BWD, before)
 
 
 # -- installing ------------------------------------------------------------------------------
