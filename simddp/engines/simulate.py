@@ -90,7 +90,7 @@ from ..faults import check as check_faults
 from ..models import collective_time, noise
 from ..timing import Timing
 from .clock import CB, KIND_NAMES, OPT, Flight, RankClock, bind, current, ptr
-from . import tape
+from . import modules, tape
 from .core import Channel
 from .dispatch import ClockMode, FaultClockMode
 
@@ -358,6 +358,7 @@ def _run(fn: Callable[..., Any], args: Sequence[Any], nprocs: int, timing: Timin
                opt.register_optimizer_step_post_hook(_opt_post)]
     if coarse:
         tape.install()
+        modules.install()
     try:
         return sim, fakepg.spawn(fn, args, nprocs, seed=seed, hooks=sim,
                                  hang_timeout=hang_timeout)
@@ -370,6 +371,7 @@ def _run(fn: Callable[..., Any], args: Sequence[Any], nprocs: int, timing: Timin
         raise
     finally:
         if coarse:
+            modules.uninstall()
             tape.uninstall()
         for h in handles:
             h.remove()
