@@ -171,6 +171,8 @@ class RankClock:
         self.rec: Any = None
         self.rec_ops: list | None = None
         self.play: Any = None
+        self.popped: Any = None  # ClockMode, while an optimizer step is replayed (steps)
+        self.step_rec: Any = None  # (key, previous tape) while one is recorded
 
     def _noise_table(self, scale: float) -> array.array:
         rng = noise.generator(self.jitter_seed, 0, self.rank)

@@ -90,7 +90,7 @@ from ..faults import check as check_faults
 from ..models import collective_time, noise
 from ..timing import Timing
 from .clock import CB, KIND_NAMES, OPT, Flight, RankClock, bind, current, ptr
-from . import modules, tape
+from . import modules, steps, tape
 from .core import Channel
 from .dispatch import ClockMode, FaultClockMode
 
@@ -139,6 +139,7 @@ class Simulator(WorldHooks):
 
     def rank_finished(self, rank: int) -> None:
         r = self.ranks[rank]
+        steps.abandon(r)
         r.close_span()
         r.finished_at = r.clock
         try:
@@ -272,6 +273,9 @@ def _opt_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
     if r.opt_depth == 0 and r.override != CB:
         r.close_span()
         r.override = OPT
+        r.opt_depth += 1
+        steps.begin(r, optimizer, args, kwargs)
+        return
     r.opt_depth += 1
 
 
@@ -281,6 +285,7 @@ def _opt_post(optimizer: Any, args: Any, kwargs: Any) -> None:
         return
     r.opt_depth -= 1
     if r.opt_depth == 0 and r.override == OPT:
+        steps.end(r)
         r.close_span()
         r.override = None
         r.boundaries.append(r.clock)

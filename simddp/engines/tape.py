@@ -83,7 +83,9 @@ def _meta(v: Any) -> Any:
         t = v.data
         return None if t is None else (t.shape, t.dtype, t.stride(), t.layout)
     if c is tuple or c is list:
-        return (c, *[_meta(x) for x in v])
+        types = tuple(map(type, v))  # (sizes, strides: ints; the types keep 1 and 1.0 apart)
+        return (c, types, tuple(v)) if _SCALARS.issuperset(types) else \
+            (c, *[_meta(x) for x in v])
     if c in _TENSORS:
         return t_meta(v)
     raise _Ineligible  # SymInts, opaque objects
@@ -159,7 +161,12 @@ def pure(compute: Any) -> bool:
 
 
 def _eligible(r: "RankClock") -> bool:
-    return (r.coarse and r.rec is None and r.play is None and r.override is None
+    return _eligible_in(r, None)
+
+
+def _eligible_in(r: "RankClock", override: int | None) -> bool:
+    """Whether a segment may start now on ``r`` (its clock's override being ``override``)."""
+    return (r.coarse and r.rec is None and r.play is None and r.override == override
             and not r.flights and not r.rank_faults and _gtid() == -1
             and _C._len_torch_dispatch_stack() == 1 and not torch.is_anomaly_enabled())
 
@@ -286,6 +293,13 @@ def _record(r: "RankClock", key: tuple, prev: Tape | None, run: Any) -> Any:
         out = run()
     finally:
         r.rec = r.rec_ops = None
+    store(r, key, prev, rec)
+    return out
+
+
+def store(r: "RankClock", key: tuple, prev: Tape | None, rec: Recorder) -> None:
+    """Keep what ``rec`` saw under ``key``: confirmed if ``prev`` (the last recording) agrees;
+    None (per-op for good) if it saw what a tape cannot hold."""
     if len(r.tapes) >= _TAPE_LIMIT:
         r.tapes.clear()
     if not rec.clean:
@@ -294,7 +308,6 @@ def _record(r: "RankClock", key: tuple, prev: Tape | None, run: Any) -> Any:
         tape = rec.tape()
         tape.confirmed = prev is not None and prev.form() == tape.form()
         r.tapes[key] = tape
-    return out
 
 
 def _replay(r: "RankClock", tape: Tape, run: Any, phase: int, before: Any) -> Any:
