@@ -28,6 +28,7 @@ where it would show: a replay that meets an event its tape does not have raises
 from __future__ import annotations
 
 import math
+import operator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -60,16 +61,19 @@ class _Ineligible(Exception):
 
 
 # -- the key ---------------------------------------------------------------------------------
-_attrs: dict[type, tuple[str, ...]] = {}  # node class -> its saved attributes (raw if tensor)
+_attrs: dict[type, Any] = {}  # node class -> a getter of its saved attributes (raw if tensor)
 
 
-def _saved_names(node: Any) -> tuple[str, ...]:
+def _saved_getter(node: Any) -> Any:
     names = []
     for a in dir(node):
         if a.startswith("_saved_"):
             raw = "_raw" + a
             names.append(raw if hasattr(node, raw) else a)
-    return tuple(names)
+    if not names:
+        return lambda n: ()
+    get = operator.attrgetter(*names)
+    return get if len(names) > 1 else lambda n: (get(n),)
 
 
 def _meta(v: Any) -> Any:
@@ -122,11 +126,11 @@ def graph_key(roots: list) -> tuple:
         elif isinstance(n, _PY_NODE):
             raise _Ineligible  # a Python autograd Function: its backward is arbitrary code
         else:
-            names = _attrs.get(cls)
-            if names is None:
-                names = _attrs[cls] = _saved_names(n)
+            get = _attrs.get(cls)
+            if get is None:
+                get = _attrs[cls] = _saved_getter(n)
             try:
-                saved = [_meta(getattr(n, a)) for a in names]
+                saved = tuple(map(_meta, get(n)))
             except RuntimeError:  # freed saved tensors: the backward will say so, per-op
                 raise _Ineligible from None
             nodes.append((cls, *saved, *[(*m.shape, m.dtype) for m in n._input_metadata]))
