@@ -122,3 +122,44 @@ def test_without_a_pure_compute_model_every_backward_is_charged_per_op(replays):
                     compute=Compute.from_profile({"aten::mm": 1e-4}, fallback=Compute.constant(1e-6)))
     simddp.simulate(run, ("mlp",), 2, timing=timing)
     assert replays[0] == 0
+
+
+def _tricky(rank):
+    """Module outputs changed in place, an input shared by two branches, a graph walked twice
+    (retain_graph), a frozen layer, eval mode and no_grad steps, a second optimizer."""
+    torch.manual_seed(0)
+    trunk = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8))
+    head = torch.nn.Sequential(torch.nn.LayerNorm(8), torch.nn.Dropout(0.1), torch.nn.Linear(8, 4))
+    model = DDP(torch.nn.ModuleList([trunk, head]))
+    opt = torch.optim.SGD(trunk.parameters(), lr=0.1, momentum=0.9)
+    opt2 = torch.optim.Adam(head.parameters(), lr=0.01)
+    x = torch.randn(4, 8)
+    for i in range(8):
+        h = trunk(x)
+        if i % 3 == 0:
+            h.relu_()
+        out = head(h) + head(h * 2)
+        loss = out.pow(2).mean()
+        loss.backward(retain_graph=(i == 5))
+        if i == 5:
+            (out.sum() * 0).backward()
+        head[2].weight.requires_grad_(i < 4)
+        opt.step()
+        opt2.step()
+        opt.zero_grad()
+        opt2.zero_grad(set_to_none=(i % 2 == 0))
+        with torch.no_grad():
+            trunk.eval()
+            trunk(x)
+            trunk.train()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_in_place_outputs_shared_inputs_retained_graphs_and_frozen_layers_keep_their_times(
+        replays):
+    timing = Timing(network=Network.preset("100gbe"), compute=Compute.roofline("a100"),
+                    jitter=0.05, rank_speed={0: 0.8})
+    per_op = simddp.simulate(_tricky, (), 2, timing=timing, coarse=False)
+    coarse = simddp.simulate(_tricky, (), 2, timing=timing)
+    same(per_op, coarse)
+    assert replays[0] > 0

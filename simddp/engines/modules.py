@@ -42,25 +42,29 @@ _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks",
                  "_global_forward_hooks_always_called")
 
 
-def _tree(m: nn.Module, out: list) -> None:
+def _tree(m: nn.Module, out: list, leaves: list) -> None:
     """Append ``m``'s part of the key (its subtree); raise tape._Ineligible if not pure."""
     names = PURE.get(m.__class__)
     if names is None or m._forward_hooks or m._forward_pre_hooks or m._backward_hooks \
             or m._backward_pre_hooks:
         raise tape._Ineligible
     out.append((m.__class__, id(m), m.training, *[getattr(m, a) for a in names]))
-    for p in m._parameters.values():
-        out.append(None if p is None else tape.t_meta(p))
-    for b in m._buffers.values():
-        out.append(None if b is None else tape.t_meta(b))
+    for ts in (m._parameters, m._buffers):
+        for p in ts.values():
+            if p is None:
+                out.append(None)
+            else:
+                out.append(tape.t_meta(p))
+                if p.requires_grad:
+                    leaves.append(p)
     for c in m._modules.values():
         if c is None:
             out.append(None)
         else:
-            _tree(c, out)
+            _tree(c, out, leaves)
 
 
-def _key(m: nn.Module, args: tuple) -> tuple:
+def _key(m: nn.Module, args: tuple, leaves: list) -> tuple:
     if any(getattr(_module, h, None) for h in _GLOBAL_HOOKS) \
             or _C._is_torch_function_mode_enabled():
         raise tape._Ineligible
@@ -70,7 +74,7 @@ def _key(m: nn.Module, args: tuple) -> tuple:
         if a.__class__ not in _TENSORS:
             raise tape._Ineligible
         key.append(tape.t_meta(a))
-    _tree(m, key)
+    _tree(m, key, leaves)
     return tuple(key)
 
 
@@ -78,12 +82,18 @@ def _call(orig: Any, m: nn.Module, args: tuple, kwargs: dict) -> Any:
     r = current()
     if r is None or kwargs or m.__class__ not in PURE or not tape._eligible(r):
         return orig(m, *args, **kwargs)
+    leaves: list = []
     try:
-        key = _key(m, args)
+        key = _key(m, args, leaves)
         hash(key)
     except (tape._Ineligible, TypeError):
         return orig(m, *args)
-    return tape.segment(r, key, lambda: orig(m, *args), FWD)
+    out = tape.segment(r, key, lambda: orig(m, *args), FWD)
+    done = r.tapes.get(key)
+    if done is not None and done.confirmed and out.__class__ in _TENSORS \
+            and out.grad_fn is not None and len(set(map(id, leaves))) == len(leaves):
+        tape.note_subgraph(r, out, key, leaves, args)
+    return out
 
 
 _installed: list = [0, None]  # [users, the original nn.Module.__call__]

@@ -48,6 +48,7 @@ _TENSORS = (torch.Tensor, torch.nn.Parameter)
 _SCALARS = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device,
                       torch.layout, torch.memory_format})
 _TAPE_LIMIT = 256  # keys kept per rank (a program with more shapes than this rebuilds them)
+_SUBGRAPH_LIMIT = 64  # module subgraphs noted per rank between backward passes
 BWD = 1  # clock.BWD (not imported: clock imports this module)
 
 
@@ -101,15 +102,21 @@ def t_meta(t: torch.Tensor) -> tuple:
 
 def _leaf(node: Any) -> tuple:
     """An AccumulateGrad node: its parameter and the state of its ``.grad``."""
-    v = node.variable
+    return leaf_state(node.variable)
+
+
+def leaf_state(v: torch.Tensor) -> tuple:
+    """A leaf tensor (a parameter) and the state of its ``.grad``."""
     if v._backward_hooks or getattr(v, "_post_accumulate_grad_hooks", None):
         raise _Ineligible
     g = v.grad
     return (id(v), v.shape, v.dtype, v.stride(), None if g is None else t_meta(g))
 
 
-def graph_key(roots: list) -> tuple:
-    """The key of a backward from ``roots`` (nodes): raises _Ineligible where there is none."""
+def graph_key(roots: list, subs: dict | None = None) -> tuple:
+    """The key of a backward from ``roots`` (nodes): raises _Ineligible where there is none.
+    ``subs``: output node -> (key, leaves, outward edges) of the subgraphs that module calls
+    replayed from confirmed tapes built (see :func:`note_subgraph`)."""
     index: dict = {}
     nodes: list = []
     edges: list = []
@@ -119,6 +126,13 @@ def graph_key(roots: list) -> tuple:
         if n is None or n in index:
             continue
         index[n] = len(nodes)
+        sub = subs.get(n) if subs else None
+        if sub is not None:  # a confirmed module forward's subgraph: its key stands for it
+            skey, leaves, nf = sub
+            nodes.append(("module", skey, *map(leaf_state, leaves)))
+            edges.append(nf)
+            stack += [c for c, _ in nf[::-1]]
+            continue
         nf = n.next_functions
         cls = n.__class__
         if cls is _ACCUMULATE:
@@ -155,7 +169,26 @@ def _backward_key(r: "RankClock", t_outputs: Any, args: tuple, kwargs: dict) -> 
             raise _Ineligible
         roots.append(fn)
     gk = tuple([None if g is None else t_meta(g) for g in grads])
-    return (bool(retain), bool(create), allow, acc, gk, graph_key(roots))
+    return (bool(retain), bool(create), allow, acc, gk, graph_key(roots, r.subgraphs))
+
+
+def note_subgraph(r: "RankClock", out: Any, key: tuple, leaves: list, args: tuple) -> None:
+    """A module call ran ops its confirmed tape holds (the same ops as every call under
+    ``key``): the autograd subgraph under ``out`` is a function of ``key`` and of the
+    ``.grad`` state of ``leaves``, and it points out of itself only at the arguments'
+    gradient edges. The next backward's key walks ``key`` instead of that subgraph."""
+    edges = []  # (node, input_nr), as in next_functions
+    for a in args:
+        if not a.requires_grad:
+            edges.append((None, 0))
+        elif a.grad_fn is None:
+            return  # a leaf argument: its AccumulateGrad node is not at hand without an op
+        else:
+            edges.append((a.grad_fn, a.output_nr))
+    subs = r.subgraphs
+    if len(subs) >= _SUBGRAPH_LIMIT:
+        subs.clear()
+    subs[out.grad_fn] = (key, leaves, tuple(edges))
 
 
 def pure(compute: Any) -> bool:
@@ -353,7 +386,10 @@ def _run(orig: Any, t_outputs: Any, *args: Any, **kwargs: Any) -> Any:
             if wants_eob:
                 torch.autograd.Variable._execution_engine.queue_callback(r.end_of_backward)
         handle = t_outputs[0].grad_fn.register_prehook(first)
-    return segment(r, key, lambda: orig(t_outputs, *args, **kwargs), BWD, before)
+    try:
+        return segment(r, key, lambda: orig(t_outputs, *args, **kwargs), BWD, before)
+    finally:
+        r.subgraphs.clear()  # (they hold graphs alive)
 
 
 # -- installing ------------------------------------------------------------------------------
