@@ -355,6 +355,9 @@ def _replay(r: "RankClock", tape: Tape, run: Any, phase: int, before: Any) -> An
         mode = _C._pop_torch_dispatch_stack(None)
         try:
             out = run()
+        except BaseException:  # its ops up to here are not charged: a program that goes on
+            r.sim.diverged = True  # would run on a wrong clock, so the world reruns per-op
+            raise
         finally:
             _C._push_on_torch_dispatch_stack(mode)
         if play.i != len(tape.events):
