@@ -60,8 +60,12 @@
   capture (:mod:`simddp.engines.capture`) subscribes to it.
 
 The pieces: :mod:`~simddp.engines.clock` (a rank's clock, waits, stream semantics),
-:mod:`~simddp.engines.dispatch` (the per-op path), :mod:`~simddp.engines.checks` (races and
-timeouts, worded), this module (the world hooks, the optimizer hooks, :func:`simulate`).
+:mod:`~simddp.engines.dispatch` (the per-op path), :mod:`~simddp.engines.tape` with
+:mod:`~simddp.engines.modules` and :mod:`~simddp.engines.steps` (the coarse path: backward
+passes, torch.nn layers' forwards and torch.optim steps the rank repeats, charged from tapes
+with the dispatch mode off — the same times; ``simulate(coarse=False)`` turns it off),
+:mod:`~simddp.engines.checks` (races and timeouts, worded), this module (the world hooks, the
+optimizer hooks, :func:`simulate`).
 
 Everything is a function of the program, the seed and the :class:`Timing`: reruns give
 identical traces and timelines. Not modelled: contention between groups that share links
