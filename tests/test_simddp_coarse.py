@@ -163,3 +163,34 @@ def test_in_place_outputs_shared_inputs_retained_graphs_and_frozen_layers_keep_t
     coarse = simddp.simulate(_tricky, (), 2, timing=timing)
     same(per_op, coarse)
     assert replays[0] > 0
+
+
+def test_gradient_accumulation_with_no_sync_replays_both_kinds_of_backward(
+        replays, monkeypatch):
+    diverged = []
+    real = tape._diverged
+    monkeypatch.setattr(tape, "_diverged", lambda r, what: diverged.append(what) or real(r, what))
+
+    def body(rank):
+        torch.manual_seed(0)
+        model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(),
+                                        torch.nn.Linear(8, 2)))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(4, 8)
+        for step in range(6):
+            for micro in range(3):
+                if micro < 2:
+                    with model.no_sync():
+                        model(x).sum().backward()
+                else:
+                    model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        return [p.detach().clone() for p in model.parameters()]
+
+    timing = Timing(network=Network.preset("100gbe"), compute=Compute.roofline("a100"),
+                    jitter=0.05)
+    per_op = simddp.simulate(body, (), 2, timing=timing, coarse=False)
+    coarse = simddp.simulate(body, (), 2, timing=timing)
+    same(per_op, coarse)
+    assert replays[0] > 0 and not diverged

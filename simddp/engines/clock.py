@@ -140,6 +140,7 @@ class RankClock:
         self.rec_ops: list | None = None
         self.play: Any = None
         self.subgraphs: dict = {}  # module calls' subgraphs for the next backward's key
+        self.fwd_context: list = []  # DDP forwards (and their sync flags) since it
         self.popped: Any = None  # ClockMode, while an optimizer step is replayed (steps)
         self.step_rec: Any = None  # (key, previous tape) while one is recorded
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn.modules import module as _module
+from torch.nn.parallel import DistributedDataParallel as _DDP
 
 from . import tape
 from .clock import FWD, current
@@ -80,7 +81,14 @@ def _key(m: nn.Module, args: tuple, leaves: list) -> tuple:
 
 def _call(orig: Any, m: nn.Module, args: tuple, kwargs: dict) -> Any:
     r = current()
-    if r is None or kwargs or m.__class__ not in PURE or not tape._eligible(r):
+    if r is None:
+        return orig(m, *args, **kwargs)
+    if m.__class__ not in PURE:
+        if isinstance(m, _DDP):  # what its Reducer will do in the next backward
+            r.fwd_context.append((id(m), m.require_backward_grad_sync,
+                                  m.require_forward_param_sync))
+        return orig(m, *args, **kwargs)
+    if kwargs or not tape._eligible(r):
         return orig(m, *args, **kwargs)
     leaves: list = []
     try:
