@@ -14,6 +14,7 @@ module called inside backward, an optimizer step or a future callback — and ev
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -107,20 +108,25 @@ def _call(orig: Any, m: nn.Module, args: tuple, kwargs: dict) -> Any:
 _installed: list = [0, None]  # [users, the original nn.Module.__call__]
 
 
+_lock = threading.Lock()  # simulations in several threads install once
+
+
 def install() -> None:
     """Route module calls through :func:`_call` (while any simulation runs)."""
-    if _installed[0] == 0:
-        orig = nn.Module.__call__
-        _installed[1] = orig
+    with _lock:
+        if _installed[0] == 0:
+            orig = nn.Module.__call__
+            _installed[1] = orig
 
-        def call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-            return _call(orig, self, args, kwargs)
-        nn.Module.__call__ = call
-    _installed[0] += 1
+            def call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+                return _call(orig, self, args, kwargs)
+            nn.Module.__call__ = call
+        _installed[0] += 1
 
 
 def uninstall() -> None:
-    _installed[0] -= 1
-    if _installed[0] == 0:
-        nn.Module.__call__ = _installed[1]
-        _installed[1] = None
+    with _lock:
+        _installed[0] -= 1
+        if _installed[0] == 0:
+            nn.Module.__call__ = _installed[1]
+            _installed[1] = None

@@ -29,6 +29,7 @@ where it would show: a replay that meets an event its tape does not have raises
 from __future__ import annotations
 
 import math
+import threading
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -264,21 +265,25 @@ def _run(orig: Any, t_outputs: Any, *args: Any, **kwargs: Any) -> Any:
 _installed = [0, None]  # [users, the original _engine_run_backward]
 
 
+_lock = threading.Lock()  # simulations in several threads install once
+
+
 def install() -> None:
     """Route torch's backward passes through :func:`_run` (while any simulation runs)."""
-    if _installed[0] == 0:
-        orig = torch.autograd._engine_run_backward
-        _installed[1] = orig
+    with _lock:
+        if _installed[0] == 0:
+            orig = torch.autograd._engine_run_backward
+            _installed[1] = orig
 
-        def run(t_outputs: Any, *args: Any, **kwargs: Any) -> Any:
-            return _run(orig, t_outputs, *args, **kwargs)
-        torch.autograd._engine_run_backward = run
-    _installed[0] += 1
+            def run(t_outputs: Any, *args: Any, **kwargs: Any) -> Any:
+                return _run(orig, t_outputs, *args, **kwargs)
+            torch.autograd._engine_run_backward = run
+        _installed[0] += 1
 
 
 def uninstall() -> None:
-    _installed[0] -= 1
-    if _installed[0] == 0:
-        torch.autograd._engine_run_backward = _installed[1]
-        _installed[1] = None
-
+    with _lock:
+        _installed[0] -= 1
+        if _installed[0] == 0:
+            torch.autograd._engine_run_backward = _installed[1]
+            _installed[1] = None
