@@ -23,7 +23,9 @@ what a tape cannot hold (a future callback, an optimizer step, ``simddp.now()``,
 a tensor a collective writes). What the key cannot see — Python hooks on non-leaf tensors or
 nodes that do different work from one iteration to the next on the same graph — is checked
 where it would show: a replay that meets an event its tape does not have raises
-:class:`Divergence`, and :func:`~simddp.engines.simulate.simulate` reruns the world per-op.
+:class:`Divergence`, and :func:`~simddp.engines.simulate.simulate` reruns the world per-op
+(so does an exception escaping a replay). The one assumption left: such a hook whose changing
+work adds no event, only ops between two events, goes uncharged (``simulate(coarse=False)``).
 """
 
 from __future__ import annotations
