@@ -19,7 +19,8 @@ import torch
 
 from ..models import noise
 from ..models.compute import _moves_no_data
-from . import checks
+from . import checks, tape
+from .flight import Flight
 
 if TYPE_CHECKING:
     from .dispatch import ClockMode
@@ -71,39 +72,6 @@ def _stream_name(func: Any, seconds: float) -> bytes:
     name = str(func) if isinstance(func, torch._ops.OpOverload) else \
         f"{type(func).__module__}.{type(func).__qualname__}:{getattr(func, '__name__', '')}"
     return f"{name}|{float(seconds) + 0.0!r}".encode()
-
-
-class Flight:
-    """One rank's part of one collective, as virtual time sees it."""
-
-    __slots__ = ("call", "rank", "issue", "start", "end", "cb_end", "python_async",
-                 "in_backward", "stream", "ptrs", "retired")
-
-    def __init__(self, call: Any, issue: float) -> None:
-        self.call = call
-        self.rank: int = call.rank
-        self.issue = issue
-        self.start: float | None = None
-        self.end: float | None = None
-        self.cb_end: float | None = None
-        self.in_backward: bool = bool(call.in_backward)
-        # fakepg marks calls whose caller waits from C++ (the Reducer in backward, Join's
-        # shadow of it): those follow stream semantics; the rest were issued from Python.
-        hidden = call.hidden_wait
-        self.stream = bool(hidden) or self.in_backward
-        self.python_async: bool = bool(call.record.async_op) and not self.stream
-        self.ptrs: list[int] = []
-        self.retired = False
-
-    def eff_end(self) -> float | None:
-        """When the work is done, future callbacks included (None before it is matched)."""
-        if self.end is None:
-            return None
-        return self.end if self.cb_end is None or self.cb_end < self.end else self.cb_end
-
-    def describe(self) -> str:
-        rec = self.call.record
-        return f"{rec.op} #{rec.seq} on group '{rec.group}' (ranks {list(rec.group_ranks)})"
 
 
 class RankClock:
@@ -163,6 +131,18 @@ class RankClock:
         self.cb_saved: list[tuple[float, int | None]] = []
         self.mode: ClockMode | None = None
         self.finished_at: float | None = None
+        # The coarse path (simddp.engines.tape): tapes by backward key (None: never coarse);
+        # while a backward is recorded, rec and its op list rec_ops (ClockMode appends);
+        # while one is replayed, play.
+        self.coarse = bool(getattr(sim, "coarse", False)) and tape.pure(t.compute)
+        self.tapes: dict[tuple, Any] = {}
+        self.rec: Any = None
+        self.rec_ops: list | None = None
+        self.play: Any = None
+        self.subgraphs: dict = {}  # module calls' subgraphs for the next backward's key
+        self.fwd_context: list = []  # DDP forwards (and their sync flags) since it
+        self.popped: Any = None  # ClockMode, while an optimizer step is replayed (steps)
+        self.step_rec: Any = None  # (key, previous tape) while one is recorded
 
     def _noise_table(self, scale: float) -> array.array:
         rng = noise.generator(self.jitter_seed, 0, self.rank)
@@ -331,6 +311,7 @@ class RankClock:
 
     def end_of_backward(self) -> None:
         """Queued into each backward pass: the Reducer's hidden wait on its bucket futures."""
+        tape.event(self, ("eob",))
         start = self.clock
         pending = [f for f in self.flights if f.stream and f.end is not None]
         pending.sort(key=lambda f: f.eff_end())
@@ -362,6 +343,8 @@ class RankClock:
                         p = ptr(x)
                         if p in watched:
                             hits.extend((x, f) for f in watched[p])
+        if hits and self.rec is not None:
+            tape.interrupt(self, "an access to a tensor a collective writes")
         side: list[Flight] | None = None
         for tensor, f in hits:
             if f.retired:

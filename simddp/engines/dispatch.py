@@ -18,7 +18,25 @@ from .clock import (_CALL, _EMPTY, _FREE, _MEMO, _TICK, BWD, FWD, RankClock, _fl
 
 __all__ = ["ClockMode", "classify"]
 
+_DATA_DEPENDENT: set = set()  # ops whose output's shape or value depends on data: no tape
+_TAGGED: set = set()
+_DATA_TAGS = (torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output)
+
+
+def data_dependent(op: Any, func: Any) -> bool:
+    """Whether ``func`` (``op`` its C++ operator) may return a shape or value that depends on
+    the data (torch's tags): a backward running it is charged per-op, never from a tape."""
+    _TAGGED.add(op)
+    if any(t in _DATA_TAGS for t in getattr(func, "tags", ())):
+        _DATA_DEPENDENT.add(op)
+        return True
+    return False
+
 _Tensor = torch.Tensor
+# Classes whose shape and dtype are all the memo key needs (flat key); other tensors and
+# non-tensor arguments take the nested key, marked so that the two forms never compare equal.
+_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
+_NESTED = object()
 
 
 def classify(compute: Any, func: Any) -> Any:
@@ -53,25 +71,46 @@ class ClockMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         r = self.r
         side = r.access(func, args, kwargs or _EMPTY) if r.watched else None
+        op = func._op  # the C++ operator: hashed in C (OpOverload.__hash__ is Python)
         if kwargs:
-            out = func._op(*args, **kwargs)
+            out = op(*args, **kwargs)
         else:
             kwargs = _EMPTY
-            out = func._op(*args)
-        cost = r.costs.get(func)
+            out = op(*args)
+        cost = r.costs.get(op)
         if cost is None:
-            cost = r.costs[func] = r.const_entry(func, classify(r.sim.timing.compute, func))
+            cost = r.costs[op] = r.const_entry(func, classify(r.sim.timing.compute, func))
         if cost.__class__ is not str:  # a constant's entry
             q = cost
         elif cost is _MEMO and not kwargs:
-            try:
-                key = (func, out.shape, out.dtype,
-                       *[(a.shape, a.dtype) if isinstance(a, _Tensor) else a for a in args])
+            try:  # the key: flat for plain tensors (cheaper to build and hash), else nested
+                n = len(args)
+                a = args[0] if n else None
+                if a.__class__ not in _PLAIN or n > 3:
+                    key = None
+                elif n == 1:
+                    key = (op, out.shape, out.dtype, a.shape, a.dtype)
+                elif n == 2:
+                    b = args[1]
+                    if b.__class__ in _PLAIN:
+                        key = (op, out.shape, out.dtype, a.shape, a.dtype, b.shape, b.dtype)
+                    elif not isinstance(b, _Tensor):  # a scalar (its own length: no clash)
+                        key = (op, out.shape, out.dtype, a.shape, a.dtype, b)
+                    else:
+                        key = None
+                else:
+                    a, b, c = args
+                    key = ((op, out.shape, out.dtype, a.shape, a.dtype, b.shape, b.dtype,
+                            c.shape, c.dtype)
+                           if b.__class__ in _PLAIN and c.__class__ in _PLAIN else None)
+                if key is None:
+                    key = (op, _NESTED, out.shape, out.dtype,
+                           *[(a.shape, a.dtype) if isinstance(a, _Tensor) else a for a in args])
                 q = r.memo[key]
             except KeyError:
                 q = r.memo_entry(key, func, args, out)
             except (TypeError, AttributeError):  # unhashable args, non-tensor out: never again
-                r.costs[func] = _CALL
+                r.costs[op] = _CALL
                 q = r.call_entry(func, r.cost(func, args, kwargs, out))
         elif cost is _FREE:
             return out
@@ -87,6 +126,11 @@ class ClockMode(TorchDispatchMode):
                     q = r.call_entries[(func, q)]
                 except (KeyError, TypeError):
                     q = r.call_entry(func, q)
+        rec = r.rec_ops
+        if rec is not None:  # a backward being recorded for the coarse path (see tape)
+            rec.append(q)
+            if op in _DATA_DEPENDENT or op not in _TAGGED and data_dependent(op, func):
+                r.rec.clean = False
         noise = r.noise
         if noise is not None:  # q is (ticks, stream, stride): take the stream's next factor
             q, st, k = q

@@ -60,8 +60,12 @@
   capture (:mod:`simddp.engines.capture`) subscribes to it.
 
 The pieces: :mod:`~simddp.engines.clock` (a rank's clock, waits, stream semantics),
-:mod:`~simddp.engines.dispatch` (the per-op path), :mod:`~simddp.engines.checks` (races and
-timeouts, worded), this module (the world hooks, the optimizer hooks, :func:`simulate`).
+:mod:`~simddp.engines.dispatch` (the per-op path), :mod:`~simddp.engines.tape` with
+:mod:`~simddp.engines.modules` and :mod:`~simddp.engines.steps` (the coarse path: backward
+passes, torch.nn layers' forwards and torch.optim steps the rank repeats, charged from tapes
+with the dispatch mode off — the same times; ``simulate(coarse=False)`` turns it off),
+:mod:`~simddp.engines.checks` (races and timeouts, worded), this module (the world hooks, the
+optimizer hooks, :func:`simulate`).
 
 Everything is a function of the program, the seed and the :class:`Timing`: reruns give
 identical traces and timelines. Not modelled: contention between groups that share links
@@ -90,6 +94,7 @@ from ..faults import check as check_faults
 from ..models import collective_time, noise
 from ..timing import Timing
 from .clock import CB, KIND_NAMES, OPT, Flight, RankClock, bind, current, ptr
+from . import modules, steps, tape
 from .core import Channel
 from .dispatch import ClockMode, FaultClockMode
 
@@ -111,8 +116,10 @@ class Simulator(WorldHooks):
     :class:`~simddp.engines.core.Channel` per communicator."""
 
     def __init__(self, timing: Timing, nprocs: int, seed: int,
-                 observer: Observer | None = None) -> None:
+                 observer: Observer | None = None, coarse: bool = False) -> None:
         self.timing = timing
+        self.coarse = coarse  # replay repeated backward passes from tapes (engines.tape)
+        self.diverged = False  # a replay diverged: the run is redone per-op
         self.nprocs = nprocs
         self.observer = observer
         jseed = seed if timing.seed is None else timing.seed
@@ -136,6 +143,7 @@ class Simulator(WorldHooks):
 
     def rank_finished(self, rank: int) -> None:
         r = self.ranks[rank]
+        steps.abandon(r)
         r.close_span()
         r.finished_at = r.clock
         try:
@@ -151,6 +159,8 @@ class Simulator(WorldHooks):
     # -- collectives --------------------------------------------------------------------
     def collective_issued(self, call: Any) -> None:
         r = self.ranks[call.rank]
+        rec = call.record
+        tape.event(r, ("issue", rec.op, rec.bytes, rec.group))
         f = Flight(call, r.clock)
         call.record.issue = r.clock
         call.ext = f
@@ -196,6 +206,7 @@ class Simulator(WorldHooks):
     def completion_started(self, call: Any) -> None:
         f: Flight | None = call.ext
         r = self.ranks[call.rank]
+        tape.event(r, ("complete", call.record.op, call.record.group))
         r.close_span()
         r.cb_saved.append((r.clock, r.override))
         start = r.clock
@@ -209,6 +220,7 @@ class Simulator(WorldHooks):
     def completion_finished(self, call: Any) -> None:
         f: Flight | None = call.ext
         r = self.ranks[call.rank]
+        tape.event(r, ("completed",), empty=True)  # ops in a callback: not on a tape
         r.close_span()
         if r.clock > r.cb_clock:
             r.cb_clock = r.clock
@@ -223,6 +235,7 @@ class Simulator(WorldHooks):
                 f = c.ext
                 if f is not None:
                     rec = c.record
+                    tape.event(self.ranks[rank], ("wait", rec.op, rec.group))
                     self.ranks[rank].wait_for(f, f"wait: {rec.op} #{rec.seq}")
                 return
 
@@ -260,9 +273,13 @@ def _opt_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
     r: RankClock | None = current()
     if r is None:
         return
+    tape.interrupt(r, "an optimizer step")
     if r.opt_depth == 0 and r.override != CB:
         r.close_span()
         r.override = OPT
+        r.opt_depth += 1
+        steps.begin(r, optimizer, args, kwargs)
+        return
     r.opt_depth += 1
 
 
@@ -272,6 +289,7 @@ def _opt_post(optimizer: Any, args: Any, kwargs: Any) -> None:
         return
     r.opt_depth -= 1
     if r.opt_depth == 0 and r.override == OPT:
+        steps.end(r)
         r.close_span()
         r.override = None
         r.boundaries.append(r.clock)
@@ -282,6 +300,7 @@ def _current() -> RankClock:
     if r is None:
         raise RuntimeError("simddp.now()/mark_iteration() work only inside a rank of "
                            "simddp.simulate(...)")
+    tape.interrupt(r, "simddp.now()")
     return r
 
 
@@ -303,11 +322,14 @@ def mark_iteration() -> None:
 
 def simulate(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *,
              timing: Timing, seed: int = 0, hang_timeout: float = 1.0,
-             observer: Observer | None = None, faults: Sequence[Any] = ()) -> SimResult:
+             observer: Observer | None = None, faults: Sequence[Any] = (),
+             coarse: bool | None = None) -> SimResult:
     """Run ``fn(rank, *args)`` on ``nprocs`` fake ranks (like :func:`fakepg.spawn`) with
     virtual time; see the module docstring for the rules. ``observer``: an
     :class:`Observer` told of virtual-time events as they happen. ``faults``:
-    :mod:`simddp.faults` added to ``timing.faults`` for this run.
+    :mod:`simddp.faults` added to ``timing.faults`` for this run. ``coarse``: charge backward
+    passes the rank has seen before from their tapes (:mod:`simddp.engines.tape`; the same
+    times as per-op, faster); default on unless an ``observer`` is given; False: per-op.
 
     Raises what ``fakepg.spawn`` raises, except that a :class:`CollectiveRaceError` or
     :class:`CollectiveTimeoutError` that ends a rank is re-raised as itself (it carries
@@ -325,20 +347,40 @@ def simulate(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, 
     if faults:
         timing = dataclasses.replace(timing, faults=(*timing.faults, *check_faults(faults)))
     check_faults(timing.faults, nprocs)
-    sim = Simulator(timing, nprocs, seed, observer)
+    if coarse is None:
+        coarse = observer is None  # (a rerun after a divergence would tell it twice)
+    t0 = _time.perf_counter()
+    sim, res = _run(fn, args, nprocs, timing, seed, hang_timeout, observer, bool(coarse))
+    if sim.diverged:  # a replayed backward met what its tape did not hold: redo per-op
+        sim, res = _run(fn, args, nprocs, timing, seed, hang_timeout, observer, False)
+    return SimResult(res.returns, res.trace, sim.timeline(), nprocs, seed, timing,
+                     _time.perf_counter() - t0, res)
+
+
+def _run(fn: Callable[..., Any], args: Sequence[Any], nprocs: int, timing: Timing, seed: int,
+         hang_timeout: float, observer: Observer | None, coarse: bool) -> tuple[Simulator, Any]:
+    """One run of the world under virtual time: the simulator and fakepg's result (a
+    divergence of the coarse path returns (sim, None) with ``sim.diverged`` set)."""
+    sim = Simulator(timing, nprocs, seed, observer, coarse=coarse)
     opt = _optim
     handles = [opt.register_optimizer_step_pre_hook(_opt_pre),
                opt.register_optimizer_step_post_hook(_opt_post)]
-    t0 = _time.perf_counter()
+    if coarse:
+        tape.install()
+        modules.install()
     try:
-        res = fakepg.spawn(fn, args, nprocs, seed=seed, hooks=sim, hang_timeout=hang_timeout)
-    except RankFailedError as e:
-        cause = e.__cause__
+        return sim, fakepg.spawn(fn, args, nprocs, seed=seed, hooks=sim,
+                                 hang_timeout=hang_timeout)
+    except Exception as e:
+        if sim.diverged:
+            return sim, None
+        cause = e.__cause__ if isinstance(e, RankFailedError) else None
         if isinstance(cause, (CollectiveRaceError, CollectiveTimeoutError)):
             raise cause from None
         raise
     finally:
+        if coarse:
+            modules.uninstall()
+            tape.uninstall()
         for h in handles:
             h.remove()
-    return SimResult(res.returns, res.trace, sim.timeline(), nprocs, seed, timing,
-                     _time.perf_counter() - t0, res)
