@@ -25,6 +25,7 @@ import torch.distributed.distributed_c10d as c10d
 import fakepg
 from fakepg.reductions import GLOO, GLOO_REDUCE, gloo_chunk
 from fakepg.schedule import Schedule
+from gloo_order import gloo_fold as gloo_ring, rank_order
 from test_collectives_vs_gloo import run_gloo
 
 R = dist.ReduceOp
@@ -52,26 +53,6 @@ def order_sensitive(rank: int, world: int, numel: int, dtype: torch.dtype, salt:
     wide = torch.randn(numel, generator=g, dtype=torch.float64) * 10.0 ** torch.randint(
         -decades, decades + 1, (numel,), generator=g).double()
     return torch.where(e % 2 == 0, big.double(), wide).to(dtype)
-
-
-def gloo_ring(xs: list[torch.Tensor], algorithm: str = GLOO, fold=torch.add) -> torch.Tensor:
-    """gloo's order as its sources read, element chunk by element chunk, in plain loops (the
-    test's own statement of it, independent of fakepg's vectorised one)."""
-    world, numel = len(xs), xs[0].numel()
-    chunk = gloo_chunk(numel, world, xs[0].element_size(), algorithm)
-    out = torch.empty_like(xs[0])
-    for c in range(world):
-        lo, hi = c * chunk, min((c + 1) * chunk, numel)
-        if lo < hi:
-            acc = xs[(c - 1) % world][lo:hi]
-            for k in range(2, world + 1):
-                acc = fold(xs[(c - k) % world][lo:hi], acc)
-            out[lo:hi] = acc
-    return out
-
-
-def rank_order(xs: list[torch.Tensor], fold=torch.add) -> torch.Tensor:
-    return functools.reduce(fold, xs[1:], xs[0].clone())
 
 
 def run_fake(body, world: int, backend: str = "gloo") -> list:
@@ -143,7 +124,7 @@ def test_large_all_reduce_and_reduce_follow_gloos_segment_plans(world, numel, dt
     assert_bitwise(fa, ga, "all_reduce")
     assert_bitwise(fb, gb, "reduce")
     assert_bitwise(gb, gloo_ring([order_sensitive(r, world, numel, dtype, 1) for r in range(world)],
-                                 GLOO_REDUCE), "the test's statement of gloo::reduce's order")
+                                 algorithm=GLOO_REDUCE), "the test's statement of gloo::reduce's order")
 
 
 # -- every reducing collective, every op ---------------------------------------------------------
