@@ -1,9 +1,11 @@
 """Reference reductions: one deterministic function of all ranks' inputs.
 
 Float addition is not associative, so the order of a sum shows in the last bits. Under the gloo
-personality (and fakepg's own, which speaks gloo's words) a reduction adds in the order
-torch 2.13's ProcessGroupGloo does, so results are bitwise real gloo's at any world size; under
-nccl it folds in rank order 0..n-1 (NCCL's order depends on channels, algorithm and hardware).
+personality a reduction adds in the order torch 2.13's ProcessGroupGloo does, so results are
+bitwise real gloo's at any world size. fakepg's own personality folds in rank order 0..n-1, the
+order ``zoo.reference_train`` (the mathematics of data parallelism, in one process) sums in, so
+a run equals that reference bit for bit; nccl folds in rank order too (NCCL's order depends on
+channels, algorithm and hardware).
 
 gloo's order, from its sources (``gloo/allreduce.cc`` ``ring()``, ``gloo/reduce.cc``) and
 checked bit for bit against real gloo (``tests/test_gloo_bitwise.py``): the flat buffer is cut
@@ -64,13 +66,13 @@ RANK = "rank"  # rank order 0..n-1 (nccl)
 GLOO = "gloo"  # gloo::allreduce's ring (allreduce, reduce_scatter, coalesced)
 GLOO_REDUCE = "gloo_reduce"  # gloo::reduce's ring (its segments are sized differently)
 
-_GLOO_ORDERED = frozenset(("gloo", "fakepg"))
+_GLOO_ORDERED = frozenset(("gloo",))
 _MAX_SEGMENT_BYTES = 1024 * 1024  # gloo's AllreduceOptions/ReduceOptions::kMaxSegmentSize
 
 
 def order_of(personality: str, algorithm: str = GLOO) -> str:
     """The summation order a group of ``personality`` uses for ``algorithm`` (GLOO or
-    GLOO_REDUCE): gloo's under "gloo" and "fakepg", rank order under "nccl"."""
+    GLOO_REDUCE): gloo's under "gloo", rank order under "fakepg" and "nccl"."""
     return algorithm if personality in _GLOO_ORDERED else RANK
 
 
@@ -192,7 +194,7 @@ def gloo_all_reduce(per_rank: Sequence[Sequence[torch.Tensor]], op: object, name
         if name == "AVG":
             if ts[0].dtype.is_floating_point or ts[0].dtype.is_complex:
                 ts[0].div_(len(per_rank))
-            else:  # integer AVG (fakepg's personality allows it): truncated, as reduce_tensors
+            else:  # integer AVG (gloo refuses it before this): truncated, as reduce_tensors
                 ts[0].copy_(torch.div(ts[0], len(per_rank), rounding_mode="trunc"))
     return True
 

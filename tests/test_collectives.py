@@ -2,9 +2,8 @@
 
 Each property spawns a fake world of 1..8 ranks. A rank builds its inputs from
 (example seed, rank) alone, so the test can rebuild every rank's inputs afterwards and
-compute the reference itself: reductions add in gloo's order (fakepg's promise under its
-own personality and gloo's; ``gloo_order.py`` states it plainly), which makes bitwise
-equality the right check, also for floating point.
+compute the reference itself: reductions fold in rank order 0..n-1 (fakepg's promise),
+which makes bitwise equality the right check, also for floating point.
 """
 
 from __future__ import annotations
@@ -20,8 +19,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fakepg
-from fakepg.reductions import GLOO, GLOO_REDUCE
-from gloo_order import gloo_fold
 
 pytestmark = [  # torch's own deprecation notices for APIs this suite must still cover
     pytest.mark.filterwarnings("ignore:`torch.distributed.all_.*_coalesced` will be deprecated:FutureWarning"),
@@ -72,20 +69,14 @@ def data(seed: int, rank: int, shape, dtype, salt: int = 0) -> torch.Tensor:
     return torch.randint(-9, 10, shape, generator=g, dtype=dtype)
 
 
-def reference(xs: list[torch.Tensor], name: str, factor: float | None = None,
-              algorithm: str = GLOO) -> torch.Tensor:
-    """``xs`` (one per rank, rank order) reduced as fakepg promises: floating-point sums and
-    products in gloo's order (``algorithm``: gloo::allreduce's or gloo::reduce's chunks),
-    the rest (exact in any order) and PREMUL_SUM (gloo has none) folded left to right."""
+def reference(xs: list[torch.Tensor], name: str, factor: float | None = None) -> torch.Tensor:
+    """``xs`` (one per rank, rank order) folded left to right, as fakepg promises."""
     if name == "PREMUL_SUM":
         return functools.reduce(lambda a, b: a + b * factor, xs[1:], xs[0] * factor)
     fold = {"SUM": torch.add, "AVG": torch.add, "PRODUCT": torch.mul, "MIN": torch.minimum,
             "MAX": torch.maximum, "BAND": torch.bitwise_and, "BOR": torch.bitwise_or,
             "BXOR": torch.bitwise_xor}[name]
-    if xs[0].dtype.is_floating_point and name in ("SUM", "AVG", "PRODUCT"):
-        acc = gloo_fold(xs, fold, algorithm)
-    else:
-        acc = functools.reduce(fold, xs[1:], xs[0].clone())
+    acc = functools.reduce(fold, xs[1:], xs[0].clone())
     if name == "AVG":
         n = len(xs)
         if acc.dtype.is_floating_point:
@@ -120,7 +111,7 @@ EVERY_DTYPE_AND_OP = [(d, o) for d in DTYPES for o in (INT_OPS if d in INTS else
 @pytest.mark.parametrize("dtype, name", EVERY_DTYPE_AND_OP, ids=lambda x: str(x).replace("torch.", ""))
 @settings(max_examples=8, deadline=None)
 @given(n=worlds, seed=seeds, shape=shapes, factor=st.sampled_from([0.5, 0.25, 2.0, 1.0 / 3.0]))
-def test_all_reduce_matches_reference(dtype, name, n, seed, shape, factor):
+def test_all_reduce_matches_rank_order_reference(dtype, name, n, seed, shape, factor):
     factor = factor if name == "PREMUL_SUM" else None
 
     def body(rank):
@@ -165,7 +156,7 @@ def test_async_all_reduce_work_wait_gives_reference_and_future_yields_the_tensor
 @given(n=worlds, seed=seeds, tensor_shapes=st.lists(nonempty_shapes, min_size=1, max_size=4),
        dop=dtype_and_op(st.sampled_from([torch.float32, torch.float64, torch.int64])),
        async_op=st.booleans())
-def test_all_reduce_coalesced_reduces_the_concatenation_of_the_tensors(n, seed, tensor_shapes, dop, async_op):
+def test_all_reduce_coalesced_reduces_each_tensor_in_rank_order(n, seed, tensor_shapes, dop, async_op):
     dtype, name, factor = dop
 
     def body(rank):
@@ -177,18 +168,11 @@ def test_all_reduce_coalesced_reduces_the_concatenation_of_the_tensors(n, seed, 
         return ts
 
     res = run(body, n)
-    for i, expected in enumerate(_coalesced_reference(n, seed, tensor_shapes, dtype, name, factor)):
+    for i, s in enumerate(tensor_shapes):
+        expected = reference([data(seed, r, s, dtype, salt=i) for r in range(n)], name, factor)
         for r in range(n):
             assert_same(res.returns[r][i], expected, f"rank {r} tensor {i}")
     assert [rec.op for rec in res.trace[0]] == ["all_reduce_coalesced"]
-
-
-def _coalesced_reference(n, seed, tensor_shapes, dtype, name, factor=None):
-    """gloo reduces the ranks' concatenated tensors in one ring, then splits the result."""
-    flat = [torch.cat([data(seed, r, s, dtype, salt=i).reshape(-1) for i, s in enumerate(tensor_shapes)])
-            for r in range(n)]
-    return [part.reshape(s) for part, s in zip(
-        reference(flat, name, factor).split([torch.Size(s).numel() for s in tensor_shapes]), tensor_shapes)]
 
 
 # ---------------------------------------------------------------------------------
@@ -214,7 +198,7 @@ def test_broadcast_copies_src_tensor_to_every_rank(n, seed, shape, dtype, src_pi
 
 @SETTINGS
 @given(n=worlds, seed=seeds, shape=shapes, dop=dtype_and_op(), dst_pick=st.integers(0, 7))
-def test_reduce_writes_the_reduction_on_dst_and_leaves_others_alone(n, seed, shape, dop, dst_pick):
+def test_reduce_writes_rank_order_reduction_on_dst_and_leaves_others_alone(n, seed, shape, dop, dst_pick):
     dtype, name, factor = dop
     dst = dst_pick % n
 
@@ -225,7 +209,7 @@ def test_reduce_writes_the_reduction_on_dst_and_leaves_others_alone(n, seed, sha
 
     res = run(body, n)
     xs = [data(seed, r, shape, dtype) for r in range(n)]
-    assert_same(res.returns[dst], reference(xs, name, factor, GLOO_REDUCE), f"dst {dst}")
+    assert_same(res.returns[dst], reference(xs, name, factor), f"dst {dst}")
     for r in range(n):
         if r != dst:
             # torch leaves it undefined and gloo uses it as scratch; fakepg, like NCCL,
@@ -572,8 +556,9 @@ def test_coalescing_manager_reduces_every_tensor_issued_inside_it(n, seed, tenso
             cm.wait()
         return ts
 
-    res = run(body, n)  # torch issues one allreduce_coalesced
-    for i, expected in enumerate(_coalesced_reference(n, seed, tensor_shapes, torch.float64, "SUM")):
+    res = run(body, n)
+    for i, s in enumerate(tensor_shapes):
+        expected = reference([data(seed, r, s, torch.float64, salt=i) for r in range(n)], "SUM")
         for r in range(n):
             assert_same(res.returns[r][i], expected, f"rank {r} tensor {i}")
 

@@ -1,4 +1,4 @@
-"""Under the gloo personality (and fakepg's own) reductions are bitwise real gloo's, at any size.
+"""Under the gloo personality reductions are bitwise real gloo's, at any world size.
 
 Float addition is not associative: at 3 ranks and more, the order of a sum shows in the last
 bits. Real gloo (torch 2.13, CPU) adds in its ring's order, per chunk of the flat buffer;
@@ -8,9 +8,10 @@ negative with small ones around it (which rank starts a chunk's sum, and where a
 change the result), the other half are random with exponents over 12 decades.
 
 Real gloo runs in this process, its ranks as threads (``run_gloo``), except for the DDP run,
-which uses one process per rank through the conformance harness. The nccl personality keeps
-rank order (NCCL's order depends on channels, algorithm and hardware); so does every
-order-independent case (2 ranks, integers, MIN/MAX).
+which uses one process per rank through the conformance harness. fakepg's own personality
+keeps rank order (the order of ``zoo.reference_train``), and so does nccl (NCCL's order depends
+on channels, algorithm and hardware); so does every order-independent case (2 ranks, integers,
+MIN/MAX).
 """
 
 from __future__ import annotations
@@ -92,14 +93,12 @@ def test_all_reduce_sum_is_bitwise_gloos_at_any_world_size(world, dtype):
         return out
 
     gloo, fake = run_gloo(body, world), run_fake(body, world)
-    default = run_fake(body, world, backend="fakepg") if dtype == torch.float32 else fake
     differs_from_rank_order = 0
     for i, numel in enumerate(sizes_for(world)):
         xs = [order_sensitive(r, world, numel, dtype, i) for r in range(world)]
         assert_bitwise(gloo[0][i], gloo_ring(xs), f"the test's statement of gloo's order, {numel} elements")
         for r in range(world):
             assert_bitwise(fake[r][i], gloo[r][i], f"rank {r}, {numel} elements")
-            assert_bitwise(default[r][i], gloo[r][i], f"fakepg personality, rank {r}, {numel} elements")
         differs_from_rank_order += int((bits(gloo[0][i]) != bits(rank_order(xs))).sum())
     assert differs_from_rank_order > 0  # the inputs do show the order
 
@@ -186,17 +185,23 @@ def test_every_reducing_collective_is_bitwise_gloos(world):
 # -- nccl: rank order; order-free cases ------------------------------------------------------------
 
 
+@pytest.mark.parametrize("backend", ["fakepg", "nccl"])
 @pytest.mark.parametrize("world", [3, 5])
-def test_nccl_personality_folds_in_rank_order(world):
+def test_fakepg_and_nccl_personalities_fold_in_rank_order(world, backend):
     def body(rank, pg, n):
         t = order_sensitive(rank, n, 1000, torch.float32)
         dist.all_reduce(t)
-        return t
+        u = [order_sensitive(rank, n, 10, torch.float32, 1 + j) for j in range(2)]
+        pg.allreduce(u).wait()  # a list of tensors: each reduced on its own, as before
+        return t, u
 
-    got = run_fake(body, world, backend="nccl")
+    got = run_fake(body, world, backend=backend)
     xs = [order_sensitive(r, world, 1000, torch.float32) for r in range(world)]
-    assert_bitwise(got[0], rank_order(xs), "nccl")
+    assert_bitwise(got[0][0], rank_order(xs), backend)
     assert (bits(rank_order(xs)) != bits(gloo_ring(xs))).any()  # the orders do differ here
+    for j in range(2):
+        us = [order_sensitive(r, world, 10, torch.float32, 1 + j) for r in range(world)]
+        assert_bitwise(got[0][1][j], rank_order(us), f"{backend}, list entry {j}")
 
 
 def test_gloo_order_is_the_same_whatever_order_the_ranks_arrive_in():
@@ -230,7 +235,7 @@ def test_ddp_training_at_4_ranks_ends_with_gloos_parameters_bit_for_bit():
     scenarios = [zoo.get("grad_order_differs_per_rank"), zoo.get("mixed_dtypes")]
     gloo = run_scenario(scenarios, 4, backend="gloo", timeout=240)
     for scenario, g in zip(scenarios, gloo):
-        f = run_scenario(scenario, 4)
+        f = run_scenario(scenario, 4, personality="gloo")
         assert {c.op for c in g.collectives[0]} >= {"all_reduce"}
         diffs = compare(f, g, bitwise=True)
         assert diffs == [], f"{scenario.name}:\n" + "\n".join(diffs)
