@@ -3,7 +3,8 @@
 The same zoo scenarios run on fakepg (rank threads) and on gloo (one process per rank, DDP on a
 recording wrapper around the gloo process group); both must issue the same collective sequence,
 build the same buckets and rebuilt buckets, and end with the same parameters and buffers, bit for
-bit (fakepg adds in gloo's order; ``COMPUTE_DIFFERS``: within dtype tolerance). Rung 1 (fake = single-process reference) is checked on the same scenarios.
+bit (the fake runs take gloo's personality, so they add in gloo's order; ``COMPUTE_DIFFERS``:
+within dtype tolerance). Rung 1 (fake = single-process reference) is checked on the same scenarios.
 
 Process start-up dominates a gloo run, so every gloo scenario runs in ONE set of processes
 (``run_scenario`` with a list of scenarios), once per test module (per xdist worker).
@@ -65,7 +66,7 @@ def gloo() -> dict[str, ScenarioOutcome]:
 @functools.lru_cache(maxsize=None)
 def fake(name: str) -> ScenarioOutcome:
     scenario, train = {**CASES, **TOUR}[name]
-    return run_scenario(scenario, WORLD, train=train)
+    return run_scenario(scenario, WORLD, train=train, personality="gloo")
 
 
 # -- rung 2: fake == gloo ----------------------------------------------------------------------
@@ -82,7 +83,7 @@ def test_fake_and_gloo_issue_same_collectives_build_same_buckets_and_end_with_sa
             assert {"all_gather", "broadcast", "all_reduce"} <= ops, (outcome.backend, rank, ops)
         assert outcome.ddp_logging[0]["bucket_sizes"], outcome.backend
         assert set(outcome.states[0]) == set(f.states[0])
-    # fakepg adds in gloo's order: the same bits, except where the forward itself computes
+    # under gloo's personality fakepg adds in gloo's order: the same bits, except where the forward itself computes
     # other bits on a rank thread than in a gloo process (2 ranks too, where no order matters)
     diffs = compare(f, g, bitwise=name not in COMPUTE_DIFFERS)
     assert diffs == [], "\n".join(diffs)
