@@ -114,29 +114,6 @@ def _ring(flats: Sequence[torch.Tensor], fold, chunk: int) -> torch.Tensor:
     return out
 
 
-_GATHER_MAX = 1 << 15  # world × numel up to which one gather beats world² slice operations
-
-
-@functools.lru_cache(maxsize=64)
-def _ring_index(numel: int, world: int, chunk: int, device: torch.device) -> torch.Tensor:
-    """Flat indices into the ranks' concatenated inputs: row k, element e is the operand the
-    ring adds k-th to element e (rank ``c-1-k`` of e's chunk c, mod world)."""
-    e = torch.arange(numel, device=device)
-    start = torch.div(e, chunk, rounding_mode="floor") - 1
-    return torch.remainder(start - torch.arange(world, device=device).unsqueeze(1), world) * numel + e
-
-
-def _ring_gathered(flats: Sequence[torch.Tensor], fold, chunk: int) -> torch.Tensor:
-    """:func:`_ring`'s result for small tensors, where kernel launches cost more than data:
-    one gather puts every element's operands in ring order, then ``world - 1`` folds."""
-    world, numel = len(flats), flats[0].numel()
-    ordered = torch.cat(flats).take(_ring_index(numel, world, chunk, flats[0].device))
-    acc = ordered[0]
-    for k in range(1, world):
-        fold(acc, ordered[k])
-    return acc
-
-
 def _ring_order_matters(tensors: Sequence[torch.Tensor], order: str) -> bool:
     first = tensors[0]
     return (order != RANK and len(tensors) > 2 and first.layout == torch.strided
@@ -150,8 +127,7 @@ def _ring_fold(tensors: Sequence[torch.Tensor], fold, order: str) -> torch.Tenso
     else:
         flats = [t.reshape(-1) for t in tensors]
     chunk = gloo_chunk(flats[0].numel(), len(flats), flats[0].element_size(), order)
-    ring = _ring_gathered if len(flats) * flats[0].numel() <= _GATHER_MAX else _ring
-    out = ring(flats, fold, chunk)
+    out = _ring(flats, fold, chunk)
     if first.dtype.is_complex:
         out = torch.view_as_complex(out.view(-1, 2))
     return out.view(first.shape)
