@@ -30,7 +30,8 @@ process forked from this one, on the same fake world):
   ``${role_name}``); ``--local-ranks-filter 0,1`` shows only those ranks; ``--redirects``/
   ``--tee`` write ``<log-dir>/<run-id>_*/attempt_0/<rank>/std{out,err}.log`` as torchrun does.
 
-``dist.init_process_group("nccl"/"gloo"/...)`` joins the fake world. Exit status: 0 on
+``dist.init_process_group("nccl"/"gloo"/...)`` joins the fake world, which answers as gloo
+(torchrun's workers on a CPU) until the program asks for another backend. Exit status: 0 on
 success; 1, with the hang, mismatch or failure report on stderr, when the run fails; 2 for a
 command line that cannot run here (``--nnodes`` above 1, ``--node-rank`` other than 0,
 ``--no-python``, ``${local_rank}`` in the script's arguments, a bad ``--nproc-per-node``).
@@ -345,8 +346,12 @@ def _run(plan: _Plan) -> None:
     sys.argv, sys.path[0] = list(plan.argv), plan.path0
     try:
         with _rank_output(plan):
+            # torchrun's workers on a CPU run on gloo (init_process_group() with no backend, or
+            # a library that skips its own init because the world is already up): the world
+            # starts with gloo's personality, and adds in gloo's order; ("nccl") still switches.
             spawn(rank_main, nprocs=plan.nproc, seed=plan.seed, master_port=plan.master_port,
-                  env=lambda r: plan.env[r], timeout=plan.timeout, isolation=plan.isolation)
+                  env=lambda r: plan.env[r], timeout=plan.timeout, isolation=plan.isolation,
+                  backend="gloo")
     finally:
         sys.argv = saved_argv
         if sys.path and sys.path[0] == plan.path0:

@@ -2,8 +2,9 @@
 
 The same zoo scenarios run on fakepg (rank threads) and on gloo (one process per rank, DDP on a
 recording wrapper around the gloo process group); both must issue the same collective sequence,
-build the same buckets and rebuilt buckets, and end with the same parameters and buffers within
-dtype tolerance. Rung 1 (fake = single-process reference) is checked on the same scenarios.
+build the same buckets and rebuilt buckets, and end with the same parameters and buffers, bit for
+bit (the fake runs take gloo's personality, so they add in gloo's order; ``COMPUTE_DIFFERS``:
+within dtype tolerance). Rung 1 (fake = single-process reference) is checked on the same scenarios.
 
 Process start-up dominates a gloo run, so every gloo scenario runs in ONE set of processes
 (``run_scenario`` with a list of scenarios), once per test module (per xdist worker).
@@ -24,7 +25,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from fakepg import zoo
 from fakepg.conformance import (CollectiveTour, RecordedCollective, ScenarioOutcome, assert_conformant,
-                                compare, default_tolerance, run_scenario)
+                                compare, run_scenario)
 from fakepg.zoo import TrainLoop
 
 pytestmark = pytest.mark.gloo
@@ -45,6 +46,11 @@ CASES = {
 }
 
 
+# BatchNorm's CPU kernels: a few last bits differ between a fake rank thread and a gloo
+# process at any world size (the sum's order is not the cause); compared within tolerance.
+COMPUTE_DIFFERS = {"buffers"}
+
+
 # Not DDP: one call of every collective (subgroup and point-to-point included), results kept.
 TOUR = {"collective_tour": (zoo.get("mlp", depth=2, width=8).with_(name="collective_tour"), CollectiveTour())}
 
@@ -60,12 +66,7 @@ def gloo() -> dict[str, ScenarioOutcome]:
 @functools.lru_cache(maxsize=None)
 def fake(name: str) -> ScenarioOutcome:
     scenario, train = {**CASES, **TOUR}[name]
-    return run_scenario(scenario, WORLD, train=train)
-
-
-def _tolerance(name: str) -> dict[str, float]:
-    # fp16 compression: each bucket is summed in float16, in gloo's order vs fakepg's rank order.
-    return dict(zip(("rtol", "atol"), default_tolerance(torch.float16))) if name == "fp16_compress_hook" else {}
+    return run_scenario(scenario, WORLD, train=train, personality="gloo")
 
 
 # -- rung 2: fake == gloo ----------------------------------------------------------------------
@@ -82,7 +83,9 @@ def test_fake_and_gloo_issue_same_collectives_build_same_buckets_and_end_with_sa
             assert {"all_gather", "broadcast", "all_reduce"} <= ops, (outcome.backend, rank, ops)
         assert outcome.ddp_logging[0]["bucket_sizes"], outcome.backend
         assert set(outcome.states[0]) == set(f.states[0])
-    diffs = compare(f, g, **_tolerance(name))
+    # under gloo's personality fakepg adds in gloo's order: the same bits, except where the forward itself computes
+    # other bits on a rank thread than in a gloo process (2 ranks too, where no order matters)
+    diffs = compare(f, g, bitwise=name not in COMPUTE_DIFFERS)
     assert diffs == [], "\n".join(diffs)
 
 

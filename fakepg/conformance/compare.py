@@ -1,7 +1,9 @@
 """Comparing two outcomes, in words: collectives first, then DDP's logging, then final states.
 
 Whether two tensors agree is decided by ``torch.testing.assert_close`` (with the tolerance of
-:func:`default_tolerance`); the report then says where and by how much, one line per difference.
+:func:`default_tolerance`), or bit for bit with ``bitwise=True`` (fakepg adds in gloo's order, so
+a fake run and a gloo run end with the same bits); the report then says where and by how much,
+one line per difference.
 """
 
 from __future__ import annotations
@@ -47,13 +49,14 @@ def _labels(a: ScenarioOutcome, b: ScenarioOutcome) -> tuple[str, str]:
 
 
 def compare(a: ScenarioOutcome, b: ScenarioOutcome, *, rtol: float | None = None,
-            atol: float | None = None) -> list[str]:
+            atol: float | None = None, bitwise: bool = False) -> list[str]:
     """The differences between two outcomes, in words, the first (most fundamental) first.
 
     Compared, per rank: the collective sequence (the first differing collective, or the first
     extra one), the DDP logging data both sides have (bucket sizes, rebuilt buckets, grad-ready
     order, ...), then final parameters and buffers (names, shapes, dtypes; values within
-    ``rtol``/``atol``, by default :func:`default_tolerance` of the dtype). Parts that either
+    ``rtol``/``atol``, by default :func:`default_tolerance` of the dtype; with ``bitwise``, the
+    same bits: -0.0 is not 0.0, NaNs compare by payload). Parts that either
     outcome lacks (``None``) are skipped. An empty list means conformant.
     """
     la, lb = _labels(a, b)
@@ -73,14 +76,15 @@ def compare(a: ScenarioOutcome, b: ScenarioOutcome, *, rtol: float | None = None
     if a.states is not None and b.states is not None:
         params = a.param_names | b.param_names
         for r in range(n):
-            diffs.extend(_compare_states(r, a.states[r], b.states[r], la, lb, params, rtol, atol))
+            diffs.extend(_compare_states(r, a.states[r], b.states[r], la, lb, params, rtol, atol,
+                                         bitwise))
     return diffs
 
 
 def assert_conformant(a: ScenarioOutcome, b: ScenarioOutcome, *, rtol: float | None = None,
-                      atol: float | None = None, max_lines: int = 10) -> None:
+                      atol: float | None = None, bitwise: bool = False, max_lines: int = 10) -> None:
     """Raise ``AssertionError`` listing the first differences when :func:`compare` finds any."""
-    diffs = compare(a, b, rtol=rtol, atol=atol)
+    diffs = compare(a, b, rtol=rtol, atol=atol, bitwise=bitwise)
     if diffs:
         la, lb = _labels(a, b)
         shown = diffs[:max_lines]
@@ -116,7 +120,7 @@ def _describe(c: Any, n: int) -> str:
 
 
 def _compare_states(rank: int, sa: dict, sb: dict, la: str, lb: str, params: frozenset[str],
-                    rtol: float | None, atol: float | None) -> list[str]:
+                    rtol: float | None, atol: float | None, bitwise: bool = False) -> list[str]:
     out: list[str] = []
     only_a, only_b = sorted(set(sa) - set(sb)), sorted(set(sb) - set(sa))
     if only_a or only_b:
@@ -131,10 +135,34 @@ def _compare_states(rank: int, sa: dict, sb: dict, la: str, lb: str, params: fro
         if x.shape != y.shape or x.dtype != y.dtype:
             out.append(f"{what}: {la} {tuple(x.shape)} {dtype_name(x.dtype)} vs {lb} {tuple(y.shape)} {dtype_name(y.dtype)}")
             continue
-        line = _tensor_difference(x, y, la, lb, rtol, atol)
+        line = _bit_difference(x, y) if bitwise else _tensor_difference(x, y, la, lb, rtol, atol)
         if line:
             out.append(f"{what}{line}")
     return out
+
+
+_INTS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bit_difference(x: torch.Tensor, y: torch.Tensor) -> str | None:
+    """``None`` when ``x`` and ``y`` hold the same bits, else how many elements differ."""
+    if x.is_sparse:
+        x, y = x.to_dense(), y.to_dense()
+    dtype = dtype_name(x.dtype)
+    if x.is_complex():
+        x, y = torch.view_as_real(x), torch.view_as_real(y)
+    if x.dtype == torch.bool:
+        x, y = x.to(torch.uint8), y.to(torch.uint8)
+    as_int = _INTS[x.element_size()]
+    bx, by = (t.detach().cpu().contiguous().reshape(-1).view(as_int) for t in (x, y))
+    bad = bx != by
+    if not bad.any():
+        return None
+    worst = ""
+    if x.dtype.is_floating_point:
+        d = (x.double() - y.double()).abs().reshape(-1)[bad]
+        worst = f"; max abs difference {float(d.nan_to_num(nan=0.0).max()):.3g}"
+    return f" differs in the bits of {int(bad.sum())} of {bx.numel()} values ({dtype}{worst})"
 
 
 def _tensor_difference(x: torch.Tensor, y: torch.Tensor, la: str, lb: str,

@@ -38,7 +38,7 @@ _LOGGING_DROP_PREFIXES = ("nccl_", "gloo_")
 
 def run_scenario(scenario: Any, world_size: int, backend: str = "fake", *, seed: int = 0,
                  device: str | torch.device = "cpu", train: Callable[..., Any] | None = None,
-                 timeout: float = 300.0) -> Any:
+                 timeout: float = 300.0, personality: str = "fakepg") -> Any:
     """Run ``scenario`` on ``world_size`` ranks of ``backend``; return a :class:`ScenarioOutcome`.
 
     ``scenario`` may also be a list of scenarios: they then run one after another in *one*
@@ -57,6 +57,9 @@ def run_scenario(scenario: Any, world_size: int, backend: str = "fake", *, seed:
             the multi-process backends.
         timeout: seconds before a multi-process run is declared hung; its processes are then
             killed (the process group's own timeout is the same).
+        personality: the fake world's backend personality (``fakepg.spawn``'s ``backend``):
+            ``"gloo"`` sums in gloo's order, so its final states are a gloo run's bit for bit;
+            the default ``"fakepg"`` sums in rank order, as ``zoo.reference_train`` does.
 
     Raises:
         RuntimeError: a rank failed on a real backend (the rank's traceback is in the message),
@@ -77,7 +80,8 @@ def run_scenario(scenario: Any, world_size: int, backend: str = "fake", *, seed:
         trains = [train or DEFAULT_TRAIN] * len(scenarios)
     if backend in ("fake", "fake-cuda"):
         dev = torch.device("cuda", 0) if backend == "fake-cuda" else _normalise_device(device)
-        outcomes = [_run_fake(sc, world_size, backend, seed, dev, t) for sc, t in zip(scenarios, trains)]
+        outcomes = [_run_fake(sc, world_size, backend, seed, dev, t, personality)
+                    for sc, t in zip(scenarios, trains)]
     else:
         outcomes = _run_multiprocess(scenarios, world_size, backend, seed, device, trains, timeout)
     return outcomes[0] if single else outcomes
@@ -133,8 +137,9 @@ def _fake_rank(rank: int, scenario: Any, world_size: int, device: torch.device,
 
 
 def _run_fake(scenario: Any, world_size: int, backend: str, seed: int, device: torch.device,
-              train: Callable[..., Any]) -> ScenarioOutcome:
-    res = spawn(_fake_rank, args=(scenario, world_size, device, train), nprocs=world_size, seed=seed)
+              train: Callable[..., Any], personality: str = "fakepg") -> ScenarioOutcome:
+    res = spawn(_fake_rank, args=(scenario, world_size, device, train), nprocs=world_size, seed=seed,
+                backend=personality)
     collectives = [[RecordedCollective(r.op, tuple(r.group_ranks), tuple(tuple(s) for s in r.shapes),
                                        tuple(r.dtypes)) for r in recs] for recs in res.trace]
     return _outcome(scenario, backend, world_size, seed, device, res.returns, collectives,

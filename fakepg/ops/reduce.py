@@ -1,7 +1,8 @@
 """Reduce-like ops: all_reduce, reduce, reduce_scatter and their coalesced/tensor forms.
 
-Reductions run in rank order 0..n-1 (:func:`fakepg.reductions.reduce_tensors`), so the
-result is bitwise the same whatever order the ranks issued in.
+Reductions add in gloo's order under the gloo personality and in rank order 0..n-1 under
+fakepg's own and nccl (:mod:`fakepg.reductions`): either way the result is bitwise the same
+whatever order the ranks issued in.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..reductions import reduce_tensors
+from ..reductions import GLOO_REDUCE, gloo_all_reduce, order_of, reduce_tensors
 from .base import (Op, as_list, c10d_method, copy_into, flatten, reduce_op_of, register,
                    signature, tensor_bytes)
 
@@ -24,11 +25,19 @@ class AllReduce(Op):
 
     def execute(self, calls: list["Call"]) -> None:
         first = calls[0]
+        order = order_of(first.personality)
+        if order != "rank" and len(first.inputs) > 1 and gloo_all_reduce(
+                [c.inputs for c in calls], first.reduce_op, first.record.reduce_op,
+                self.name == "all_reduce_coalesced"):
+            for c in calls:
+                c.result = list(c.inputs)
+            return
         for i in range(len(first.inputs)):
             if self.name == "all_reduce_coalesced" and any(
                     first.inputs[i] is t for t in first.inputs[:i]):
                 continue  # gloo reduces a tensor listed twice once
-            red = reduce_tensors([c.inputs[i] for c in calls], first.reduce_op, first.record.reduce_op)
+            red = reduce_tensors([c.inputs[i] for c in calls], first.reduce_op, first.record.reduce_op,
+                                 order)
             for c in calls:  # sparse too: gloo replaces the input's indices and values in place
                 c.inputs[i].copy_(red)
         for c in calls:
@@ -43,7 +52,8 @@ class Reduce(Op):
         root = calls[calls[0].root]
         for i in range(len(root.inputs)):
             root.inputs[i].copy_(reduce_tensors([c.inputs[i] for c in calls], calls[0].reduce_op,
-                                                calls[0].record.reduce_op))
+                                                calls[0].record.reduce_op,
+                                                order_of(calls[0].personality, GLOO_REDUCE)))
         for c in calls:
             c.result = list(c.inputs)
 
@@ -71,9 +81,10 @@ class ReduceScatter(Op):
 
     def execute(self, calls: list["Call"]) -> None:
         op, name = calls[0].reduce_op, calls[0].record.reduce_op
+        order = order_of(calls[0].personality)
         for i in range(len(calls[0].outputs)):
             for j, c in enumerate(calls):
-                c.outputs[i].copy_(reduce_tensors([d.inputs[i][j] for d in calls], op, name))
+                c.outputs[i].copy_(reduce_tensors([d.inputs[i][j] for d in calls], op, name, order))
         for c in calls:
             c.result = list(c.outputs)
 
@@ -96,7 +107,7 @@ class ReduceScatterTensor(Op):
         n = len(calls)
         for i in range(len(calls[0].inputs)):
             red = reduce_tensors([c.inputs[i].reshape(-1) for c in calls], calls[0].reduce_op,
-                                 calls[0].record.reduce_op)
+                                 calls[0].record.reduce_op, order_of(calls[0].personality))
             for c, chunk in zip(calls, red.chunk(n)):
                 copy_into(c.outputs[i], chunk)
         for c in calls:
