@@ -47,7 +47,7 @@ def _make(isolation: str) -> Callable[..., Any]:
         from . import remote
         from .world import current_cluster, spawn_nested
 
-        if current_cluster() is None and remote._ME is None:  # not on a rank: the real one
+        if current_cluster() is None and remote.rank.current() is None:  # not on a rank: real one
             return _ORIGINAL_START(fn, args, nprocs, join, daemon, start_method)
         binding = current_cluster()
         seed = binding[0].seed if binding is not None else _seed_in_rank_process()

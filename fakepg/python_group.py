@@ -1,0 +1,98 @@
+"""What a ``dist.ProcessGroup`` written in Python needs, in either isolation mode.
+
+:class:`PythonProcessGroup` keeps the identity c10d expects (name, description); a group
+gets a real one-rank gloo backend for DDP's logger, the personality it was created with
+(:func:`requested_backend`), and can tell whether a call comes from DDP's Join shadow of the
+backward pass. :class:`~fakepg.process_group.FakeProcessGroup` (thread mode) and a rank
+process's :class:`~fakepg.remote.RemoteProcessGroup` build on these.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import sys
+import threading
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+BACKEND_NAME = "fakepg"
+_JOIN_SHADOW_CODE = torch.nn.parallel.DistributedDataParallel._match_all_reduce_for_bwd_pass.__code__
+
+
+class PythonProcessGroup(dist.ProcessGroup):
+    """A ``dist.ProcessGroup`` implemented in Python, with the identity c10d expects of it.
+
+    A Python ProcessGroup has no C++ backend to keep its name and description, so they live
+    here (c10d sets them through the C++ trampoline after creating the group).
+    """
+
+    backend_name = BACKEND_NAME
+
+    def __init__(self, rank: int, size: int):
+        super().__init__(rank, size)
+        self._group_name = ""
+        self._group_desc = ""
+
+    def getBackendName(self) -> str:  # noqa: N802 - C++ trampoline name
+        return self.backend_name
+
+    def name(self) -> str:
+        return self.backend_name
+
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._group_desc = desc
+
+
+_GLOO_FOR_LOGGING: list[Any] = []
+
+
+def gloo_backend_for_logging() -> Any:
+    """DDP's C++ logger, seeing backend name "gloo", reads the group's GLOO backend for its
+    device list: a real (one-rank, never used for collectives) gloo backend to give it."""
+    if not _GLOO_FOR_LOGGING:  # one per process, made on first use (about a millisecond)
+        _GLOO_FOR_LOGGING.append(dist.ProcessGroupGloo(dist.HashStore(), 0, 1,
+                                                       datetime.timedelta(minutes=30)))
+    return _GLOO_FOR_LOGGING[0]
+
+
+_creating = threading.local()
+
+
+@contextlib.contextmanager
+def requested_backend(name: str | None):
+    """The personality a group created inside this block asks for (None: the world's)."""
+    saved = getattr(_creating, "name", None)
+    _creating.name = name
+    try:
+        yield
+    finally:
+        _creating.name = saved
+
+
+def creating_backend() -> str | None:
+    """The personality asked for by the :func:`requested_backend` block around this call."""
+    return getattr(_creating, "name", None)
+
+
+def in_join_shadow() -> bool:
+    """Whether DDP's Join hook (``_match_all_reduce_for_bwd_pass``) is on this thread's stack."""
+    frame = sys._getframe(2)
+    for _ in range(32):
+        if frame is None:
+            return False
+        if frame.f_code is _JOIN_SHADOW_CODE:
+            return True
+        frame = frame.f_back
+    return False
