@@ -31,6 +31,7 @@ import torch._C._distributed_c10d as _c10d_C
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from .errors import FakePGError
+from .outcome import exception_site
 
 # The c10d option structs (AllreduceOptions, ...) are pybind classes without pickling.
 _OPTION_CLASSES = {name: getattr(_c10d_C, name) for name in dir(_c10d_C)
@@ -75,8 +76,6 @@ class RemoteTraceback(Exception):
 def pack_exception(e: BaseException, with_site: bool = True) -> tuple:
     """(class, args, picklable attributes, traceback text, site) of ``e``. The proxy sends
     its errors without a site: the rank names its own line when it fails with one."""
-    from .world import _exception_site  # late: world imports this package's modules
-
     state = {}
     for k, v in vars(e).items():
         try:
@@ -95,7 +94,7 @@ def pack_exception(e: BaseException, with_site: bool = True) -> tuple:
     except Exception:  # noqa: BLE001 - a local class: rebuilt as a RuntimeError with its name
         cls, args = ("unpicklable", f"{type(e).__module__}.{type(e).__qualname__}"), (str(e),)
     text = "".join(traceback.format_exception(e))
-    site = (getattr(e, "_fakepg_site", None) or _exception_site(e)) if with_site else None
+    site = (getattr(e, "_fakepg_site", None) or exception_site(e)) if with_site else None
     state.pop("_fakepg_site", None)
     return (cls, args, state, text, site)
 

@@ -1,14 +1,15 @@
-"""``fakepg.spawn``: run ``fn(rank, *args)`` on N ranks of a fake cluster inside this process."""
+"""``fakepg.spawn``: run ``fn(rank, *args)`` on N ranks of a fake cluster inside this process.
+
+This module starts a world (its cluster, scheduler, per-rank process state and rank threads)
+and ends it; :mod:`fakepg.watchdog` watches it run, :mod:`fakepg.outcome` says what it left.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 import time
-import traceback
-from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -16,23 +17,21 @@ import torch.distributed.distributed_c10d as c10d
 
 from . import backends, liveness
 from . import faults as _faults
-from . import trace as _trace
 from .arguments import integer, number
 from .cluster import Cluster, bind_thread, current_cluster
-from .errors import (CollectiveHangError, CollectiveMismatchError, FakePGError, RankFailedError,
-                     SpawnTimeoutError)
+from .errors import FakePGError, RankFailedError, SpawnTimeoutError
 from .hooks import WorldHooks
 from .gloo_hazards import GlooHazards
 from .nccl_hazards import NcclHazards, parse_modes
 from .isolation import ProcessState
+from .outcome import SpawnResult, exception_site, raise_outcome
 from .patches import _ORIGINAL_INIT, _PG_TIMEOUT, world_patches
 from .process_group import BACKEND_NAME, register_backend
 from .profiling import world_profilers
 from .schedule import Schedule, as_schedule
 from .scheduler import Scheduler
-from .sites import _short
 from .store import world_store, world_stores
-from .trace import CollectiveRecord
+from .watchdog import run_to_end
 
 try:  # numpy's global RNG is isolated per rank too; import it up front so all ranks see it
     import numpy  # noqa: F401
@@ -40,39 +39,7 @@ except ImportError:  # pragma: no cover
     pass
 
 _SPAWN_LOCK = threading.Lock()
-
-
-@dataclass
-class SpawnResult:
-    """What a fake world leaves behind."""
-
-    returns: list[Any]
-    trace: list[list[CollectiveRecord]]
-    nprocs: int
-    seed: int
-    wall_time: float = 0.0
-    crashed: list[int] = field(default_factory=list)  # ranks an injected crash ended
-
-    def to_json(self, path: str | os.PathLike | None = None) -> str:
-        """The collective trace as JSON (bitwise identical for identical runs)."""
-        return _trace.to_json(self.trace, path)
-
-    def dump_flight_recorder(self, directory: str | os.PathLike, prefix: str = "rank") -> list[str]:
-        """Write torch Flight Recorder dumps, one per rank, readable by ``fr_trace``."""
-        return _trace.dump_flight_recorder(self.trace, directory, prefix)
-
-    def summary(self) -> str:
-        """A per-rank table of collectives issued: op -> count, bytes."""
-        lines = []
-        for rank, recs in enumerate(self.trace):
-            counts: dict[str, list[int]] = {}
-            for r in recs:
-                c = counts.setdefault(r.op, [0, 0])
-                c[0] += 1
-                c[1] += r.bytes
-            parts = ", ".join(f"{op}×{n} ({b / 1e6:.2f} MB)" for op, (n, b) in sorted(counts.items()))
-            lines.append(f"rank {rank}: {len(recs)} collectives: {parts}")
-        return "\n".join(lines)
+_STOPPED = (SpawnTimeoutError, liveness.WorldInterrupted)  # the world was stopped from outside
 
 
 def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, seed: int = 0,
@@ -227,7 +194,7 @@ def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backe
             ends_world = ends_world and not isinstance(sched.abort_error, _STOPPED)
             if ends_world and cluster.failed_rank is None:
                 cluster.failed_rank = rank
-                site = _exception_site(e)
+                site = exception_site(e)
                 sched.abort(RankFailedError(rank, f"rank {rank} raised {type(e).__name__}: {e} (at {site})"))
         finally:
             try:
@@ -250,7 +217,7 @@ def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backe
                          sorted(cluster.dead))
     if isinstance(sched.abort_error, SpawnTimeoutError):
         raise SpawnTimeoutError(sched.abort_error.report)
-    _raise_outcome(sched, cluster, failures)
+    raise_outcome(sched, cluster, failures)
     return result
 
 
@@ -288,7 +255,7 @@ def _run_threads(threads: list[threading.Thread], sched: Scheduler, cluster: Clu
         torch._C._distributed_c10d._set_thread_isolation_mode(True)
         _DEPTH.append(cluster)
         try:
-            _run_to_end(sched, cluster, threads, hang_timeout, timeout)
+            run_to_end(sched, cluster, threads, hang_timeout, timeout)
         finally:
             _DEPTH.pop()
             if not _DEPTH:  # a world nested in a rank leaves its outer world's mode on
@@ -305,134 +272,6 @@ def _str_env(env: Mapping[str, str]) -> dict[str, str]:
     return dict(env)
 
 
-_STOPPED = (SpawnTimeoutError, liveness.WorldInterrupted)  # the world was stopped from outside
-
-
-def _run_to_end(sched: Scheduler, cluster: Cluster, threads: list[threading.Thread],
-                hang_timeout: float, timeout: float | None) -> None:
-    """Run the world until every rank thread ended -- also on a timeout or Ctrl-C."""
-    baton_given = False
-    stuck: list[int] = []
-    try:
-        for t in threads:
-            t.start()
-        sched._hand_over(len(threads) - 1)  # baton to rank 0
-        baton_given = True
-        deadline = None if timeout is None else time.monotonic() + timeout
-        if not _watch(sched, cluster, hang_timeout, deadline):
-            error = SpawnTimeoutError(liveness.timeout_report(sched, timeout))
-            stuck = liveness.end_ranks(sched, cluster, error)
-        for rank, t in enumerate(threads):
-            if rank not in stuck:
-                t.join()
-    except BaseException:  # KeyboardInterrupt (or anything) in the caller: no rank outlives it
-        error = liveness.WorldInterrupted(
-            "fakepg: the caller was interrupted while the world ran; every rank was stopped")
-        sched.abort(error)
-        if not baton_given and sched.current is None:
-            sched._hand_over(len(threads) - 1)  # started ranks end once they get the baton
-        liveness.end_ranks(sched, cluster, error)
-        raise
-    if stuck:  # in C code that never returns to Python: nothing more can be done
-        raise SpawnTimeoutError(f"{sched.abort_error.report}\nranks {stuck} could not be stopped "
-                                f"(they are inside C code); their threads are left running")
-
-
-def _watch(sched: Scheduler, cluster: Cluster, hang_timeout: float, deadline: float | None) -> bool:
-    """Wait for the world to end (True) or its deadline to pass (False); catch the baton
-    holder stuck in an invisible C++ wait."""
-    # The loop allocates nothing and touches no rank's frames while the world is healthy:
-    # both could shift when the garbage collector runs or how long a tensor stays referenced
-    # (autograd then clones instead of stealing a gradient) and so break determinism.
-    seen: tuple | None = None
-    while not sched.finished.wait(0.05):
-        if deadline is not None and time.monotonic() >= deadline:
-            return False
-        holder = sched.current
-        if holder is None or sched.abort_error is not None:
-            seen = None
-            continue
-        idle = time.monotonic() - sched.last_progress_time
-        if idle < hang_timeout / 2 or not cluster.outstanding[holder]:
-            seen = None
-            continue
-        # Suspicious: outstanding Works and no scheduler event for a while. A thread that
-        # burns CPU (Python code, an import, a long kernel) is working; one blocked in a wait
-        # inside C++ burns none.
-        thread = sched.slots[holder].thread
-        cpu = _cpu_seconds(thread)
-        if seen is None or seen[0] != holder or cpu - seen[1] > 0.002 or not _asleep(thread):
-            if seen is not None:
-                sched.last_progress_time = time.monotonic()
-            seen = (holder, cpu)
-            continue
-        if idle < hang_timeout:
-            continue
-        # The holder has outstanding Works and has not touched the scheduler for
-        # hang_timeout seconds: it is (almost certainly) waiting on one from C++.
-        report = cluster.hang_report() + (
-            f"\nDetected by the inactivity fallback: rank {holder} made no scheduler progress "
-            f"for {idle:.1f} s while it had outstanding collectives, so it is most likely "
-            f"blocked in a wait inside C++ (torch.futures.wait_all, a C++ future) that fakepg "
-            f"cannot see. Wait on the Work or its get_future() from Python instead.")
-        err = CollectiveHangError(report)
-        sched.hang = err
-        sched.abort(err)
-        for c in list(cluster.outstanding[holder]):
-            if c.work is not None and not c.work._done:
-                c.work._complete(err)  # unblocks the C++ wait with the error
-    return True
-
-
-def _cpu_seconds(thread: threading.Thread | None) -> float:
-    """CPU time ``thread`` has used; without per-thread clocks, a value that keeps moving
-    (so the fallback never mistakes work for a wait where it cannot tell)."""
-    clock = getattr(thread, "fakepg_cpu_clock", None)  # a proxy thread: its child's CPU time
-    if clock is not None:
-        return clock()
-    try:
-        return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))  # type: ignore[union-attr]
-    except (AttributeError, OSError, TypeError):
-        return time.monotonic()
-
-
-def _asleep(thread: threading.Thread | None) -> bool:
-    """Whether the kernel has ``thread`` asleep in a wait (Linux state S). A thread that is
-    runnable but starved of a core (R), or in disk I/O such as a cold import (D), burns no
-    CPU either, yet is working. Where the state cannot be read: True (CPU time decides)."""
-    try:
-        with open(f"/proc/self/task/{thread.native_id}/stat", "rb") as f:  # type: ignore[union-attr]
-            stat = f.read()
-        return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3] == b"S"
-    except (AttributeError, OSError, ValueError, TypeError):
-        return True
-
-
-def _raise_outcome(sched: Scheduler, cluster: Cluster, failures: dict[int, BaseException]) -> None:
-    __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
-    if cluster.failed_rank is not None:
-        r = cluster.failed_rank
-        e = failures[r]
-        raise RankFailedError(r, f"rank {r} failed: {type(e).__name__}: {e}\n"
-                                 f"(raised at {_exception_site(e)})") from e
-    if sched.hang is not None:
-        raise CollectiveHangError(sched.hang.report)
-    for e in failures.values():
-        if isinstance(e, CollectiveMismatchError):
-            raise CollectiveMismatchError(*e.args)
-    for r, e in failures.items():
-        raise RankFailedError(r, f"rank {r} failed: {type(e).__name__}: {e}") from e
-
-
-def _exception_site(e: BaseException) -> str:
-    remote = getattr(e, "_fakepg_site", None)  # raised in a rank's process (isolation="process")
-    if remote is not None:
-        return remote
-    frames = traceback.extract_tb(e.__traceback__)
-    for fr in reversed(frames):
-        if "/torch/" not in fr.filename and "/fakepg/" not in fr.filename:
-            return f"{_short(fr.filename)}:{fr.lineno}"
-    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "<unknown>"
 
 
 def _destroy_quietly() -> None:
