@@ -9,18 +9,18 @@ import torch
 from torch._ops import _len_torch_dispatch_stack_pre_dispatch as _len_pre_dispatch_stack
 from torch.utils._python_dispatch import _disable_current_modes
 
-from .collectives import (SPELL_OUT, Call, GroupState, PendingCollective, check_match,
-                          mismatch_message, rank_list, rank_runs)
+from .collectives import Call, GroupState, PendingCollective, check_match, mismatch_message
 from .ops.base import below_autograd
 from .ops.p2p import SEND
 from .errors import (CollectiveHangError, CollectiveMismatchError, FakePGError,
                      InvalidCollectiveError, PeerCrashedError, RankFailedError, WorldAbortedError)
+from .hang_report import hang_report, waiting_text
 from .hooks import WorldHooks
 from .liveness import TimedWait, collective_wait
 from .gloo_hazards import GlooHazards
 from .nccl_hazards import NcclHazards
 from .profiling import unrecorded
-from .scheduler import BLOCKED, DONE, NEW, Scheduler
+from .scheduler import Scheduler
 from .trace import CollectiveRecord
 
 _local = threading.local()
@@ -97,7 +97,7 @@ class Cluster:
         if block and not coll.settled:
             # Not a wait the program made: the caller (C++ inside backward) is about to
             # wait where Python cannot see it, so settle the collective first.
-            sched.block(call.rank, lambda: coll.settled, lambda: self._waiting_text(call),
+            sched.block(call.rank, lambda: coll.settled, lambda: waiting_text(call),
                         collective_wait(self, call))
         self.complete_ready(call.rank)
         if coll.error is not None:
@@ -279,7 +279,7 @@ class Cluster:
         raise the backend's timeout error."""
         coll: PendingCollective = call.collective
         if not coll.settled:
-            self.scheduler.block(call.rank, lambda: coll.settled, lambda: self._waiting_text(call),
+            self.scheduler.block(call.rank, lambda: coll.settled, lambda: waiting_text(call),
                                  timed or collective_wait(self, call))
         self.complete_ready(call.rank)
         self.hazards.waited(call)
@@ -309,7 +309,7 @@ class Cluster:
             coll = call.collective
             if not coll.settled:
                 self.scheduler.block(rank, lambda: coll.settled,
-                                     lambda: self._waiting_text(call), collective_wait(self, call))
+                                     lambda: waiting_text(call), collective_wait(self, call))
         self.complete_ready(rank)
         for call in pending:
             if call.collective.error is not None:
@@ -346,57 +346,10 @@ class Cluster:
         finally:
             self._completing[rank] = False
 
-    def _waiting_text(self, call: Call) -> str:
-        coll: PendingCollective = call.collective
-        if coll.p2p:
-            peer = "any source" if call.peer is None else f"rank {coll.group.ranks[call.peer]}"
-            return (f"{call.op} with {peer} (tag {call.tag}) on group {coll.group.label}, "
-                    f"issued at {call.site}; the peer never posted the matching "
-                    f"{'recv' if call.op == 'send' else 'send'}")
-        return (f"{call.record.describe()} #{coll.seq} on group {coll.group.label}, issued at "
-                f"{call.site}; waits for ranks {rank_list(coll.missing_ranks())}")
-
     # -- reports ------------------------------------------------------------------
     def hang_report(self) -> str:
-        sched = self.scheduler
-        lines = [f"fakepg: hang detected: no rank can make progress "
-                 f"({self.nprocs} ranks, seed {self.seed}). Per rank:"]
-        states = []
-        for slot in sched.slots:
-            extra = self.hooks.describe_rank(slot.rank)
-            extra = f" [{extra}]" if extra else ""
-            if slot.state == BLOCKED:
-                text = f"blocked waiting on {slot.waiting_for()}{extra}"
-            elif slot.state == DONE:
-                text = f"finished ({slot.outcome}){extra}"
-            elif slot.state == NEW:
-                text = f"never started{extra}"
-            else:
-                text = f"running{extra}"
-            unmatched = [c for c in self.outstanding[slot.rank] if not c.collective.settled]
-            for c in unmatched:
-                if slot.state != BLOCKED or c is not unmatched[-1]:
-                    text += f"\n      also pending: {self._waiting_text(c)}"
-            states.append(text)
-        for ranks, text in rank_runs(range(self.nprocs), states, self.nprocs > SPELL_OUT):
-            lines.append(f"  {ranks}: {text}")
-        lines.append("Last completed collective per group (sequence numbers start at 0):")
-        for g in self.groups.values():
-            done = ", ".join(f"{ranks}: #{s}" for ranks, s in
-                             rank_runs(g.ranks, g.last_done, len(g.ranks) > SPELL_OUT))
-            lines.append(f"  group {g.label}: {done}")
-            for coll in sorted(g.pending.values(), key=lambda c: c.seq):
-                members = coll.members()
-                issued = ", ".join(f"{ranks} at {site}" for ranks, site in
-                                   rank_runs([c.rank for c in members], [c.site for c in members],
-                                         len(members) > SPELL_OUT))
-                lines.append(f"    pending #{coll.seq} {coll.op}: issued by {issued}; "
-                             f"still waits for ranks {rank_list(coll.missing_ranks())}")
-        lines.extend(self.hazards.hang_notes())
-        lines.append("Typical causes: ranks with different numbers of batches (use "
-                     "torch.distributed.algorithms.Join), a rank that skipped backward or "
-                     "returned early, or collectives issued in different orders.")
-        return "\n".join(lines)
+        """What every rank waits on, per group what completed and what is pending."""
+        return hang_report(self)
 
 
 def _fresh(error: FakePGError) -> FakePGError:
