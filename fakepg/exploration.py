@@ -82,31 +82,8 @@ def explore(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 2, *
     if "schedule" in spawn_kwargs:
         raise TypeError("fakepg.explore chooses the schedules itself; replay one with "
                         "fakepg.spawn(..., schedule=TOKEN)")
-    state = {"runs": 0, "last": None, "last_faults": None, "faults": None, "outcomes": set(),
-             "points": {}}
-
-    def run_once(schedule: Schedule, drawn_faults: list | None = None) -> None:
-        state["runs"] += 1
-        kwargs = dict(spawn_kwargs)
-        if drawn_faults:
-            kwargs["faults"] = drawn_faults
-        state["faults"] = drawn_faults or kwargs.get("faults")
-        try:
-            result = spawn(fn, args, nprocs=nprocs, seed=seed, schedule=schedule, **kwargs)
-            if check is not None:
-                check(result)
-        except BaseException as e:  # noqa: BLE001 - every failure is a finding
-            if isinstance(e, (KeyboardInterrupt, SystemExit)):
-                raise
-            state["last"] = (schedule, e)
-            state["last_faults"] = state["faults"]
-            raise
-        seen: dict[str, int] = {}
-        for kind, _, _ in schedule.made:
-            seen[kind] = seen.get(kind, 0) + 1
-        for kind, k in seen.items():
-            state["points"][kind] = max(state["points"].get(kind, 0), k)
-        state["outcomes"].add(repr(result.returns))
+    runs_made = _Runs(spawn, fn, args, nprocs, seed, check, spawn_kwargs)
+    run_once = runs_made.run
 
     default = Schedule()
     try:
@@ -114,7 +91,7 @@ def explore(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 2, *
     except BaseException as e:  # noqa: BLE001 - fails without any deviation
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
-        raise _error(fn, nprocs, seed, default, e, state["runs"]) from e
+        raise _error(fn, nprocs, seed, default, e, runs_made.count) from e
 
     width = max(2, nprocs)  # option indices wrap modulo each point's number of options
 
@@ -133,20 +110,61 @@ def explore(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 2, *
     try:
         search()
     except BaseException as e:  # noqa: BLE001
-        if state["last"] is None or isinstance(e, (KeyboardInterrupt, SystemExit)):
+        if runs_made.last is None or isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
-        schedule, failure = state["last"]  # hypothesis replays the shrunk case last
-        found_faults = state["last_faults"]
+        schedule, failure = runs_made.last  # hypothesis replays the shrunk case last
+        found_faults = runs_made.last_faults
         rerun = lambda sched: run_once(sched, found_faults)  # noqa: E731 - same faults
-        schedule, failure = _drop_deviations(rerun, schedule, failure, state)
+        schedule, failure = _drop_deviations(rerun, schedule, failure, runs_made)
         if len(schedule.deviations) > 1:
-            schedule, failure = _one_deviation(rerun, schedule, failure, state)
-        raise _error(fn, nprocs, seed, schedule, failure, state["runs"], found_faults) from failure
-    return ExplorationSummary(state["runs"], len(state["outcomes"]), dict(state["points"]))
+            schedule, failure = _one_deviation(rerun, schedule, failure, runs_made)
+        raise _error(fn, nprocs, seed, schedule, failure, runs_made.count, found_faults) from failure
+    return ExplorationSummary(runs_made.count, len(runs_made.outcomes), dict(runs_made.points))
+
+
+class _Runs:
+    """The runs :func:`explore` makes: how many, the last failure (and its faults), the
+    distinct outcomes and the most choices of each kind one run made."""
+
+    def __init__(self, spawn: Callable[..., Any], fn: Callable[..., Any], args: Sequence[Any],
+                 nprocs: int, seed: int, check: Callable[[Any], None] | None,
+                 spawn_kwargs: dict[str, Any]):
+        self.spawn, self.fn, self.args, self.nprocs, self.seed = spawn, fn, args, nprocs, seed
+        self.check, self.spawn_kwargs = check, spawn_kwargs
+        self.count = 0
+        self.last: tuple[Schedule, BaseException] | None = None
+        self.last_faults: Any = None
+        self.outcomes: set[str] = set()
+        self.points: dict[str, int] = {}
+
+    def run(self, schedule: Schedule, drawn_faults: list | None = None) -> None:
+        """One run under ``schedule`` (raises what the run raised, or what ``check`` did)."""
+        self.count += 1
+        kwargs = dict(self.spawn_kwargs)
+        if drawn_faults:
+            kwargs["faults"] = drawn_faults
+        faults = drawn_faults or kwargs.get("faults")
+        try:
+            result = self.spawn(self.fn, self.args, nprocs=self.nprocs, seed=self.seed,
+                                schedule=schedule, **kwargs)
+            if self.check is not None:
+                self.check(result)
+        except BaseException as e:  # noqa: BLE001 - every failure is a finding
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            self.last = (schedule, e)
+            self.last_faults = faults
+            raise
+        seen: dict[str, int] = {}
+        for kind, _, _ in schedule.made:
+            seen[kind] = seen.get(kind, 0) + 1
+        for kind, k in seen.items():
+            self.points[kind] = max(self.points.get(kind, 0), k)
+        self.outcomes.add(repr(result.returns))
 
 
 def _drop_deviations(run_once: Callable[[Schedule], None], schedule: Schedule,
-                     failure: BaseException, state: dict) -> tuple[Schedule, BaseException]:
+                     failure: BaseException, runs: _Runs) -> tuple[Schedule, BaseException]:
     """Greedy last step of shrinking: put single deviations back to the default while the
     run still fails (hypothesis shrinks the drawn list, whose entries shift meaning when an
     earlier choice changes; this works on the choices actually made)."""
@@ -159,7 +177,7 @@ def _drop_deviations(run_once: Callable[[Schedule], None], schedule: Schedule,
             try:
                 run_once(trial)
             except BaseException:  # noqa: BLE001 - still fails without that deviation
-                schedule, failure = state["last"]
+                schedule, failure = runs.last  # type: ignore[misc]
                 improved = True
                 break
     return schedule, failure
@@ -169,7 +187,7 @@ _ONE_DEVIATION_BUDGET = 256
 
 
 def _one_deviation(run_once: Callable[[Schedule], None], schedule: Schedule,
-                   failure: BaseException, state: dict) -> tuple[Schedule, BaseException]:
+                   failure: BaseException, runs: _Runs) -> tuple[Schedule, BaseException]:
     """Whether one deviation suffices: try every single non-default option at every choice
     point of the default run (up to a budget of runs), earliest first."""
     points = Schedule(chooser=lambda kind, n: 0)
@@ -186,7 +204,7 @@ def _one_deviation(run_once: Callable[[Schedule], None], schedule: Schedule,
             try:
                 run_once(Schedule([0] * pos + [option]))
             except BaseException:  # noqa: BLE001 - one deviation is enough
-                return state["last"]
+                return runs.last  # type: ignore[return-value]
     return schedule, failure
 
 
