@@ -4,8 +4,9 @@ While a world runs (``fakepg.spawn``), the program's own calls reach the fake cl
 ``init_process_group`` maps onto the world spawn made (or makes it), ``new_group`` of any
 backend is a group of the world, ``get_backend`` answers the personality, ``monitored_barrier``
 is fakepg's, DDP's comm-hook registration decides when the Reducer's collectives settle,
-``torch.futures.wait_all``/``collect_all`` settle their works first, and large worlds check
-DDP's parameters in linear memory. Each is undone when the world ends.
+``torch.futures.wait_all``/``collect_all`` settle their works first, DDP's Join shadow of the
+backward pass flags its thread, and large worlds check DDP's parameters in linear memory.
+Each is undone when the world ends.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from . import backends, ddp_checks, liveness
 from .cluster import current_cluster
 from .gloo_hazards import running_callback_of
 from .process_group import BACKEND_NAME, FakeFuture, FakeProcessGroup, requested_backend
+from .python_group import marking_join_shadow
 from .sites import user_site
 from .store import world_store
 
@@ -65,6 +67,8 @@ def world_patches(nprocs: int) -> contextlib.ExitStack:
         stack.enter_context(mock.patch.object(DDP, name, _settle_at_issue(getattr(DDP, name))))
     stack.enter_context(mock.patch.object(torch._C.Future, "then",  # torch.futures.Future's too
                                           _callbacks_marked(torch._C.Future.then)))
+    stack.enter_context(mock.patch.object(DDP, "_match_all_reduce_for_bwd_pass", marking_join_shadow(
+        DDP._match_all_reduce_for_bwd_pass)))
     for name, original in (("wait_all", torch.futures.wait_all),
                            ("collect_all", torch.futures.collect_all)):
         stack.enter_context(mock.patch.object(torch.futures, name, _settling(original)))

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import sys
+import functools
 import threading
-from typing import Any
+from typing import Any, Callable
 
-import torch
 import torch.distributed as dist
 
 BACKEND_NAME = "fakepg"
-_JOIN_SHADOW_CODE = torch.nn.parallel.DistributedDataParallel._match_all_reduce_for_bwd_pass.__code__
 
 
 class PythonProcessGroup(dist.ProcessGroup):
@@ -86,13 +84,25 @@ def creating_backend() -> str | None:
     return getattr(_creating, "name", None)
 
 
+_shadow = threading.local()  # per thread: how deep in DDP's Join shadow of the backward pass
+
+
 def in_join_shadow() -> bool:
-    """Whether DDP's Join hook (``_match_all_reduce_for_bwd_pass``) is on this thread's stack."""
-    frame = sys._getframe(2)
-    for _ in range(32):
-        if frame is None:
-            return False
-        if frame.f_code is _JOIN_SHADOW_CODE:
-            return True
-        frame = frame.f_back
-    return False
+    """Whether DDP's Join hook (``_match_all_reduce_for_bwd_pass``) runs on this thread's
+    stack (a flag its patched version keeps, see :func:`marking_join_shadow`: a check on
+    every collective, cheaper than walking the stack for its frame)."""
+    return getattr(_shadow, "depth", 0) > 0
+
+
+def marking_join_shadow(original: Callable[..., Any]) -> Callable[..., Any]:
+    """DDP's ``_match_all_reduce_for_bwd_pass`` that flags its thread while it runs (a
+    running world, or a rank process, patches it onto DDP)."""
+    @functools.wraps(original)
+    def _match_all_reduce_for_bwd_pass(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _shadow.depth = getattr(_shadow, "depth", 0) + 1
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _shadow.depth -= 1
+
+    return _match_all_reduce_for_bwd_pass

@@ -509,3 +509,29 @@ def test_every_zoo_scenario_trains_in_processes_as_in_threads_bit_for_bit(name):
         for k in a:
             assert torch.equal(a[k], b[k]), k
     assert procs.to_json() == threads.to_json()
+
+
+def _joined_with_a_builtin_hook(rank):
+    from torch.distributed.algorithms.join import Join
+
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)))
+    model._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(rank)
+    with Join([model]):
+        for _ in range(1 + rank):  # uneven inputs: joined ranks shadow the others' backward
+            opt.zero_grad()
+            model(torch.randn(4, 8, generator=g)).sum().backward()
+            opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_joined_rank_processes_shadow_a_cpp_comm_hook_as_rank_threads_do():
+    # The C++ hook reads typed futures, which a work hands out only when fakepg knows its wait
+    # is hidden: in Join's shadow of the backward pass, in the rank's own process too.
+    threads = fakepg.spawn(_joined_with_a_builtin_hook, nprocs=3)
+    procs = fakepg.spawn(_joined_with_a_builtin_hook, nprocs=3, isolation="process")
+    for mine, theirs in zip(procs.returns, threads.returns):
+        assert all(torch.equal(a, b) for a, b in zip(mine, theirs))
+    assert procs.to_json() == threads.to_json()

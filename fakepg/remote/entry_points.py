@@ -25,7 +25,7 @@ from .. import backends
 # world has patched in by the time this module is first imported)
 from ..patches import (_ORIGINAL_GET_BACKEND, _ORIGINAL_INIT, _ORIGINAL_MONITORED_BARRIER,
                        _ORIGINAL_PG_HELPER, monitored_barrier_arguments)
-from ..python_group import BACKEND_NAME, requested_backend
+from ..python_group import BACKEND_NAME, marking_join_shadow, requested_backend
 from ..wire import Channel, pack_exception
 from . import rank as _rank
 from .group import RemoteProcessGroup, create_remote
@@ -133,6 +133,8 @@ def install(rank: int, nprocs: int, channel: Channel, seed: int = 0) -> contextl
         patch(mod, "monitored_barrier", _monitored_barrier)
         patch(mod, "get_backend", _get_backend)
     patch(c10d, "_new_process_group_helper", _pg_helper)
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    patch(DDP, "_match_all_reduce_for_bwd_pass", marking_join_shadow(DDP._match_all_reduce_for_bwd_pass))
     if not hasattr(torch._C, "_nccl_version"):
         from torch.cuda import nccl
         patch(nccl, "version", lambda: (0, 0, 0))
