@@ -22,11 +22,14 @@ import functools
 from typing import Sequence
 
 import torch
+import torch.distributed as dist
 
 _INTEGRAL_ONLY = {"BAND", "BOR", "BXOR"}
 
 
 _NAMES: dict[tuple[type, object], str] = {}
+_RED_OP_TYPE = dist.ReduceOp.RedOpType
+_RED_OP_NAMES: dict[int, str] = {}  # int(RedOpType) -> name: the common case (ints hash fastest)
 
 
 def op_name(op: object) -> str:
@@ -34,7 +37,14 @@ def op_name(op: object) -> str:
     returned as is: the hot path passes the name the call's record already holds)."""
     if type(op) is str:
         return op
-    kind = getattr(op, "op", op)  # ReduceOp objects carry their RedOpType in .op
+    kind = op.op if type(op) is dist.ReduceOp else op  # a ReduceOp carries its RedOpType in .op
+    if type(kind) is _RED_OP_TYPE:
+        value = int(kind)
+        name = _RED_OP_NAMES.get(value)
+        if name is None:
+            name = _RED_OP_NAMES[value] = kind.name
+        return name
+    kind = getattr(kind, "op", kind)
     key = (type(kind), kind)
     try:
         return _NAMES[key]  # cached: this runs on every reducing collective

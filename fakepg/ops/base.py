@@ -160,8 +160,8 @@ def tensor_bytes(t: Any) -> int:
     if not isinstance(t, torch.Tensor):
         return 0
     if t.is_sparse:
-        return t._values().numel() * t.element_size()
-    return t.numel() * t.element_size()
+        return t._values().nbytes
+    return t.nbytes  # numel() * element_size(), in one call
 
 
 def below_autograd() -> Any:
@@ -190,9 +190,13 @@ def as_list(tensors: Any) -> list[Any]:
     return [tensors] if isinstance(tensors, torch.Tensor) else tensors
 
 
+_REDUCE_OP_TYPES = (dist.ReduceOp, dist.ReduceOp.RedOpType)
+_SUM = dist.ReduceOp.SUM
+
+
 def reduce_op_of(opts: Any) -> Any:
     if opts is None:
-        return dist.ReduceOp.SUM
-    if isinstance(opts, (dist.ReduceOp, dist.ReduceOp.RedOpType)):
+        return _SUM
+    if isinstance(opts, _REDUCE_OP_TYPES):
         return opts
     return opts.reduceOp
