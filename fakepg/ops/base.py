@@ -84,7 +84,7 @@ class Op:
     # -- what it moves and writes -------------------------------------------------------
     def nbytes(self, call: "Call", group_size: int) -> int:
         """Bytes as nccl-tests counts them (all_gather/reduce_scatter: the full buffer)."""
-        return sum(tensor_bytes(t) for t in flatten(call.inputs))
+        return sum([tensor_bytes(t) for t in tensors_of(call.inputs)])
 
     def written(self, call: "Call") -> list[torch.Tensor]:
         """Tensors this call's collective writes on its rank (for race detection)."""
@@ -138,7 +138,16 @@ def flatten(xs: Any) -> list[Any]:
 
 
 def tensors_of(*lists: Any) -> list[torch.Tensor]:
-    return [t for xs in lists for t in flatten(xs) if isinstance(t, torch.Tensor)]
+    """The tensors in ``lists``, nested lists and tuples flattened, in order (one pass: this
+    runs several times on every collective)."""
+    out: list[torch.Tensor] = []
+    for xs in lists:
+        for x in xs:
+            if isinstance(x, torch.Tensor):
+                out.append(x)
+            elif isinstance(x, (list, tuple)):
+                out.extend(tensors_of(x))
+    return out
 
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
