@@ -5,7 +5,8 @@ variants: DDP's default buckets (one all_reduce per iteration) and one bucket pe
 (``bucket_cap_mb=0.01``: six all_reduces per iteration, so the per-collective path dominates).
 Each contender runs ``--repeat`` times, interleaved, in one process run; the best and
 median times are printed with their ratios (these machines are shared and noisy, so only
-ratios measured side by side mean anything).
+ratios measured side by side mean anything). The in-process contenders' CPU time (all their
+threads) is printed too: on a busy machine it moves much less than wall time.
 
 Targets: fakepg >= 5x faster than multi-process gloo; within 1.2x of ThreadedProcessGroup
 in both variants.
@@ -111,12 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     run_fakepg(args.ranks, 2)  # warm-up: imports, allocator, first-use costs
     run_threaded(args.ranks, 2)
     times = {(v, k): [] for v in VARIANTS for k in contenders}
+    cpu = {(v, k): [] for v in VARIANTS for k in ("fakepg", "threaded_pg")}
     results = {}
     for _ in range(args.repeat):
         for variant, cap in VARIANTS.items():
             for name, fn in contenders.items():
                 for attempt in range(3):
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.process_time()
                     try:
                         results[variant, name] = fn(args.ranks, args.iters, cap)
                         break
@@ -125,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
                         if e.signal_name != "SIGABRT" or attempt == 2:
                             raise
                 times[variant, name].append(time.perf_counter() - t0)
+                if (variant, name) in cpu:
+                    cpu[variant, name].append(time.process_time() - c0)
     print(f"DDP {args.ranks} ranks x {args.iters} iterations, 6-layer MLP (64 wide), "
           f"torch {torch.__version__}, {args.repeat} interleaved runs each")
     print(f"{'backend':<20}" + "".join(f"{v + ' best/median s':>34}" for v in VARIANTS))
@@ -137,6 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     print("fakepg / threaded_pg (best, median):  " + "   ".join(
         f"{v}: {ratio(best, v, 'fakepg', 'threaded_pg'):.2f}x, {ratio(med, v, 'fakepg', 'threaded_pg'):.2f}x"
         for v in VARIANTS) + "  (target <= 1.2x)")
+    cpu_best = {key: min(ts) for key, ts in cpu.items()}
+    cpu_med = {key: statistics.median(ts) for key, ts in cpu.items()}
+    print("CPU time, fakepg / threaded_pg (best, median):  " + "   ".join(
+        f"{v}: {ratio(cpu_best, v, 'fakepg', 'threaded_pg'):.2f}x, "
+        f"{ratio(cpu_med, v, 'fakepg', 'threaded_pg'):.2f}x" for v in VARIANTS))
     if not args.skip_gloo:
         print("gloo / fakepg (best):  " + "   ".join(
             f"{v}: {ratio(best, v, 'gloo_multiprocess', 'fakepg'):.1f}x faster" for v in VARIANTS)
