@@ -5,7 +5,8 @@ draws). So instead of a simpy process per rank (:class:`~simddp.engines.run._Rep
 engine walks the plan once — forward compute with the forward collectives at their offsets,
 backward with every bucket issued at its ready time after ``plan.pre``, comm hook callbacks
 and PowerSGD's stages on the side stream, the end-of-backward wait, post-backward and
-optimizer compute, LocalSGD/SlowMo averaging — and each step updates an array over ranks.
+optimizer compute, LocalSGD/SlowMo averaging — and each step updates an array over ranks
+(one pass, phase by phase: :class:`~simddp.engines.vector_pass.PlanPass`).
 Each collective is one scalar per communicator (a DDP group's, or a node subgroup's):
 ``start = max(latest arrival of its members, end of the communicator's previous
 collective)``, ``end = start + duration``, the duration being the network model's time times
@@ -36,8 +37,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..analysis.arrays import ArrayTimeline
-from ..models import NetworkModel, collective_time, noise
+from ..models import NetworkModel, noise
 from .plan import BucketPlan, CapturedIteration, Costs
+from .vector_pass import PlanPass
 from .vector_records import Record, ResultRecords, Scope, Step, comm_figures
 
 __all__ = ["VectorReplay", "unsupported", "KNOWN_OPTIONS", "DrawOrderUnsettled"]
@@ -157,161 +159,8 @@ class VectorReplay(ResultRecords):
     # -- one pass over the plan -------------------------------------------------------------
     def _pass(self, ranks: np.ndarray, rec: Record, full: bool, factors: np.ndarray | None,
               progress: Any = None) -> None:
-        n = len(ranks)
-        it_n = self.iterations
-        prof = ranks % self.nprof
-        s = self.slow[ranks]
-        codes = {k: sc.code[ranks] for k, sc in self.scopes.items()}
-        free = {k: np.full(sc.ncode, -np.inf) for k, sc in self.scopes.items()}
-        seqs = {k: 0 for k in self.scopes}
-        side = np.zeros(n)
-        now = np.zeros(n)
-        pos = [0]
-        draws = [0]
-        costs, pb = self.costs, self.cap.param_bytes
-        total = it_n * (len(self.plans) + 2)
-        ticks = 0
-
-        def coll(tag: tuple, scope: str, op: str, nbytes: int, enq: np.ndarray,
-                 arrive: np.ndarray, in_backward: bool = False) -> Step:
-            """The collective ``tag``: created (full pass) or looked up (rows)."""
-            p = pos[0]
-            pos[0] += 1
-            st = self.steps.get(tag)
-            if st is None:
-                st = self.steps[tag] = Step(tag, scope, op, nbytes, in_backward, seqs[scope], p)
-            seqs[scope] += 1
-            if full:
-                sc = self.scopes[scope]
-                if self.multi:  # creation key: earliest enqueue, then the lowest rank there
-                    st.ctime = sc.reduce(np.minimum, enq, np.inf)
-                    hit = enq == st.ctime[sc.code]
-                    st.crank = sc.reduce(np.minimum, np.where(hit, ranks, self.world),
-                                         self.world).astype(np.int64)
-                if st.draw is None:  # first pass: plan order, communicators in step
-                    st.draw = np.full(sc.ncode, -1, dtype=np.int64)
-                    drawn = sc.present[sc.size[sc.present] > 1]
-                    st.draw[drawn] = draws[0] + np.arange(len(drawn))
-                    draws[0] += len(drawn)
-                last = sc.reduce(np.maximum, arrive, -np.inf)
-                start = np.maximum(free[scope], last)
-                dur = np.zeros(sc.ncode)
-                base: dict[int, float] = {}
-                for size in np.unique(sc.size[sc.present]).tolist():
-                    if size > 1:
-                        base[size] = collective_time(self.net, op, nbytes, size)
-                for size, t in base.items():
-                    m = sc.size == size
-                    dur[m] = t if factors is None else t * factors[st.draw[m]]
-                st.start, st.end = start, start + dur
-                st.end[sc.size == 0] = np.nan
-                free[scope] = np.where(sc.size > 0, st.end, free[scope])
-            if rec.rows:
-                code = codes[scope]
-                for i, c in enumerate(code.tolist()):
-                    rec.comms[i].append((st, c, float(arrive[i])))
-            return st
-
-        def end_of(st: Step, scope: str) -> np.ndarray:
-            return st.end[codes[scope]]
-
-        def compute(kind: str, seconds: np.ndarray, label: str | None = None) -> None:
-            nonlocal now
-            m = seconds > 0
-            new = np.where(m, now + seconds, now)
-            rec.compute(kind, now, new, label)
-            now = new
-
-        def wait(st: Step, scope: str, label: str) -> None:
-            nonlocal now
-            e = np.maximum(now, end_of(st, scope))
-            rec.waited(now, e, label)
-            now = e
-
-        for it in range(it_n):
-            rec.it = it
-            f = (self.noise[ranks, it] if self.noise is not None else np.ones((n, 4)))
-            # forward, with the captured forward collectives at their offsets
-            scale = s * f[:, 0]
-            done = np.zeros(n)
-            fwd: dict[int, Step] = {}
-            fcs = self.cap.profiles[0].forward_collectives
-            for j, (what, k) in enumerate(self.fwd_events):
-                dt = self.fwd_offsets[prof, j] * scale - done
-                m = dt > 0
-                new = np.where(m, now + dt, now)
-                rec.compute("forward", now, new)
-                now = new
-                done = np.where(m, done + dt, done)
-                fc = fcs[k]
-                if what == 0:
-                    fwd[k] = coll(("fwd", it, k), "dp", fc["op"], int(fc["bytes"]), now, now)
-                else:
-                    wait(fwd[k], "dp", f"wait: {fc['op']}")
-            compute("forward", self.p_forward[prof] * scale - done)
-            ticks += 1
-            # backward: buckets issued in order, each when its last parameter is ready
-            scope = "node" if self.period else "dp"
-            t_b = now
-            scale = s * f[:, 1]
-            shift = np.zeros(n)
-            target = np.full(n, -np.inf)
-            for k, plan in enumerate(self.plans):
-                t = t_b + self.p_ready[prof, k] * scale + shift
-                now = np.maximum(now, t)
-                if plan.pre > 0:
-                    pre = plan.pre * scale
-                    now = now + pre
-                    shift = shift + pre
-                issue = now
-                if len(plan.stages) > 1:  # the chain: each stage after the last's callback
-                    arrive = issue
-                    for j, (op, nbytes, cb) in enumerate(plan.stages):
-                        st = coll(("b", it, k, j), scope, op, nbytes, issue, arrive, True)
-                        s0 = np.maximum(end_of(st, scope), side)
-                        side = s0 + cb * scale
-                        rec.callback(s0, side)
-                        arrive = side
-                    val = side
-                else:
-                    op, nbytes, cb = plan.stages[0]
-                    st = coll(("b", it, k, 0), scope, op, nbytes, issue, issue, True)
-                    val = end_of(st, scope)
-                    cbs = cb * scale
-                    m = cbs > 0
-                    if m.any():  # the hook's callback on the side stream, in bucket order
-                        s0 = np.maximum(side, val)
-                        e0 = s0 + cbs
-                        if rec.rows:
-                            rec.callback(np.where(m, s0, 0.0), np.where(m, e0, 0.0))
-                        side = np.where(m, e0, side)
-                        val = np.where(m, e0, val)
-                target = np.maximum(target, val)
-                ticks += 1
-            for k, bc in enumerate(self.cap.backward_collectives):
-                st = coll(("bwd", it, k), scope, bc["op"], int(bc["bytes"]), now, now)
-                target = np.maximum(target, end_of(st, scope))
-            end = t_b + self.p_backward[prof] * scale + shift
-            now = np.maximum(now, end)
-            rec.compute("backward", t_b, now)
-            e = np.maximum(now, target)
-            rec.waited(now, e, "wait: collectives of backward")
-            now = e
-            compute("backward", self.p_post[prof] * s * f[:, 2])
-            compute("forward", self.p_before[prof] * s * f[:, 2])
-            compute("optimizer", self.p_opt[prof] * s * f[:, 3])
-            if self.period and it % self.period == 0:
-                compute("optimizer", costs.op(2 * pb) * s, "flatten")
-                st = coll(("avg", it), "dp", "all_reduce", pb, now, now)
-                wait(st, "dp", "wait: model averaging")
-                post = costs.op(2 * pb) + costs.op(2 * pb)
-                if self.slowmo:
-                    post += 4 * costs.op(3 * pb)
-                compute("optimizer", post * s, "model averaging")
-            rec.bounds[:, it] = now
-            ticks += 1
-            if progress is not None:
-                progress(ticks, total)
+        """One pass over the plan for ``ranks``, phase by phase (:class:`PlanPass`)."""
+        PlanPass(self, ranks, rec, full, factors).run(progress)
 
     # -- the run -----------------------------------------------------------------------------
     def run(self, progress: Any = None) -> ArrayTimeline:
