@@ -16,7 +16,6 @@ from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
 from . import backends, ops
 from .cluster import Cluster, current_cluster
@@ -105,17 +104,7 @@ class FakeProcessGroup(PythonProcessGroup):
 
     def _group_state(self):
         if self._gstate is None:
-            mapping = c10d._world.pg_group_ranks.get(self)
-            if mapping:
-                ranks = tuple(g for g, _ in sorted(mapping.items(), key=lambda kv: kv[1]))
-            else:
-                ranks = tuple(range(self.size()))
-            try:
-                name = self.group_name
-            except Exception:  # noqa: BLE001 - unnamed groups get a positional name
-                name = ""
-            if not name:
-                name = "default" if len(ranks) == self._cluster.nprocs else f"group{list(ranks)}"
+            ranks, name = self._ranks_and_name(self._cluster.nprocs)
             self._gstate = self._cluster.group(name, ranks, self._timeout.total_seconds())
         return self._gstate
 

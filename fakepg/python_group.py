@@ -16,6 +16,7 @@ import threading
 from typing import Any, Callable
 
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 BACKEND_NAME = "fakepg"
 
@@ -33,6 +34,22 @@ class PythonProcessGroup(dist.ProcessGroup):
         super().__init__(rank, size)
         self._group_name = ""
         self._group_desc = ""
+
+    def _ranks_and_name(self, nprocs: int) -> tuple[tuple[int, ...], str]:
+        """This group's global ranks (by group rank) and its name in traces and reports:
+        c10d's group name, else "default" for the whole world, else its rank list."""
+        mapping = c10d._world.pg_group_ranks.get(self)
+        if mapping:
+            ranks = tuple(g for g, _ in sorted(mapping.items(), key=lambda kv: kv[1]))
+        else:
+            ranks = tuple(range(self.size()))
+        try:
+            name = self.group_name
+        except Exception:  # noqa: BLE001 - unnamed groups get a positional name
+            name = ""
+        if not name:
+            name = "default" if len(ranks) == nprocs else f"group{list(ranks)}"
+        return ranks, name
 
     def getBackendName(self) -> str:  # noqa: N802 - C++ trampoline name
         return self.backend_name

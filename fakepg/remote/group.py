@@ -16,7 +16,6 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
 from .. import backends, ops
 from ..ops.base import tensors_of
@@ -59,17 +58,7 @@ class RemoteProcessGroup(PythonProcessGroup):
         """(id, name, ranks, timeout, requested personality, group rank): what the proxy
         needs to stand in for this group (named as FakeProcessGroup names it)."""
         if self._desc is None:
-            mapping = c10d._world.pg_group_ranks.get(self)
-            if mapping:
-                ranks = tuple(g for g, _ in sorted(mapping.items(), key=lambda kv: kv[1]))
-            else:
-                ranks = tuple(range(self.size()))
-            try:
-                name = self.group_name
-            except Exception:  # noqa: BLE001
-                name = ""
-            if not name:
-                name = "default" if len(ranks) == _rank.me().nprocs else f"group{list(ranks)}"
+            ranks, name = self._ranks_and_name(_rank.me().nprocs)
             self._desc = (self._gid, name, ranks, self._timeout.total_seconds(), self._requested,
                           self.rank())
         return self._desc
