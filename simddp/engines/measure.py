@@ -83,7 +83,6 @@ def measure(*, world_sizes: Sequence[int] = (2,), sizes: Sequence[int] = (1 << 1
     """Rows ``{op, world_size, bytes, seconds, backend}``: the slowest rank's median time.
     ``backend``: "gloo" or "nccl" (None: NCCL with enough GPUs, else gloo)."""
     import torch
-    import torch.multiprocessing as mp
 
     for op in ops:
         if op not in _OPS:
@@ -93,25 +92,8 @@ def measure(*, world_sizes: Sequence[int] = (2,), sizes: Sequence[int] = (1 << 1
         backend = "nccl" if enough else "gloo"
     out: list[dict[str, Any]] = []
     for world in world_sizes:
-        tmp = tempfile.mkdtemp(prefix="simddp-measure-")
-        try:
-            for attempt in range(3):
-                try:
-                    mp.start_processes(_worker, args=(world, os.path.join(tmp, f"store{attempt}"),
-                                                      tmp, backend, list(ops), list(sizes), reps),
-                                       nprocs=world, join=True, start_method="spawn")
-                    break
-                except mp.ProcessExitedException as e:
-                    # real gloo sometimes aborts a process as it tears down ("terminate called
-                    # without an active exception"): measure again
-                    if e.signal_name != "SIGABRT" or attempt == 2:
-                        raise
-            per_rank = []
-            for r in range(world):
-                with open(os.path.join(tmp, f"rank{r}.json")) as f:
-                    per_rank.append(json.load(f))
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        per_rank = _run_ranks(_worker, world, "rank", lambda store, tmp: (
+            world, store, tmp, backend, list(ops), list(sizes), reps))
         for rows in zip(*per_rank):
             out.append({**rows[0], "seconds": max(x["seconds"] for x in rows),
                         "backend": backend})
@@ -188,28 +170,10 @@ def measure_contention(*, world_sizes: Sequence[int] = (2,), comm_bytes: int = 8
     Rows ``{world_size, backend, slowdown, per_collective_us, comm_slowdown, ...}``;
     :func:`contention_of` makes the calibrate file's ``"contention"`` entry of them.
     """
-    import torch.multiprocessing as mp
-
     out: list[dict[str, Any]] = []
     for world in world_sizes:
-        tmp = tempfile.mkdtemp(prefix="simddp-contention-")
-        try:
-            for attempt in range(3):
-                try:
-                    mp.start_processes(_contention_worker,
-                                       args=(world, os.path.join(tmp, f"store{attempt}"), tmp,
-                                             comm_bytes, reps, kernel_n, min_window_ms),
-                                       nprocs=world, join=True, start_method="spawn")
-                    break
-                except mp.ProcessExitedException as e:  # gloo's occasional abort at teardown
-                    if e.signal_name != "SIGABRT" or attempt == 2:
-                        raise
-            per_rank = []
-            for r in range(world):
-                with open(os.path.join(tmp, f"contention{r}.json")) as f:
-                    per_rank.append(json.load(f))
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        per_rank = _run_ranks(_contention_worker, world, "contention", lambda store, tmp: (
+            world, store, tmp, comm_bytes, reps, kernel_n, min_window_ms))
         pooled = {k: [v for d in per_rank for v in d[k]] for k in per_rank[0]}
         if not pooled["overlapped"]:
             raise RuntimeError(f"measure_contention: at {world} ranks no kernel ran while a "
@@ -237,3 +201,29 @@ def contention_of(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "source": "simddp calibrate: gloo, a matmul alone vs beside an all_reduce, "
                       f"world sizes {', '.join(str(r['world_size']) for r in rows)}",
             "measurements": list(rows)}
+
+
+def _run_ranks(worker: Any, world: int, result: str, args: Any) -> list[Any]:
+    """``worker(rank, *args(store_path, out_dir))`` on ``world`` real processes (spawned);
+    the JSON each rank wrote to ``out_dir/{result}{rank}.json``, by rank. Real gloo sometimes
+    aborts a process as it tears down ("terminate called without an active exception",
+    SIGABRT): that run is measured again, twice at most."""
+    import torch.multiprocessing as mp
+
+    tmp = tempfile.mkdtemp(prefix="simddp-measure-")
+    try:
+        for attempt in range(3):
+            try:
+                mp.start_processes(worker, args=args(os.path.join(tmp, f"store{attempt}"), tmp),
+                                   nprocs=world, join=True, start_method="spawn")
+                break
+            except mp.ProcessExitedException as e:
+                if e.signal_name != "SIGABRT" or attempt == 2:
+                    raise
+        per_rank = []
+        for r in range(world):
+            with open(os.path.join(tmp, f"{result}{r}.json")) as f:
+                per_rank.append(json.load(f))
+        return per_rank
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
