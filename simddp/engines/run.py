@@ -27,6 +27,28 @@ from .replay_lane import _ReplayLane
 __all__ = ["_Replay"]
 
 
+def _forward_events(cap: CapturedIteration) -> list[list[tuple[float, int, int]]]:
+    """Per profile: its forward collectives' issues (0) and waits (1) by compute offset."""
+    out = []
+    for prof in cap.profiles:
+        ev = []
+        for k, fc in enumerate(prof.forward_collectives):
+            ev.append((float(fc["offset"]), 0, k))
+            if fc.get("wait_at") is not None:
+                ev.append((float(fc["wait_at"]), 1, k))
+        out.append(sorted(ev))
+    return out
+
+
+def _ready_times(cap: CapturedIteration, plans: list[BucketPlan]) -> list[list[float]]:
+    """Per profile: when each bucket is ready, relative to backward start (speed 1)."""
+    out = []
+    for prof in cap.profiles:
+        rd = [0.0 if t is None else float(t) for t in prof.ready]
+        out.append([max((rd[i] for i in p.params), default=0.0) for p in plans])
+    return out
+
+
 class _Replay(_Communicators, _ContentionClock):
     """One replay: every rank a simpy process on one :class:`Fabric`."""
 
@@ -63,20 +85,8 @@ class _Replay(_Communicators, _ContentionClock):
             self.noise = noise.lognormal(noise.generator(seed, 0), jitter,
                                          (world, iterations, 4))
             self.net_noise = noise.Stream(noise.generator(seed, 1), jitter)
-        # per profile: forward collectives' issues (0) and waits (1) by compute offset
-        self.forward_events = []
-        for prof in cap.profiles:
-            ev = []
-            for k, fc in enumerate(prof.forward_collectives):
-                ev.append((float(fc["offset"]), 0, k))
-                if fc.get("wait_at") is not None:
-                    ev.append((float(fc["wait_at"]), 1, k))
-            self.forward_events.append(sorted(ev))
-        # per profile: when each bucket is ready, relative to backward start (speed 1)
-        self.ready = []
-        for prof in cap.profiles:
-            rd = [0.0 if t is None else float(t) for t in prof.ready]
-            self.ready.append([max((rd[i] for i in p.params), default=0.0) for p in plans])
+        self.forward_events = _forward_events(cap)
+        self.ready = _ready_times(cap, plans)
         self._init_communicators(reps, shared_nic)
         self.side = [0.0] * nl
         self.spans: list[list[tuple[str, float, float, str]]] = [[] for _ in range(nl)]
@@ -167,20 +177,29 @@ class _Replay(_Communicators, _ContentionClock):
             pending.append((first, plan.stages[0][2] * scale))
 
     def train(self, r: int, it: int):
-        env = self.env
         p = self.rep[r] % self.nprof
         prof = self.cap.profiles[p]
         s = self.slow[r]
         f = self.noise[r, it].tolist() if self.noise is not None else (1.0, 1.0, 1.0, 1.0)
         pending: list = []
-        ic = self.issue_s  # the contention's cost of issuing a collective (0: none)
         if self.join:  # Join.notify_join_context and DDP's requires-grad-sync, async
             yield from self.issue_cost(r, "forward", "issue: join")
             pending.append((self.issue(r, ("join", it), "dp", "all_reduce", 4), 0.0))
             yield from self.issue_cost(r, "forward", "issue: join")
             pending.append((self.issue(r, ("sync", it), "dp", "all_reduce", 4), 0.0))
-        # forward, with the captured forward collectives at their offsets
-        scale = s * f[0]
+        yield from self.forward(r, it, p, s * f[0])
+        yield from self.backward(r, it, p, s * f[1], pending)
+        yield from self.wait_all(r, pending, "wait: collectives of backward")
+        yield from self.compute(r, "backward", prof.post_backward * s * f[2])
+        yield from self.compute(r, "forward", prof.before_step * s * f[2])
+        yield from self.compute(r, "optimizer", prof.optimizer * s * f[3])
+        if self.period and it % self.period == 0:
+            yield from self.average(r, it, s)
+
+    def forward(self, r: int, it: int, p: int, scale: float):
+        """Lane r's forward (profile p), with the captured forward collectives at their
+        offsets."""
+        prof = self.cap.profiles[p]
         done = 0.0
         issued: dict[int, CollectiveProcess] = {}
         for offset, what, k in self.forward_events[p]:
@@ -196,57 +215,72 @@ class _Replay(_Communicators, _ContentionClock):
                 yield from self.wait(r, issued[k], f"wait: {fc['op']}")
         yield from self.compute(r, "forward", prof.forward * scale - done)
         self.ticks += 1
-        # backward: buckets issued in order, each when its last parameter is ready
+
+    def backward(self, r: int, it: int, p: int, scale: float, pending: list):
+        """Lane r's backward (profile p): buckets issued in order, each when its last parameter
+        is ready, then the captured backward collectives; what to wait for goes to
+        ``pending``."""
         scope = "node" if self.period else "dp"
-        t_b = env.now
-        scale = s * f[1]
-        shift = 0.0
-        ready = self.ready[p]
-        if self.slowed:  # backward as work, slowed while the lane's collectives run
-            work = 0.0
-            for k, plan in enumerate(self.plans):
-                target = ready[k] * scale
-                if target > work:
-                    yield from self._work(r, target - work)
-                    work = target
-                if plan.pre > 0:
-                    yield from self._work(r, plan.pre * scale)
-                if ic > 0:
-                    yield env.timeout(ic)
-                self.issue_bucket(r, it, k, plan, scale, scope, pending)
-            for k, bc in enumerate(self.cap.backward_collectives):
-                if ic > 0:
-                    yield env.timeout(ic)
-                pending.append((self.issue(r, ("bwd", it, k), scope, bc["op"],
-                                           int(bc["bytes"])), 0.0))
-            if prof.backward * scale > work:
-                yield from self._work(r, prof.backward * scale - work)
+        t_b = self.env.now
+        if self.slowed:
+            yield from self._backward_as_work(r, it, p, scale, scope, pending)
         else:
-            for k, plan in enumerate(self.plans):
-                t = t_b + ready[k] * scale + shift
-                if t > env.now:
-                    yield at(env, t)
-                if plan.pre > 0 or ic > 0:
-                    pre = plan.pre * scale + ic
-                    yield env.timeout(pre)
-                    shift += pre
-                self.issue_bucket(r, it, k, plan, scale, scope, pending)
-            for k, bc in enumerate(self.cap.backward_collectives):
-                if ic > 0:
-                    yield env.timeout(ic)
-                    shift += ic
-                pending.append((self.issue(r, ("bwd", it, k), scope, bc["op"],
-                                           int(bc["bytes"])), 0.0))
-            end = t_b + prof.backward * scale + shift
-            if end > env.now:
-                yield at(env, end)
-        self._span(r, "backward", t_b, env.now, "backward")
-        yield from self.wait_all(r, pending, "wait: collectives of backward")
-        yield from self.compute(r, "backward", prof.post_backward * s * f[2])
-        yield from self.compute(r, "forward", prof.before_step * s * f[2])
-        yield from self.compute(r, "optimizer", prof.optimizer * s * f[3])
-        if self.period and it % self.period == 0:
-            yield from self.average(r, it, s)
+            yield from self._backward_on_schedule(r, it, p, scale, scope, pending)
+        self._span(r, "backward", t_b, self.env.now, "backward")
+
+    def _backward_as_work(self, r: int, it: int, p: int, scale: float, scope: str,
+                          pending: list):
+        """Backward as work, slowed while the lane's collectives run (contention)."""
+        env = self.env
+        ic = self.issue_s  # the contention's cost of issuing a collective (0: none)
+        ready = self.ready[p]
+        work = 0.0
+        for k, plan in enumerate(self.plans):
+            target = ready[k] * scale
+            if target > work:
+                yield from self._work(r, target - work)
+                work = target
+            if plan.pre > 0:
+                yield from self._work(r, plan.pre * scale)
+            if ic > 0:
+                yield env.timeout(ic)
+            self.issue_bucket(r, it, k, plan, scale, scope, pending)
+        for k, bc in enumerate(self.cap.backward_collectives):
+            if ic > 0:
+                yield env.timeout(ic)
+            pending.append((self.issue(r, ("bwd", it, k), scope, bc["op"],
+                                       int(bc["bytes"])), 0.0))
+        backward = self.cap.profiles[p].backward
+        if backward * scale > work:
+            yield from self._work(r, backward * scale - work)
+
+    def _backward_on_schedule(self, r: int, it: int, p: int, scale: float, scope: str,
+                              pending: list):
+        """Backward at full rate: each bucket at its ready time, shifted by the comm hooks'
+        work and the issue costs before it."""
+        env = self.env
+        ic = self.issue_s  # the contention's cost of issuing a collective (0: none)
+        ready = self.ready[p]
+        t_b = env.now
+        shift = 0.0
+        for k, plan in enumerate(self.plans):
+            t = t_b + ready[k] * scale + shift
+            if t > env.now:
+                yield at(env, t)
+            if plan.pre > 0 or ic > 0:
+                pre = plan.pre * scale + ic
+                yield env.timeout(pre)
+                shift += pre
+            self.issue_bucket(r, it, k, plan, scale, scope, pending)
+        for k, bc in enumerate(self.cap.backward_collectives):
+            if ic > 0:
+                yield env.timeout(ic)
+                shift += ic
+            pending.append((self.issue(r, ("bwd", it, k), scope, bc["op"],
+                                       int(bc["bytes"])), 0.0))
+        end = t_b + self.cap.profiles[p].backward * scale + shift
+        if end > env.now:
+            yield at(env, end)
 
     def average(self, r: int, it: int, s: float):
         """PeriodicModelAverager (LocalSGD) / SlowMo: all_reduce of all parameters."""
