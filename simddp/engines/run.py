@@ -6,6 +6,9 @@ every collective a process on its communicator. :func:`~simddp.engines.replaying
 checks the knobs and picks this engine or the vectorised one
 (:mod:`~simddp.engines.vector`). The model and every knob are described in
 :mod:`simddp.replay`. The result's figures come from its :class:`~simddp.Timeline`.
+Its parts: :mod:`~simddp.engines.communicators` (collectives on communicators),
+:mod:`~simddp.engines.contention_clock` (compute slowed while communicating),
+:mod:`~simddp.engines.replay_lane` (a lane's record).
 """
 
 from __future__ import annotations
