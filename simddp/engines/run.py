@@ -6,6 +6,9 @@ every collective a process on its communicator. :func:`~simddp.engines.replaying
 checks the knobs and picks this engine or the vectorised one
 (:mod:`~simddp.engines.vector`). The model and every knob are described in
 :mod:`simddp.replay`. The result's figures come from its :class:`~simddp.Timeline`.
+Its parts: :mod:`~simddp.engines.communicators` (collectives on communicators),
+:mod:`~simddp.engines.contention_clock` (compute slowed while communicating),
+:mod:`~simddp.engines.replay_lane` (a lane's record).
 """
 
 from __future__ import annotations
@@ -15,39 +18,41 @@ from typing import Any
 
 import simpy
 
-from ..analysis import CommSpan, Lane, PerRank, Timeline
-from ..models import NetworkModel, collective_time, noise
+from ..analysis import PerRank, Timeline
+from ..models import NetworkModel, noise
 from .classes import classes as _classes
+from .communicators import _Communicators
+from .contention_clock import _ContentionClock
 from .core import CollectiveProcess, Fabric, at
 from .plan import BucketPlan, CapturedIteration, Costs
+from .replay_lane import _ReplayLane
 
 __all__ = ["_Replay"]
 
 
-class _ReplayLane(Lane):
-    """A replayed rank's lane: its collectives are the engine's processes (shared by every
-    member) with this rank's issue time, turned into CommSpans only when asked."""
-
-    __slots__ = ()
-
-    def comm_intervals(self) -> list[tuple[float, float]]:
-        return [(c.start, c.end) for c, _ in self.comms
-                if c.start is not None and c.end is not None]
-
-    def comm_spans(self, rank: int) -> list[CommSpan]:
-        out = []
-        for c, issue in self.comms:
-            info = c.info
-            members = info["members"]
-            out.append(CommSpan(
-                rank=rank, op=info["op"], group=info["group"],
-                group_ranks=tuple(members) if len(members) <= 64 else (),  # no 4096-tuples
-                seq=info["seq"], bytes=info["bytes"], issue=issue, start=c.start, end=c.end,
-                site=info["name"], in_backward=info["in_backward"]))
-        return out
+def _forward_events(cap: CapturedIteration) -> list[list[tuple[float, int, int]]]:
+    """Per profile: its forward collectives' issues (0) and waits (1) by compute offset."""
+    out = []
+    for prof in cap.profiles:
+        ev = []
+        for k, fc in enumerate(prof.forward_collectives):
+            ev.append((float(fc["offset"]), 0, k))
+            if fc.get("wait_at") is not None:
+                ev.append((float(fc["wait_at"]), 1, k))
+        out.append(sorted(ev))
+    return out
 
 
-class _Replay:
+def _ready_times(cap: CapturedIteration, plans: list[BucketPlan]) -> list[list[float]]:
+    """Per profile: when each bucket is ready, relative to backward start (speed 1)."""
+    out = []
+    for prof in cap.profiles:
+        rd = [0.0 if t is None else float(t) for t in prof.ready]
+        out.append([max((rd[i] for i in p.params), default=0.0) for p in plans])
+    return out
+
+
+class _Replay(_Communicators, _ContentionClock):
     """One replay: every rank a simpy process on one :class:`Fabric`."""
 
     def __init__(self, cap: CapturedIteration, world: int, net: NetworkModel, *, buckets, plans,
@@ -83,112 +88,16 @@ class _Replay:
             self.noise = noise.lognormal(noise.generator(seed, 0), jitter,
                                          (world, iterations, 4))
             self.net_noise = noise.Stream(noise.generator(seed, 1), jitter)
-        # per profile: forward collectives' issues (0) and waits (1) by compute offset
-        self.forward_events = []
-        for prof in cap.profiles:
-            ev = []
-            for k, fc in enumerate(prof.forward_collectives):
-                ev.append((float(fc["offset"]), 0, k))
-                if fc.get("wait_at") is not None:
-                    ev.append((float(fc["wait_at"]), 1, k))
-            self.forward_events.append(sorted(ev))
-        # per profile: when each bucket is ready, relative to backward start (speed 1)
-        self.ready = []
-        for prof in cap.profiles:
-            rd = [0.0 if t is None else float(t) for t in prof.ready]
-            self.ready.append([max((rd[i] for i in p.params), default=0.0) for p in plans])
-        # per communicator: how many lanes arrive at each of its collectives
-        self.lanes_in: dict[Any, int] = {}
-        for r in reps:
-            g = r % groups
-            for key in (("dp", g), ("node", g, r // gpn)):
-                self.lanes_in[key] = self.lanes_in.get(key, 0) + 1
-        self.shared_nic = shared_nic
-        self._group_links: dict[int, list[tuple[str, int]]] = {}
-        self.colls: dict[tuple, CollectiveProcess] = {}
-        self.order: list[CollectiveProcess] = []
-        self.seq: dict[Any, int] = {}
+        self.forward_events = _forward_events(cap)
+        self.ready = _ready_times(cap, plans)
+        self._init_communicators(reps, shared_nic)
         self.side = [0.0] * nl
         self.spans: list[list[tuple[str, float, float, str]]] = [[] for _ in range(nl)]
         self.comms: list[list[tuple[CollectiveProcess, float]]] = [[] for _ in range(nl)]
         self.bounds: list[list[float]] = [[] for _ in range(nl)]
         self.ticks = 0  # progress: forward ends, buckets issued, iteration ends
         self.param_bytes = cap.param_bytes
-        # the network's Contention (simddp.models.contention): compute slowed while one of the
-        # lane's collectives is in flight, and a fixed compute-stream cost per issued
-        # collective. Inactive (None, or slowdown 1 and no cost): the code paths of no
-        # contention, so results are bitwise those of a network without it.
-        cont = getattr(net, "contention", None)
-        cont = cont if cont is not None and cont.active else None
-        self.slowdown = cont.slowdown if cont is not None else 1.0
-        self.slowed = self.slowdown != 1.0
-        self.issue_s = cont.per_collective_s if cont is not None else 0.0
-        self._live: list[list[CollectiveProcess]] = [[] for _ in range(nl)]  # not ended yet
-        self._seen = [0] * nl  # how many of comms[r] _live has taken in
-
-    # -- collectives -----------------------------------------------------------------------
-    def _net_factor(self) -> float:
-        return 1.0 if self.net_noise is None else self.net_noise.next()
-
-    def node_members(self, g: int, node: int) -> range:
-        """The ranks of DDP group g on ``node`` (a node subgroup)."""
-        lo, hi = node * self.gpn, min((node + 1) * self.gpn, self.world)
-        return range(lo + (g - lo) % self.groups, hi, self.groups)
-
-    def group_links(self, g: int) -> list[tuple[str, int]]:
-        """The shared NICs group g's collectives hold (``shared_nic``; none otherwise)."""
-        links = self._group_links.get(g)
-        if links is None:
-            links = []
-            if self.shared_nic:
-                nodes = sorted({r // self.gpn for r in range(g, self.world, self.groups)})
-                if len(nodes) > 1:
-                    links = [("nic", n) for n in nodes]
-            self._group_links[g] = links
-        return links
-
-    def comm_of(self, r: int, scope: str) -> tuple[Any, range, list]:
-        """(communicator key, members, shared links) of lane r's DDP group or node subgroup."""
-        rank = self.rep[r]
-        g = rank % self.groups
-        if scope == "node":
-            node = rank // self.gpn
-            return ("node", g, node), self.node_members(g, node), []
-        return ("dp", g), range(g, self.world, self.groups), self.group_links(g)
-
-    def enqueue(self, r: int, tag: tuple, scope: str, op: str, nbytes: int,
-                in_backward: bool = False) -> CollectiveProcess:
-        """The collective ``tag`` on rank r's communicator, created (taking the communicator's
-        next sequence number, queued behind everything enqueued before it) by its first
-        member to enqueue it; no member has arrived at it yet (see :meth:`arrive`)."""
-        key, members, links = self.comm_of(r, scope)
-        name = (key, *tag)
-        c = self.colls.get(name)
-        if c is None:
-            n = len(members)
-            dur = collective_time(self.net, op, nbytes, n) * self._net_factor() if n > 1 else 0.0
-            seq = self.seq.get(key, 0)
-            self.seq[key] = seq + 1
-            group = f"dp{key[1]}" if key[0] == "dp" else f"dp{key[1]}/node{key[2]}"
-            info = {"name": "/".join(str(x) for x in (group, *tag)), "op": op, "group": group,
-                    "members": members, "seq": seq, "bytes": int(nbytes),
-                    "in_backward": in_backward}
-            # the collective waits for one arrival per lane (a class's representative
-            # arrives for all of its ranks), and lasts as long as its real group size says
-            c = self.colls[name] = self.fabric.collective(key, self.lanes_in[key], dur,
-                                                          links=links, info=info)
-            self.order.append(c)
-        return c
-
-    def arrive(self, r: int, c: CollectiveProcess) -> CollectiveProcess:
-        """Rank r issues ``c`` now: its data is ready, the collective may start."""
-        c.arrive()
-        self.comms[r].append((c, self.env.now))
-        return c
-
-    def issue(self, r: int, tag: tuple, scope: str, op: str, nbytes: int,
-              in_backward: bool = False) -> CollectiveProcess:
-        return self.arrive(r, self.enqueue(r, tag, scope, op, nbytes, in_backward))
+        self._init_contention(net, nl)  # compute slowed while communicating
 
     # -- rank processes ----------------------------------------------------------------------
     def compute(self, r: int, kind: str, seconds: float, label: str | None = None):
@@ -199,59 +108,6 @@ class _Replay:
             else:
                 yield self.env.timeout(seconds)  # lands on start + seconds exactly
             self._span(r, kind, start, self.env.now, label or kind)
-
-    def issue_cost(self, r: int, kind: str, label: str):
-        """The contention's fixed compute-stream cost of issuing one collective (none: no-op)."""
-        if self.issue_s > 0:
-            start = self.env.now
-            yield self.env.timeout(self.issue_s)
-            self._span(r, kind, start, self.env.now, label)
-
-    def _work(self, r: int, work: float):
-        """Lane r computes ``work`` seconds' worth, at ``1 / slowdown`` of its rate while one of
-        its collectives is in flight. A collective's start is known only once it has started, so
-        the lane waits until the finish the known intervals give, then looks again: a collective
-        that started meanwhile pushes the finish later (once per such collective)."""
-        env = self.env
-        t0 = env.now
-        end = self._finish(r, t0, work)
-        while end > env.now:
-            yield at(env, end)
-            end = self._finish(r, t0, work)
-
-    def _finish(self, r: int, t0: float, work: float) -> float:
-        """When ``work`` seconds of compute begun at ``t0`` end, given the in-flight intervals
-        of lane r's collectives known now."""
-        live, comms = self._live[r], self.comms[r]
-        if self._seen[r] < len(comms):
-            live.extend(c for c, _ in comms[self._seen[r]:])
-            self._seen[r] = len(comms)
-        spans = []
-        keep = []
-        for c in live:
-            if c.start is None:
-                keep.append(c)
-                continue
-            e = c.start + c.duration
-            if e > t0:  # ended before t0: irrelevant to this and every later segment
-                keep.append(c)
-                spans.append((max(c.start, t0), e))
-        self._live[r] = keep
-        sd = self.slowdown
-        t, left = t0, work
-        for a, b in sorted(spans):
-            if b <= t:
-                continue
-            if a > t:  # full rate until the next collective starts
-                if left <= a - t:
-                    return t + left
-                left -= a - t
-                t = a
-            if left * sd <= b - t:  # slowed until it (and those it overlaps) ends
-                return t + left * sd
-            left -= (b - t) / sd
-            t = b
-        return t + left
 
     def _span(self, r: int, kind: str, s: float, e: float, label: str) -> None:
         if e > s:
@@ -324,20 +180,29 @@ class _Replay:
             pending.append((first, plan.stages[0][2] * scale))
 
     def train(self, r: int, it: int):
-        env = self.env
         p = self.rep[r] % self.nprof
         prof = self.cap.profiles[p]
         s = self.slow[r]
         f = self.noise[r, it].tolist() if self.noise is not None else (1.0, 1.0, 1.0, 1.0)
         pending: list = []
-        ic = self.issue_s  # the contention's cost of issuing a collective (0: none)
         if self.join:  # Join.notify_join_context and DDP's requires-grad-sync, async
             yield from self.issue_cost(r, "forward", "issue: join")
             pending.append((self.issue(r, ("join", it), "dp", "all_reduce", 4), 0.0))
             yield from self.issue_cost(r, "forward", "issue: join")
             pending.append((self.issue(r, ("sync", it), "dp", "all_reduce", 4), 0.0))
-        # forward, with the captured forward collectives at their offsets
-        scale = s * f[0]
+        yield from self.forward(r, it, p, s * f[0])
+        yield from self.backward(r, it, p, s * f[1], pending)
+        yield from self.wait_all(r, pending, "wait: collectives of backward")
+        yield from self.compute(r, "backward", prof.post_backward * s * f[2])
+        yield from self.compute(r, "forward", prof.before_step * s * f[2])
+        yield from self.compute(r, "optimizer", prof.optimizer * s * f[3])
+        if self.period and it % self.period == 0:
+            yield from self.average(r, it, s)
+
+    def forward(self, r: int, it: int, p: int, scale: float):
+        """Lane r's forward (profile p), with the captured forward collectives at their
+        offsets."""
+        prof = self.cap.profiles[p]
         done = 0.0
         issued: dict[int, CollectiveProcess] = {}
         for offset, what, k in self.forward_events[p]:
@@ -353,57 +218,72 @@ class _Replay:
                 yield from self.wait(r, issued[k], f"wait: {fc['op']}")
         yield from self.compute(r, "forward", prof.forward * scale - done)
         self.ticks += 1
-        # backward: buckets issued in order, each when its last parameter is ready
+
+    def backward(self, r: int, it: int, p: int, scale: float, pending: list):
+        """Lane r's backward (profile p): buckets issued in order, each when its last parameter
+        is ready, then the captured backward collectives; what to wait for goes to
+        ``pending``."""
         scope = "node" if self.period else "dp"
-        t_b = env.now
-        scale = s * f[1]
-        shift = 0.0
-        ready = self.ready[p]
-        if self.slowed:  # backward as work, slowed while the lane's collectives run
-            work = 0.0
-            for k, plan in enumerate(self.plans):
-                target = ready[k] * scale
-                if target > work:
-                    yield from self._work(r, target - work)
-                    work = target
-                if plan.pre > 0:
-                    yield from self._work(r, plan.pre * scale)
-                if ic > 0:
-                    yield env.timeout(ic)
-                self.issue_bucket(r, it, k, plan, scale, scope, pending)
-            for k, bc in enumerate(self.cap.backward_collectives):
-                if ic > 0:
-                    yield env.timeout(ic)
-                pending.append((self.issue(r, ("bwd", it, k), scope, bc["op"],
-                                           int(bc["bytes"])), 0.0))
-            if prof.backward * scale > work:
-                yield from self._work(r, prof.backward * scale - work)
+        t_b = self.env.now
+        if self.slowed:
+            yield from self._backward_as_work(r, it, p, scale, scope, pending)
         else:
-            for k, plan in enumerate(self.plans):
-                t = t_b + ready[k] * scale + shift
-                if t > env.now:
-                    yield at(env, t)
-                if plan.pre > 0 or ic > 0:
-                    pre = plan.pre * scale + ic
-                    yield env.timeout(pre)
-                    shift += pre
-                self.issue_bucket(r, it, k, plan, scale, scope, pending)
-            for k, bc in enumerate(self.cap.backward_collectives):
-                if ic > 0:
-                    yield env.timeout(ic)
-                    shift += ic
-                pending.append((self.issue(r, ("bwd", it, k), scope, bc["op"],
-                                           int(bc["bytes"])), 0.0))
-            end = t_b + prof.backward * scale + shift
-            if end > env.now:
-                yield at(env, end)
-        self._span(r, "backward", t_b, env.now, "backward")
-        yield from self.wait_all(r, pending, "wait: collectives of backward")
-        yield from self.compute(r, "backward", prof.post_backward * s * f[2])
-        yield from self.compute(r, "forward", prof.before_step * s * f[2])
-        yield from self.compute(r, "optimizer", prof.optimizer * s * f[3])
-        if self.period and it % self.period == 0:
-            yield from self.average(r, it, s)
+            yield from self._backward_on_schedule(r, it, p, scale, scope, pending)
+        self._span(r, "backward", t_b, self.env.now, "backward")
+
+    def _backward_as_work(self, r: int, it: int, p: int, scale: float, scope: str,
+                          pending: list):
+        """Backward as work, slowed while the lane's collectives run (contention)."""
+        env = self.env
+        ic = self.issue_s  # the contention's cost of issuing a collective (0: none)
+        ready = self.ready[p]
+        work = 0.0
+        for k, plan in enumerate(self.plans):
+            target = ready[k] * scale
+            if target > work:
+                yield from self._work(r, target - work)
+                work = target
+            if plan.pre > 0:
+                yield from self._work(r, plan.pre * scale)
+            if ic > 0:
+                yield env.timeout(ic)
+            self.issue_bucket(r, it, k, plan, scale, scope, pending)
+        for k, bc in enumerate(self.cap.backward_collectives):
+            if ic > 0:
+                yield env.timeout(ic)
+            pending.append((self.issue(r, ("bwd", it, k), scope, bc["op"],
+                                       int(bc["bytes"])), 0.0))
+        backward = self.cap.profiles[p].backward
+        if backward * scale > work:
+            yield from self._work(r, backward * scale - work)
+
+    def _backward_on_schedule(self, r: int, it: int, p: int, scale: float, scope: str,
+                              pending: list):
+        """Backward at full rate: each bucket at its ready time, shifted by the comm hooks'
+        work and the issue costs before it."""
+        env = self.env
+        ic = self.issue_s  # the contention's cost of issuing a collective (0: none)
+        ready = self.ready[p]
+        t_b = env.now
+        shift = 0.0
+        for k, plan in enumerate(self.plans):
+            t = t_b + ready[k] * scale + shift
+            if t > env.now:
+                yield at(env, t)
+            if plan.pre > 0 or ic > 0:
+                pre = plan.pre * scale + ic
+                yield env.timeout(pre)
+                shift += pre
+            self.issue_bucket(r, it, k, plan, scale, scope, pending)
+        for k, bc in enumerate(self.cap.backward_collectives):
+            if ic > 0:
+                yield env.timeout(ic)
+                shift += ic
+            pending.append((self.issue(r, ("bwd", it, k), scope, bc["op"],
+                                       int(bc["bytes"])), 0.0))
+        end = t_b + self.cap.profiles[p].backward * scale + shift
+        if end > env.now:
+            yield at(env, end)
 
     def average(self, r: int, it: int, s: float):
         """PeriodicModelAverager (LocalSGD) / SlowMo: all_reduce of all parameters."""
