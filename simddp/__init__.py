@@ -76,6 +76,7 @@ from .analysis import (CommSpan, IterationStats, ReplayResult, RunResult, SimRes
                        SweepResult, Timeline)
 from .engines import (CapturedIteration, Channel, CollectiveProcess, Fabric, Observer, capture,
                       mark_iteration, now, simulate, sweep)
+from .engines.simulate import RerunWarning
 from . import faults
 from .errors import CollectiveRaceError, CollectiveTimeoutError, ExplorationError
 from .exploration import ExplorationSummary, explore
@@ -86,7 +87,7 @@ from .timing import Timing
 _skip_package(_os.path.dirname(_os.path.abspath(__file__)))  # user_site() skips simddp frames
 
 __all__ = [
-    "simulate", "SimResult", "Timing", "Network", "MeasuredNetwork", "Contention", "Compute",
+    "simulate", "SimResult", "RerunWarning", "Timing", "Network", "MeasuredNetwork", "Contention", "Compute",
     "DevicePreset",
     "NetworkModel", "ComputeModel", "Observer",
     "Timeline", "Span", "CommSpan", "IterationStats", "RunResult",

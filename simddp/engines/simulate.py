@@ -77,6 +77,7 @@ bookkeeping ops (free).
 from __future__ import annotations
 
 import dataclasses
+import warnings
 import time as _time
 from typing import Any, Callable, Sequence
 
@@ -352,9 +353,18 @@ def simulate(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, 
     t0 = _time.perf_counter()
     sim, res = _run(fn, args, nprocs, timing, seed, hang_timeout, observer, bool(coarse))
     if sim.diverged:  # a replayed backward met what its tape did not hold: redo per-op
+        warnings.warn("simddp.simulate: a replayed segment met what its tape did not hold, or "
+                      "raised, so the world ran again op by op (the same virtual times); the "
+                      "program's side effects (files, prints) ran twice. "
+                      "simulate(..., coarse=False) runs it once, op by op.",
+                      RerunWarning, stacklevel=2)
         sim, res = _run(fn, args, nprocs, timing, seed, hang_timeout, observer, False)
     return SimResult(res.returns, res.trace, sim.timeline(), nprocs, seed, timing,
                      _time.perf_counter() - t0, res)
+
+
+class RerunWarning(UserWarning):
+    """:func:`simulate` ran the program a second time, op by op (see its ``coarse``)."""
 
 
 def _run(fn: Callable[..., Any], args: Sequence[Any], nprocs: int, timing: Timing, seed: int,
