@@ -3,8 +3,6 @@ charged from its tape, and every virtual time is what charging op by op gives.""
 
 import pytest
 import torch
-import torch.distributed as dist
-from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from fakepg import zoo
@@ -12,20 +10,13 @@ import simddp
 from simddp import CollectiveTimeoutError, Compute, Network, Timing
 from simddp.engines import tape
 from simddp.engines.simulate import RerunWarning
+from test_simddp_scenarios import run as train_scenario
 
 ITERATIONS = 7  # three backward passes recorded per rank (the first two differ: rebuild)
 
 
 def run(rank, name):
-    sc = zoo.get(name, iterations=ITERATIONS)
-    model = DDP(sc.build_model(), **sc.ddp_kwargs)
-    opt = sc.optimizer(model.parameters())
-    with Join([model], enable="uneven" in sc.features):
-        for batch in sc.inputs(rank, dist.get_world_size()):
-            opt.zero_grad()
-            sc.step(model, batch).backward()
-            opt.step()
-    return [p.detach().clone() for p in model.parameters()]
+    return train_scenario(rank, name, iterations=ITERATIONS)
 
 
 @pytest.fixture

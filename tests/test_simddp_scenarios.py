@@ -12,8 +12,9 @@ import simddp
 from simddp import Timing
 
 
-def run(rank, name):
-    sc = models.get(name)
+def run(rank, name, **overrides):
+    """Train zoo scenario ``name`` (``overrides`` go to ``zoo.get``) under DDP; its parameters."""
+    sc = models.get(name, **overrides)
     model = DDP(sc.build_model(), **sc.ddp_kwargs)
     opt = sc.optimizer(model.parameters())
     with Join([model], enable="uneven" in sc.features):
