@@ -71,7 +71,8 @@ def _site(call: "Call") -> str:
 
 
 class _Rank:
-    __slots__ = ("issued", "from_callbacks", "from_program", "roots", "futures", "in_backward")
+    __slots__ = ("issued", "from_callbacks", "from_program", "roots", "futures", "in_backward",
+                 "deferred")
 
     def __init__(self) -> None:
         self.issued = 0  # this rank's collectives so far, on any group
@@ -80,6 +81,7 @@ class _Rank:
         self.roots: dict[int, tuple[int, Call]] = {}      # id(call) -> its chain's first work
         self.futures: dict[int, tuple[Any, Call]] = {}    # id(future) -> (future, its work's call)
         self.in_backward = False  # an end-of-backward callback is queued
+        self.deferred: GlooHazardError | None = None  # raised in a callback: the program's too
 
 
 class GlooHazards:
@@ -122,9 +124,16 @@ class GlooHazards:
             me.roots[id(call)] = root
             for i, d in me.from_program:  # the program went on after the root, before this
                 if d.record.group == group and i > root[0] and d is not root[1]:
-                    self._report(call, root[1], d)
+                    try:
+                        self._report(call, root[1], d)
+                    except GlooHazardError as e:
+                        # it fails the callback's future, which the program may never wait
+                        # for: its next collective or wait raises it too
+                        me.deferred = e
+                        raise
             me.from_callbacks.append(here)
         else:
+            self._raise_deferred(me)
             for _, c in me.from_callbacks:
                 if c.record.group == group:
                     self._report(c, me.roots[id(c)][1], call)
@@ -139,7 +148,10 @@ class GlooHazards:
 
     def waited(self, call: "Call") -> None:
         me = self._ranks.get(call.rank)
-        if me is None or id(call) not in me.roots:
+        if me is None:
+            return
+        self._raise_deferred(me)
+        if id(call) not in me.roots:
             return
         root = me.roots[id(call)][1]
         me.from_callbacks = [(i, c) for i, c in me.from_callbacks if me.roots[id(c)][1] is not root]
@@ -147,6 +159,12 @@ class GlooHazards:
         if not me.from_callbacks and not me.from_program:
             me.roots.clear()
             me.futures.clear()
+
+    @staticmethod
+    def _raise_deferred(me: _Rank) -> None:
+        error, me.deferred = me.deferred, None
+        if error is not None:
+            raise error
 
     def _forget(self, rank: int) -> None:
         me = self._ranks[rank]

@@ -41,6 +41,20 @@ def _callback_issues(rank: int, wait_first: bool) -> float:
     return float(a.sum() + c.sum())
 
 
+def _unwaited_callback(rank: int) -> float:
+    a, b, c = torch.ones(2), torch.ones(2), torch.ones(2)
+    work = dist.all_reduce(a, async_op=True)
+    work.get_future().then(lambda _: dist.all_reduce(b, async_op=True))  # never waited for
+    dist.all_reduce(c)
+    dist.barrier()
+    return float(c.sum())
+
+
+def test_a_hazard_raised_in_a_callback_fails_the_rank_even_if_its_future_is_never_waited():
+    with pytest.raises(fakepg.RankFailedError, match="GlooHazardError"):
+        fakepg.spawn(_unwaited_callback, nprocs=2, backend="gloo")
+
+
 def test_powersgd_with_several_buckets_is_a_gloo_hazard_naming_both_collectives():
     with pytest.raises(fakepg.RankFailedError) as info:
         fakepg.spawn(_powersgd, args=(0.001,), nprocs=2, backend="gloo")
