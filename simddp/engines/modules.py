@@ -14,7 +14,6 @@ module called inside backward, an optimizer step or a future callback — and ev
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import torch
@@ -105,28 +104,12 @@ def _call(orig: Any, m: nn.Module, args: tuple, kwargs: dict) -> Any:
     return out
 
 
-_installed: list = [0, None]  # [users, the original nn.Module.__call__]
+def _routed_call(orig: Any) -> Any:
+    def call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return _call(orig, self, args, kwargs)
+    return call
 
 
-_lock = threading.Lock()  # simulations in several threads install once
-
-
-def install() -> None:
-    """Route module calls through :func:`_call` (while any simulation runs)."""
-    with _lock:
-        if _installed[0] == 0:
-            orig = nn.Module.__call__
-            _installed[1] = orig
-
-            def call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-                return _call(orig, self, args, kwargs)
-            nn.Module.__call__ = call
-        _installed[0] += 1
-
-
-def uninstall() -> None:
-    with _lock:
-        _installed[0] -= 1
-        if _installed[0] == 0:
-            nn.Module.__call__ = _installed[1]
-            _installed[1] = None
+# Routes module calls through :func:`_call` while any simulation runs.
+_CALLS = tape.SharedPatch(nn.Module, "__call__", _routed_call)
+install, uninstall = _CALLS.install, _CALLS.uninstall

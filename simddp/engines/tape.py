@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -264,28 +264,37 @@ def _run(orig: Any, t_outputs: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 # -- installing ------------------------------------------------------------------------------
-_installed = [0, None]  # [users, the original _engine_run_backward]
+class SharedPatch:
+    """``owner.name`` replaced by ``wrap(original)`` while at least one simulation uses it
+    (simulations in several threads install it once, and the last one out restores it)."""
+
+    def __init__(self, owner: Any, name: str, wrap: Callable[[Any], Any]) -> None:
+        self.owner, self.name, self.wrap = owner, name, wrap
+        self.users = 0
+        self.original: Any = None
+        self.lock = threading.Lock()
+
+    def install(self) -> None:
+        with self.lock:
+            if self.users == 0:
+                self.original = getattr(self.owner, self.name)
+                setattr(self.owner, self.name, self.wrap(self.original))
+            self.users += 1
+
+    def uninstall(self) -> None:
+        with self.lock:
+            self.users -= 1
+            if self.users == 0:
+                setattr(self.owner, self.name, self.original)
+                self.original = None
 
 
-_lock = threading.Lock()  # simulations in several threads install once
+def _routed_backward(orig: Any) -> Any:
+    def run(t_outputs: Any, *args: Any, **kwargs: Any) -> Any:
+        return _run(orig, t_outputs, *args, **kwargs)
+    return run
 
 
-def install() -> None:
-    """Route torch's backward passes through :func:`_run` (while any simulation runs)."""
-    with _lock:
-        if _installed[0] == 0:
-            orig = torch.autograd._engine_run_backward
-            _installed[1] = orig
-
-            def run(t_outputs: Any, *args: Any, **kwargs: Any) -> Any:
-                return _run(orig, t_outputs, *args, **kwargs)
-            torch.autograd._engine_run_backward = run
-        _installed[0] += 1
-
-
-def uninstall() -> None:
-    with _lock:
-        _installed[0] -= 1
-        if _installed[0] == 0:
-            torch.autograd._engine_run_backward = _installed[1]
-            _installed[1] = None
+# Routes torch's backward passes through :func:`_run` while any simulation runs.
+_BACKWARD = SharedPatch(torch.autograd, "_engine_run_backward", _routed_backward)
+install, uninstall = _BACKWARD.install, _BACKWARD.uninstall
