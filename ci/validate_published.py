@@ -30,7 +30,7 @@ def ddp_benchmark() -> list[str]:
     the ``dgx1-v100`` preset as is, and with a fixed compute-stream cost per collective of
     NCCL's own per-collective base latency (:data:`simddp.models.contention.NCCL_BASE_LATENCY_US`,
     tuning.cc's baseLat; cited, not fitted)."""
-    from simddp.engines.whatif import whatif
+    from simddp.whatif import whatif
     from simddp.models import Contention, Network
     from simddp.models.contention import NCCL_BASE_LATENCY_US
 

@@ -2,9 +2,9 @@
 
 What runs (all on the machine at hand, gloo over loopback, one intra-op thread per rank):
 
-1. ``simddp calibrate``'s measurement (:func:`simddp.engines.measure.measure`): all_reduce at
+1. ``simddp calibrate``'s measurement (:func:`simddp.measure.measure`): all_reduce at
    4 KiB–32 MiB on 2 and 4 real gloo processes -> :class:`simddp.MeasuredNetwork`; and its
-   contention measurement (:func:`simddp.engines.measure.measure_contention`: a matmul alone
+   contention measurement (:func:`simddp.measure.measure_contention`: a matmul alone
    vs while a gloo all_reduce runs, the cost of issuing one) -> :class:`simddp.Contention`;
 2. real DDP training (``torch.multiprocessing``, one process per rank, ``TrainLoop``'s model,
    optimizer and batches) for each workload × world size × bucket cap, plus two references per
@@ -13,7 +13,7 @@ What runs (all on the machine at hand, gloo over loopback, one intra-op thread p
    contention calibration, which involves no communication). Repetitions are interleaved
    (round-robin over configurations, ``--rounds`` times) and each cell reports the median of
    the per-round medians and the min–max spread, so the noise is visible;
-3. predictions with the public what-if path (:func:`simddp.engines.whatif.whatif`):
+3. predictions with the public what-if path (:func:`simddp.whatif.whatif`):
    * ``solo``: compute scaled to the one-process step time (``--step-time``, the README path);
    * ``shared``: compute scaled to the ``nodp`` step time at that world size (ranks sharing the
      machine's cores, measured without any communication);
@@ -51,8 +51,8 @@ sys.path.insert(0, ROOT)
 
 from fakepg import zoo  # noqa: E402
 from simddp import Compute, Contention, MeasuredNetwork, Network  # noqa: E402
-from simddp.engines.measure import contention_of, measure, measure_contention  # noqa: E402
-from simddp.engines.whatif import whatif  # noqa: E402
+from simddp.measure import contention_of, measure, measure_contention  # noqa: E402
+from simddp.whatif import whatif  # noqa: E402
 
 WORKLOADS = {  # name -> zoo overrides; sized so that gradients are MBs (buckets matter)
     "mlp-1024": ("mlp", dict(depth=4, width=1024, batch_size=64)),

@@ -3,10 +3,10 @@
 :func:`simulate` runs a function on fakepg's in-process ranks, exactly as
 :func:`fakepg.spawn` does, while a virtual clock per rank charges every aten op to a
 :class:`Compute` model and every collective to a :class:`Network` model (see
-:mod:`simddp.engines.simulate` for the rules: waits, stream semantics, races, timeouts).
+:mod:`simddp.cosim.simulate` for the rules: waits, stream semantics, races, timeouts).
 
 Three parts: :mod:`simddp.models` (network, compute and noise models, and the protocols
-:class:`NetworkModel` and :class:`ComputeModel` both engines accept), :mod:`simddp.engines`
+:class:`NetworkModel` and :class:`ComputeModel` both engines accept), :mod:`simddp.cosim`
 (co-simulation, trace-driven replay, the simpy core) and :mod:`simddp.analysis` (the
 :class:`Timeline` and the results, which share one shape: ``result.timeline``,
 ``result.iteration_times``, ``result.exposed_comm``, ``result.summary()``).
@@ -49,7 +49,7 @@ cluster, then replay it at thousands of ranks with what-if knobs::
     res.iteration_time, res.mean_exposed_comm, res.timeline.plot("r.png", ranks=range(8))
 
 (The function is ``simddp.replay.replay``; the package attribute ``simddp.replay`` stays the
-module.) Both co-simulation and replay run on the simpy core of :mod:`simddp.engines.core`.
+module.) Both co-simulation and replay run on the simpy core of :mod:`simddp.core`.
 
 Timing exploration (:mod:`simddp.exploration`, needs hypothesis): :func:`explore` searches
 perturbed timings (stragglers, jitter, slow links: :func:`simddp.strategies.timings`) for one
@@ -74,9 +74,11 @@ from fakepg.sites import skip_package as _skip_package
 from . import replay
 from .analysis import (CommSpan, IterationStats, ReplayResult, RunResult, SimResult, Span,
                        SweepResult, Timeline)
-from .engines import (CapturedIteration, Channel, CollectiveProcess, Fabric, Observer, capture,
-                      mark_iteration, now, simulate, sweep)
-from .engines.simulate import RerunWarning
+from .core import Channel, CollectiveProcess, Fabric
+from .program.captured import CapturedIteration
+from .sweep import sweep
+from .cosim import Observer, capture, mark_iteration, now, simulate
+from .cosim.simulate import RerunWarning
 from . import faults
 from .errors import CollectiveRaceError, CollectiveTimeoutError, ExplorationError
 from .exploration import ExplorationSummary, explore

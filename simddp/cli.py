@@ -11,7 +11,7 @@
 
 ``whatif`` takes a zoo scenario name (``fakepg.zoo``) or a script defining ``scenario``, runs
 torch's real DDP once on the fake cluster (a capture), then replays one row per configuration
-(world sizes × networks × bucket caps × comm hooks) — see :mod:`simddp.engines.whatif`.
+(world sizes × networks × bucket caps × comm hooks) — see :mod:`simddp.whatif`.
 Progress goes to stderr, the table to stdout (80 columns unless ``$COLUMNS`` says otherwise);
 ``--out DIR`` writes rows.csv, scaling.png, breakdown.png, timeline.png (the slowest
 configuration's notable ranks) and capture.json; ``--json FILE`` the rows.
@@ -260,7 +260,7 @@ def _write_outputs(res: Any, args: argparse.Namespace) -> list[str]:
 
 
 def _whatif(args: argparse.Namespace) -> int:
-    from .engines.whatif import whatif
+    from .whatif import whatif
 
     with _executor(args) as ex, _progress(not args.no_progress) as (status, rows, one):
         res = whatif(args.workload, **_grid_kwargs(args), gpu=args.gpu,
@@ -274,8 +274,8 @@ def _whatif(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from .engines.plan import CapturedIteration
-    from .engines.whatif import replay_grid
+    from .program.captured import CapturedIteration
+    from .whatif import replay_grid
 
     cap = CapturedIteration.load(args.capture)
     with _executor(args) as ex, _progress(not args.no_progress) as (status, rows, one):
@@ -296,7 +296,7 @@ def _finish(res: Any, args: argparse.Namespace) -> int:
 def _calibrate(args: argparse.Namespace) -> int:
     import json
 
-    from .engines.measure import measure
+    from .measure import measure
     from .models import Network
 
     rows = measure(world_sizes=args.world_size, sizes=args.sizes, ops=args.op, reps=args.reps,
@@ -319,7 +319,7 @@ def _calibrate(args: argparse.Namespace) -> int:
               f"{net.bandwidth_GBps:.3f} GB/s (Network(bandwidth_GBps=..., latency_us=...))")
     contention = None
     if not args.no_contention and rows and rows[0]["backend"] == "gloo":
-        from .engines.measure import contention_of, measure_contention
+        from .measure import contention_of, measure_contention
 
         worlds = [n for n in args.world_size if n >= 2]
         if worlds:

@@ -95,7 +95,7 @@ def explore(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *
     from hypothesis import HealthCheck, Phase, Verbosity, given, settings
     from hypothesis.errors import Flaky
 
-    from .engines.simulate import simulate
+    from .cosim.simulate import simulate
 
     if not callable(fn):  # an argument error, not a failure to explore
         raise TypeError(f"simddp.explore: fn must be callable (called as fn(rank, *args)), "

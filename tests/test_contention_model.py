@@ -8,7 +8,7 @@ import json
 import pytest
 
 from simddp import Contention, MeasuredNetwork, Network
-from simddp.engines.plan import CapturedIteration, ParamInfo, RankProfile
+from simddp.program.captured import CapturedIteration, ParamInfo, RankProfile
 from simddp.replay import replay
 
 MS = 1e-3

@@ -21,7 +21,7 @@ import torch
 import simddp
 from fakepg import zoo
 from simddp import Compute, Network, Timing
-from simddp.engines.whatif import calibrate_compute, load_workload, step_time, whatif
+from simddp.whatif import calibrate_compute, load_workload, step_time, whatif
 from simddp.replay import capture, replay, sweep
 
 ROOT = Path(__file__).resolve().parent.parent

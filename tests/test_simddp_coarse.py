@@ -1,4 +1,4 @@
-"""simddp's coarse path (simddp.engines.tape): a backward pass the rank has seen before is
+"""simddp's coarse path (simddp.cosim.tape): a backward pass the rank has seen before is
 charged from its tape, and every virtual time is what charging op by op gives."""
 
 import pytest
@@ -8,8 +8,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from fakepg import zoo
 import simddp
 from simddp import CollectiveTimeoutError, Compute, Network, Timing
-from simddp.engines import tape
-from simddp.engines.simulate import RerunWarning
+from simddp.cosim import tape
+from simddp.cosim.simulate import RerunWarning
 from test_simddp_scenarios import run as train_scenario
 
 ITERATIONS = 7  # three backward passes recorded per rank (the first two differ: rebuild)

@@ -1,4 +1,4 @@
-"""simddp.engines.core: communicators, shared links and collectives as simpy processes."""
+"""simddp.core: communicators, shared links and collectives as simpy processes."""
 
 import simpy
 import torch
@@ -9,7 +9,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import simddp
 from simddp import Network, Timing
-from simddp.engines.core import Channel, Fabric, at
+from simddp.core import Channel, Fabric, at
 
 
 def _arrive_at(fab, coll, t):

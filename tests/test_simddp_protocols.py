@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import models
 import simddp
 from simddp import Compute, Network, NetworkModel, Timing
-from simddp.engines.core import at
+from simddp.core import at
 from simddp.models import collective_time
 from simddp.replay import capture, replay
 

@@ -141,7 +141,7 @@ def test_the_vectorised_engine_agrees_with_simpy_on_random_replays(caps, world, 
 
 
 def test_replay_falls_back_to_the_simpy_engine_where_the_vectorised_one_does_not_model(caps):
-    from simddp.engines.vector import unsupported
+    from simddp.replay.vector_engine import unsupported
 
     cap = caps["mlp"]
     kw = dict(network=IB8, jitter=0.05, iterations=3, progress=False)
@@ -157,7 +157,7 @@ def test_replay_falls_back_to_the_simpy_engine_where_the_vectorised_one_does_not
     with pytest.raises(ValueError, match="engine must be one of"):
         replay(cap, 16, engine="fast", **kw)
     # one predicate decides; an option it does not know (a later knob) falls back too
-    from simddp.engines.plan import Costs, plans
+    from simddp.program.captured import Costs, plans
 
     bp = plans(cap, cap.buckets(), None, 1, Costs(cap.costs))
     assert unsupported(cap, 16, IB8, bp, {"jitter": 0.05}) is None

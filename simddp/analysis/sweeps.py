@@ -240,7 +240,7 @@ class SweepResult(list):
         if self.captured is None or self.configs is None:
             raise ValueError("this SweepResult has no capture (built from rows alone), so a "
                              "row cannot be replayed; use simddp.replay.sweep(cap, ...)")
-        from ..engines.replaying import replay
+        from ..replay.replaying import replay
 
         return replay(self.captured, **{**self.configs[index], **changes})
 

@@ -11,7 +11,7 @@ A :class:`Contention` rides on a network model (``Network(..., contention=...)``
   on a machine with fewer cores than ranks × (compute + communication threads) they take turns —
   and ``simddp calibrate`` measures the factor: a compute kernel's time with all ranks computing,
   alone vs while a gloo all_reduce runs between the same processes
-  (:func:`simddp.engines.measure.measure_contention`). On GPUs the same form describes NCCL's
+  (:func:`simddp.measure.measure_contention`). On GPUs the same form describes NCCL's
   kernels occupying SMs (one CTA per channel) and memory bandwidth while compute kernels run
   (the "overlapped-kernel slowdown" of Echo and Lumos); :meth:`Contention.sm_share` gives the
   SM-count form ``SMs / (SMs − channels)``. There is no default for GPUs: the one figure found,

@@ -1,6 +1,6 @@
 """A network model read from measurements: what the collectives cost on *this* machine.
 
-``simddp calibrate`` (or :func:`simddp.engines.measure.measure`) times each op × message size ×
+``simddp calibrate`` (or :func:`simddp.measure.measure`) times each op × message size ×
 world size nccl-tests style on the backend at hand; :class:`MeasuredNetwork` answers
 ``collective_time`` from those rows. Between two measured sizes the time is interpolated
 linearly in log(size) — protocol and algorithm switches (gloo's, NCCL's) make one α–β line miss

@@ -1,7 +1,7 @@
 """The per-rank dispatch mode that charges every aten op to the rank's virtual clock.
 
 The hot path of co-simulation: it runs for every op every rank executes, so it reads the
-clock's fields directly (see :class:`~simddp.engines.clock.RankClock`) and finds an op's cost
+clock's fields directly (see :class:`~simddp.cosim.clock.RankClock`) and finds an op's cost
 without calling the compute model whenever it can (:func:`classify`).
 """
 

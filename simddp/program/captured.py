@@ -1,7 +1,7 @@
 """What a capture holds, and how replay plans each bucket's communication.
 
 * :class:`CapturedIteration` (with :class:`ParamInfo` and :class:`RankProfile` per rank): one
-  DDP iteration as :func:`~simddp.engines.capture.capture` recorded it, JSON-serialisable;
+  DDP iteration as :func:`~simddp.cosim.capture.capture` recorded it, JSON-serialisable;
 * :func:`assign_buckets`: the Reducer's bucket layout at any cap, with torch's own bucketing;
 * :func:`plans`: per bucket, the collectives a comm hook issues and the compute around them,
   costed with the capture's roofline summary (:class:`Costs`).

@@ -1,6 +1,6 @@
 """Trace-driven replay: one captured DDP iteration, replayed at any world size on simpy.
 
-This module is the public face of replay; the code lives in :mod:`simddp.engines`
+This module is the public face of replay; the code lives in :mod:`simddp.cosim`
 (``capture``, ``plan``, ``run``, ``sweep``) and the figures in :mod:`simddp.analysis`.
 
 Two steps::
@@ -48,8 +48,8 @@ on the fake cluster — torch's real DDP and Reducer — for ``iterations`` step
 Replay (:func:`replay`)
 -----------------------
 
-One global simpy environment (:class:`simddp.engines.core.Fabric`); each rank is a simpy process,
-each collective a process on its communicator (see :mod:`simddp.engines.core`). Per iteration a
+One global simpy environment (:class:`simddp.core.Fabric`); each rank is a simpy process,
+each collective a process on its communicator (see :mod:`simddp.core`). Per iteration a
 rank runs:
 
 1. **forward**: its captured forward compute (× 1/rank_speed × jitter), with the captured
@@ -118,7 +118,7 @@ Knobs (all of :func:`replay`'s keywords are grid axes for :func:`sweep`):
   form a class, and one representative per class is simulated, arriving at each collective
   for its whole class — bit-for-bit the per-rank result; ``per_rank=True`` simulates every
   rank. With ``jitter`` every rank is distinct, and the vectorised engine
-  (:mod:`simddp.engines.vector`: every rank a slot of numpy arrays, each collective a scalar
+  (:mod:`simddp.replay.vector_engine`: every rank a slot of numpy arrays, each collective a scalar
   per communicator) replays them all — the simpy engine's iteration ends and collectives bit
   for bit, its per-iteration sums to float rounding — except where it does not model an
   option (uneven inputs, NICs shared between groups: then the simpy engine runs).
@@ -140,12 +140,12 @@ hook returned, which is a few ops after the Reducer issued the all_reduce inside
 and compute is replayed per segment, not per op. The test requires agreement within 5 %.
 """
 
-from .analysis import ReplayResult, SweepResult, write_csv
-from .engines.capture import capture
-from .engines.plan import (COMM_HOOKS, CapturedIteration, ParamInfo, RankProfile,
+from ..analysis import ReplayResult, SweepResult, write_csv
+from ..cosim.capture import capture
+from ..program.captured import (COMM_HOOKS, CapturedIteration, ParamInfo, RankProfile,
                            assign_buckets)
-from .engines.replaying import replay
-from .engines.sweep import sweep
+from .replaying import replay
+from ..sweep import sweep
 
 __all__ = ["capture", "replay", "sweep", "write_csv", "assign_buckets", "CapturedIteration",
            "ParamInfo", "RankProfile", "ReplayResult", "SweepResult", "COMM_HOOKS"]

@@ -3,7 +3,7 @@
 A do-nothing ``TorchDispatchMode`` alone nearly doubles the cost of a DDP step (torch boxes
 every op's arguments into Python), and two thirds of a training step's ops run in
 backward. So a backward pass whose ops the rank has already seen, twice in a row and
-identically, runs with the rank's :class:`~simddp.engines.dispatch.ClockMode` off, and its
+identically, runs with the rank's :class:`~simddp.cosim.dispatch.ClockMode` off, and its
 cost comes from a *tape*: the charges of its ops (each op's ticks, or with jitter its noise
 entry: the factors are still drawn from the noise streams, op by op, in the recorded order)
 cut at the *events* where the clock is read — a collective's issue, a wait, the end of
@@ -23,7 +23,7 @@ what a tape cannot hold (a future callback, an optimizer step, ``simddp.now()``,
 a tensor a collective writes). What the key cannot see — Python hooks on non-leaf tensors or
 nodes that do different work from one iteration to the next on the same graph — is checked
 where it would show: a replay that meets an event its tape does not have raises
-:class:`Divergence`, and :func:`~simddp.engines.simulate.simulate` reruns the world per-op
+:class:`Divergence`, and :func:`~simddp.cosim.simulate.simulate` reruns the world per-op
 (so does an exception escaping a replay). The one assumption left: such a hook whose changing
 work adds no event, only ops between two events, goes uncharged (``simulate(coarse=False)``).
 """

@@ -2,9 +2,9 @@
 
 Both ways simddp keeps time run on this module:
 
-* **co-simulation** (:mod:`simddp.engines.simulate`): a live fake cluster, whose collectives' times are
+* **co-simulation** (:mod:`simddp.cosim.simulate`): a live fake cluster, whose collectives' times are
   decided here through :class:`Channel`;
-* **trace-driven replay** (:mod:`simddp.engines.run`): a captured DDP iteration replayed at any world
+* **trace-driven replay** (:mod:`simddp.replay.simpy_engine`): a captured DDP iteration replayed at any world
   size, each rank a simpy process on one :class:`Fabric`.
 
 The model (simddp's promised semantics 2)

@@ -1,4 +1,4 @@
-"""One pass of the vectorised replay over the plan (see :mod:`simddp.engines.vector`), phase by
+"""One pass of the vectorised replay over the plan (see :mod:`simddp.replay.vector_engine`), phase by
 phase: forward with the forward collectives at their offsets; backward with every bucket issued
 at its ready time after ``plan.pre`` and the hooks' callbacks (or PowerSGD's chained stages) on
 the side stream, then the end-of-backward wait; post-backward and optimizer compute with the
@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..models import collective_time
-from .plan import BucketPlan
+from ..program.captured import BucketPlan
 from .vector_records import Record, Step
 
 if TYPE_CHECKING:
-    from .vector import VectorReplay
+    from .vector_engine import VectorReplay
 
 __all__ = ["PlanPass"]
 

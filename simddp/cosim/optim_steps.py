@@ -1,7 +1,7 @@
 """The coarse path for optimizer steps: a step of torch.optim's own optimizers, from tapes.
 
 An (outermost) ``step()`` of an optimizer whose class is in :data:`PURE` is a segment of
-:mod:`simddp.engines.tape`, bracketed by simulate's global step hooks (it cannot be wrapped:
+:mod:`simddp.cosim.tape`, bracketed by simulate's global step hooks (it cannot be wrapped:
 the hooks run inside torch's own wrapper). Its key: the optimizer (class, identity), each
 group's hyperparameters, every parameter's layout, its ``.grad``'s layout (or None) and its
 state's (tensors by layout, other values as they are). Optimizers whose step reads a tensor's

@@ -1,6 +1,6 @@
 """Races and timeouts in virtual time, worded for a person (simddp's semantics 4 and 5).
 
-:class:`~simddp.engines.clock.RankClock` decides *that* a rank raced or timed out; this module
+:class:`~simddp.cosim.clock.RankClock` decides *that* a rank raced or timed out; this module
 says *what happened*: which collective, issued where, touched or waited for where.
 """
 

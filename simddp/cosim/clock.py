@@ -1,8 +1,8 @@
 """A rank's virtual clock in co-simulation: per-op costs and noise, spans, waits, the
 collectives in flight and the stream semantics of tensors they write.
 
-See :mod:`simddp.engines.simulate` for the rules; :mod:`simddp.engines.dispatch` charges
-ops to these clocks, :mod:`simddp.engines.checks` words the races and timeouts found here.
+See :mod:`simddp.cosim.simulate` for the rules; :mod:`simddp.cosim.dispatch` charges
+ops to these clocks, :mod:`simddp.cosim.checks` words the races and timeouts found here.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ class RankClock:
         self.cb_saved: list[tuple[float, int | None]] = []
         self.mode: ClockMode | None = None
         self.finished_at: float | None = None
-        # The coarse path (simddp.engines.tape): tapes by backward key (None: never coarse);
+        # The coarse path (simddp.cosim.tape): tapes by backward key (None: never coarse);
         # while a backward is recorded, rec and its op list rec_ops (ClockMode appends);
         # while one is replayed, play.
         self.coarse = bool(getattr(sim, "coarse", False)) and tape.pure(t.compute)

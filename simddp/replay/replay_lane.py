@@ -1,4 +1,4 @@
-"""A lane of the simpy replay engine (:mod:`~simddp.engines.run`): one replayed rank's (or one
+"""A lane of the simpy replay engine (:mod:`~simddp.replay.simpy_engine`): one replayed rank's (or one
 class representative's) record, its collectives kept as the engine's processes."""
 
 from __future__ import annotations

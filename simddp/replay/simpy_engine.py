@@ -1,14 +1,14 @@
 """Replay's simpy engine: a captured DDP iteration replayed on one simpy environment.
 
 :class:`_Replay`: every rank (or one representative per class of identical ranks,
-:mod:`~simddp.engines.classes`) a simpy process on one :class:`~simddp.engines.core.Fabric`,
-every collective a process on its communicator. :func:`~simddp.engines.replaying.replay`
+:mod:`~simddp.replay.classes`) a simpy process on one :class:`~simddp.core.Fabric`,
+every collective a process on its communicator. :func:`~simddp.replay.replaying.replay`
 checks the knobs and picks this engine or the vectorised one
-(:mod:`~simddp.engines.vector`). The model and every knob are described in
+(:mod:`~simddp.replay.vector_engine`). The model and every knob are described in
 :mod:`simddp.replay`. The result's figures come from its :class:`~simddp.Timeline`.
-Its parts: :mod:`~simddp.engines.communicators` (collectives on communicators),
-:mod:`~simddp.engines.contention_clock` (compute slowed while communicating),
-:mod:`~simddp.engines.replay_lane` (a lane's record).
+Its parts: :mod:`~simddp.replay.communicators` (collectives on communicators),
+:mod:`~simddp.replay.contention_clock` (compute slowed while communicating),
+:mod:`~simddp.replay.replay_lane` (a lane's record).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from ..models import NetworkModel, noise
 from .classes import classes as _classes
 from .communicators import _Communicators
 from .contention_clock import _ContentionClock
-from .core import CollectiveProcess, Fabric, at
-from .plan import BucketPlan, CapturedIteration, Costs
+from ..core import CollectiveProcess, Fabric, at
+from ..program.captured import BucketPlan, CapturedIteration, Costs
 from .replay_lane import _ReplayLane
 
 __all__ = ["_Replay"]

@@ -1,4 +1,4 @@
-"""The keys of tapes (:mod:`simddp.engines.tape`): what a backward pass, a module call or an
+"""The keys of tapes (:mod:`simddp.cosim.tape`): what a backward pass, a module call or an
 optimizer step must share with a recorded one for its tape to hold its ops.
 
 A backward's key is its autograd graph walked from the roots (see :func:`graph_key`); a

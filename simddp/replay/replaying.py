@@ -1,16 +1,16 @@
 """replay(): a captured DDP iteration replayed at any world size, on the engine that fits.
 
-It checks the knobs, plans each bucket (:mod:`~simddp.engines.plan`) and runs one engine:
+It checks the knobs, plans each bucket (:mod:`~simddp.program.captured`) and runs one engine:
 
-* the **simpy engine** (:class:`~simddp.engines.run._Replay`), one simpy process per class of
-  identical ranks (:mod:`~simddp.engines.classes`) — without jitter a million ranks are a few
+* the **simpy engine** (:class:`~simddp.replay.simpy_engine._Replay`), one simpy process per class of
+  identical ranks (:mod:`~simddp.replay.classes`) — without jitter a million ranks are a few
   classes — or per rank (``per_rank=True``, and where nothing else applies);
-* the **vectorised engine** (:class:`~simddp.engines.vector.VectorReplay`), every rank a slot
+* the **vectorised engine** (:class:`~simddp.replay.vector_engine.VectorReplay`), every rank a slot
   of numpy arrays, when ``jitter`` makes every rank distinct (or ``engine="vector"``), unless
-  :func:`~simddp.engines.vector.unsupported` names an option it does not implement (uneven
+  :func:`~simddp.replay.vector_engine.unsupported` names an option it does not implement (uneven
   inputs, NICs shared between groups, …): then the simpy engine runs instead.
 
-Both give the same figures (iteration ends bit for bit; see :mod:`simddp.engines.vector`).
+Both give the same figures (iteration ends bit for bit; see :mod:`simddp.replay.vector_engine`).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from fakepg.arguments import integer
 
 from ..analysis import PerRank, ReplayResult
 from ..models import Network, NetworkModel
-from .plan import CapturedIteration, Costs, check_knobs, plans
+from ..program.captured import CapturedIteration, Costs, check_knobs, plans
 from .progress import progress_display
-from .run import _Replay
-from .vector import DrawOrderUnsettled, VectorReplay, unsupported
+from .simpy_engine import _Replay
+from .vector_engine import DrawOrderUnsettled, VectorReplay, unsupported
 
 __all__ = ["replay", "ENGINES"]
 

@@ -1,5 +1,5 @@
 """The vectorised replay's records: its collectives, communicators, what a pass records, and
-the comm figures computed from them (see :mod:`simddp.engines.vector`)."""
+the comm figures computed from them (see :mod:`simddp.replay.vector_engine`)."""
 
 from __future__ import annotations
 
@@ -155,7 +155,7 @@ class Busy:
 
 
 class ResultRecords:
-    """What a :class:`~simddp.engines.vector.VectorReplay` hands to its result: the
+    """What a :class:`~simddp.replay.vector_engine.VectorReplay` hands to its result: the
     collectives' records, per-rank totals, and lanes materialised on demand (the engine's
     ``steps``, ``scopes``, ``order`` and ``_pass``)."""
 

@@ -5,7 +5,7 @@
 world_size)``, ``step(model, batch)``) under :func:`simddp.simulate` on the fake cluster —
 torch's real DDP and Reducer — and records its last iteration per rank; see
 :mod:`simddp.replay` for what is recorded and how replay uses it. The end-of-backward wait
-comes from the co-simulation's :class:`~simddp.engines.simulate.Observer`; the training loop
+comes from the co-simulation's :class:`~simddp.cosim.simulate.Observer`; the training loop
 is :func:`_train`, the one piece to swap for the zoo's own loop.
 """
 
@@ -20,7 +20,7 @@ from fakepg.arguments import integer
 
 from ..models import Network
 from ..timing import Timing
-from .plan import CapturedIteration, ParamInfo, RankProfile, parse_indices
+from ..program.captured import CapturedIteration, ParamInfo, RankProfile, parse_indices
 from .simulate import Observer, SimResult, now, simulate
 
 __all__ = ["capture"]

@@ -1,6 +1,6 @@
-"""The communicators of the simpy replay engine (:mod:`~simddp.engines.run`).
+"""The communicators of the simpy replay engine (:mod:`~simddp.replay.simpy_engine`).
 
-:class:`_Communicators`, a mixin of :class:`~simddp.engines.run._Replay`: each DDP group's
+:class:`_Communicators`, a mixin of :class:`~simddp.replay.simpy_engine._Replay`: each DDP group's
 communicator (and, with a model averager's period, each node subgroup's), the collectives
 enqueued on them in program order with their sequence numbers and durations, and a lane's
 arrivals at them.
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..models import collective_time
-from .core import CollectiveProcess
+from ..core import CollectiveProcess
 
 __all__ = ["_Communicators"]
 

@@ -8,10 +8,10 @@ import concurrent.futures
 import itertools
 from typing import Any, Callable
 
-from ..analysis import write_csv
-from ..analysis.sweeps import SweepResult, row_figures
-from .plan import CapturedIteration
-from .replaying import replay
+from .analysis import write_csv
+from .analysis.sweeps import SweepResult, row_figures
+from .program.captured import CapturedIteration
+from .replay.replaying import replay
 
 __all__ = ["sweep", "grid", "run_configs", "replay_row", "write_csv"]
 

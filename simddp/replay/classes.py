@@ -1,7 +1,7 @@
 """Equivalence classes of ranks: the ranks replay can simulate once for all.
 
 Ranks that nothing in the replay model tells apart follow identical trajectories; the simpy
-engine (:class:`~simddp.engines.run._Replay`) simulates one representative per class.
+engine (:class:`~simddp.replay.simpy_engine._Replay`) simulates one representative per class.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@
 * **Collectives.** A member's issue time is its clock at the call. The collective starts at
   ``max(issue times of all members, end of the group's previous collective)`` (a communicator
   runs its collectives in order; point-to-point transfers are ordered per (group, src, dst))
-  — decided by the simpy engine (:mod:`simddp.engines.core`): each communicator and each
+  — decided by the simpy engine (:mod:`simddp.core`): each communicator and each
   point-to-point channel is a :class:`~simddp.engine.Channel` (a simpy environment of its own
   with a capacity-1 resource) on which the collective runs as a process — and lasts
   ``network.collective_time(op, bytes, group size) × noise`` (send/recv: the "send" cost of
@@ -57,19 +57,19 @@
 
 * **Observers.** ``simulate(observer=...)`` takes a :class:`Observer`, told of events of the
   virtual-time model that fakepg's trace does not hold (the end-of-backward wait); trace-driven
-  capture (:mod:`simddp.engines.capture`) subscribes to it.
+  capture (:mod:`simddp.cosim.capture`) subscribes to it.
 
-The pieces: :mod:`~simddp.engines.clock` (a rank's clock, waits, stream semantics),
-:mod:`~simddp.engines.dispatch` (the per-op path), :mod:`~simddp.engines.tape` with
-:mod:`~simddp.engines.modules` and :mod:`~simddp.engines.steps` (the coarse path: backward
+The pieces: :mod:`~simddp.cosim.clock` (a rank's clock, waits, stream semantics),
+:mod:`~simddp.cosim.dispatch` (the per-op path), :mod:`~simddp.cosim.tape` with
+:mod:`~simddp.cosim.modules` and :mod:`~simddp.cosim.optim_steps` (the coarse path: backward
 passes, torch.nn layers' forwards and torch.optim steps the rank repeats, charged from tapes
 with the dispatch mode off — the same times; ``simulate(coarse=False)`` turns it off),
-:mod:`~simddp.engines.checks` (races and timeouts, worded), this module (the world hooks, the
+:mod:`~simddp.cosim.checks` (races and timeouts, worded), this module (the world hooks, the
 optimizer hooks, :func:`simulate`).
 
 Everything is a function of the program, the seed and the :class:`Timing`: reruns give
 identical traces and timelines. Not modelled: contention between groups that share links
-(each communicator is its own channel, see :mod:`simddp.engines.core`; replay models it),
+(each communicator is its own channel, see :mod:`simddp.core`; replay models it),
 host/device asynchrony beyond the side stream of callbacks, and the cost of record_function
 bookkeeping ops (free).
 """
@@ -95,8 +95,8 @@ from ..faults import check as check_faults
 from ..models import collective_time, noise
 from ..timing import Timing
 from .clock import CB, KIND_NAMES, OPT, Flight, RankClock, bind, current, ptr
-from . import modules, steps, tape
-from .core import Channel
+from . import modules, optim_steps, tape
+from ..core import Channel
 from .dispatch import ClockMode, FaultClockMode
 
 __all__ = ["simulate", "SimResult", "Observer", "now", "mark_iteration"]
@@ -114,7 +114,7 @@ class Observer:
 
 class Simulator(WorldHooks):
     """fakepg's world hooks under virtual time: one :class:`RankClock` per rank, one engine
-    :class:`~simddp.engines.core.Channel` per communicator."""
+    :class:`~simddp.core.Channel` per communicator."""
 
     def __init__(self, timing: Timing, nprocs: int, seed: int,
                  observer: Observer | None = None, coarse: bool = False) -> None:
@@ -127,7 +127,7 @@ class Simulator(WorldHooks):
         self.ranks = [RankClock(self, r, jseed) for r in range(nprocs)]
         self.network = timing.network
         # One engine Channel per communicator and per point-to-point (group, src, dst):
-        # see simddp.engines.core for why co-simulation uses a simpy environment per channel.
+        # see simddp.core for why co-simulation uses a simpy environment per channel.
         self.channels: dict[Any, Channel] = {}
         self.net_noise: noise.Stream | None = None  # one factor per collective, in match order
         if timing.net_jitter > 0:
@@ -144,7 +144,7 @@ class Simulator(WorldHooks):
 
     def rank_finished(self, rank: int) -> None:
         r = self.ranks[rank]
-        steps.abandon(r)
+        optim_steps.abandon(r)
         r.close_span()
         r.finished_at = r.clock
         try:
@@ -279,7 +279,7 @@ def _opt_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
         r.close_span()
         r.override = OPT
         r.opt_depth += 1
-        steps.begin(r, optimizer, args, kwargs)
+        optim_steps.begin(r, optimizer, args, kwargs)
         return
     r.opt_depth += 1
 
@@ -290,7 +290,7 @@ def _opt_post(optimizer: Any, args: Any, kwargs: Any) -> None:
         return
     r.opt_depth -= 1
     if r.opt_depth == 0 and r.override == OPT:
-        steps.end(r)
+        optim_steps.end(r)
         r.close_span()
         r.override = None
         r.boundaries.append(r.clock)
@@ -329,7 +329,7 @@ def simulate(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, 
     virtual time; see the module docstring for the rules. ``observer``: an
     :class:`Observer` told of virtual-time events as they happen. ``faults``:
     :mod:`simddp.faults` added to ``timing.faults`` for this run. ``coarse``: charge backward
-    passes the rank has seen before from their tapes (:mod:`simddp.engines.tape`; the same
+    passes the rank has seen before from their tapes (:mod:`simddp.cosim.tape`; the same
     times as per-op, faster); default on unless an ``observer`` is given; False: per-op.
 
     Raises what ``fakepg.spawn`` raises, except that a :class:`CollectiveRaceError` or

@@ -3,13 +3,13 @@
 A call of a module whose whole tree is made of torch.nn classes listed in :data:`PURE`
 (``Sequential``, ``Linear``, activations, ``LayerNorm``, ``Dropout``, ``Embedding`` …: their
 ``forward`` runs the same ops for the same arguments' layout) is a segment of
-:mod:`simddp.engines.tape`: keyed by the tree (each module's class, identity, ``training``
+:mod:`simddp.cosim.tape`: keyed by the tree (each module's class, identity, ``training``
 and the attributes that change what it does; every parameter's and buffer's layout), the
 tensor arguments' layout, and the grad/inference/autocast modes; recorded per-op, and once two
 recordings agree, replayed with the rank's ClockMode off. Not coarse: modules with hooks (or
 any global module hook), keyword arguments, non-tensor arguments, a torch function mode, a
 module called inside backward, an optimizer step or a future callback — and everything
-:func:`simddp.engines.tape._eligible` refuses (faults, collectives in flight, other models).
+:func:`simddp.cosim.tape._eligible` refuses (faults, collectives in flight, other models).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Compute under the network's contention, for the simpy replay engine (:mod:`~simddp.engines.run`).
+"""Compute under the network's contention, for the simpy replay engine (:mod:`~simddp.replay.simpy_engine`).
 
-:class:`_ContentionClock`, a mixin of :class:`~simddp.engines.run._Replay`: the network's
+:class:`_ContentionClock`, a mixin of :class:`~simddp.replay.simpy_engine._Replay`: the network's
 Contention (:mod:`simddp.models.contention`) slows a lane's compute while one of its
 collectives is in flight, and costs a fixed compute-stream time per issued collective.
 Inactive (None, or slowdown 1 and no cost): the code paths of no contention, so results are
@@ -10,7 +10,7 @@ bitwise those of a network without it.
 from __future__ import annotations
 
 from ..models import NetworkModel
-from .core import CollectiveProcess, at
+from ..core import CollectiveProcess, at
 
 __all__ = ["_ContentionClock"]
 

@@ -3,7 +3,7 @@ calibrated to a measured step time), one capture, then a replay per configuratio
 
 ::
 
-    from simddp.engines.whatif import whatif
+    from simddp.whatif import whatif
     rows = whatif("mlp", world_size=[64, 1024], network="ib-ndr", gpus_per_node=8,
                   bucket_cap_mb=[1, 25], rank_speed={3: 0.5})
     print(rows.table())
@@ -32,12 +32,12 @@ import os
 import runpy
 from typing import Any, Callable, Mapping, Sequence
 
-from ..analysis.sweeps import SweepResult
-from ..models import Compute, Network, NetworkModel
-from ..timing import Timing
-from .capture import capture
-from .plan import CapturedIteration
-from .simulate import now, simulate
+from .analysis.sweeps import SweepResult
+from .models import Compute, Network, NetworkModel
+from .timing import Timing
+from .cosim.capture import capture
+from .program.captured import CapturedIteration
+from .cosim.simulate import now, simulate
 from .sweep import Progress, run_configs
 
 __all__ = ["whatif", "replay_grid", "load_workload", "step_time", "calibrate_compute",

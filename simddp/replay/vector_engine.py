@@ -1,12 +1,12 @@
 """Replay's vectorised engine: every rank of an SPMD replay advanced as numpy arrays.
 
 All ranks replay the same plan; only their times differ (their profile, speed and noise
-draws). So instead of a simpy process per rank (:class:`~simddp.engines.run._Replay`), this
+draws). So instead of a simpy process per rank (:class:`~simddp.replay.simpy_engine._Replay`), this
 engine walks the plan once — forward compute with the forward collectives at their offsets,
 backward with every bucket issued at its ready time after ``plan.pre``, comm hook callbacks
 and PowerSGD's stages on the side stream, the end-of-backward wait, post-backward and
 optimizer compute, LocalSGD/SlowMo averaging — and each step updates an array over ranks
-(one pass, phase by phase: :class:`~simddp.engines.vector_pass.PlanPass`).
+(one pass, phase by phase: :class:`~simddp.replay.vector_pass.PlanPass`).
 Each collective is one scalar per communicator (a DDP group's, or a node subgroup's):
 ``start = max(latest arrival of its members, end of the communicator's previous
 collective)``, ``end = start + duration``, the duration being the network model's time times
@@ -38,7 +38,7 @@ import numpy as np
 
 from ..analysis.arrays import ArrayTimeline
 from ..models import NetworkModel, noise
-from .plan import BucketPlan, CapturedIteration, Costs
+from ..program.captured import BucketPlan, CapturedIteration, Costs
 from .vector_pass import PlanPass
 from .vector_records import Record, ResultRecords, Scope, Step, comm_figures
 

@@ -1,0 +1,14 @@
+"""Co-simulation: the fake cluster run under virtual time, and the capture replay starts from.
+
+* :mod:`~simddp.cosim.clock` (a rank's virtual clock), :mod:`~simddp.cosim.dispatch` (the
+  per-op path), :mod:`~simddp.cosim.checks` (races, timeouts), :mod:`~simddp.cosim.simulate`
+  (:func:`simulate`);
+* the coarse path for repeated work: :mod:`~simddp.cosim.tape` (backward passes),
+  :mod:`~simddp.cosim.modules` (module calls), :mod:`~simddp.cosim.optim_steps` (optimizer steps);
+* :mod:`~simddp.cosim.capture`: one iteration recorded for replay (:mod:`simddp.program`).
+"""
+
+from .capture import capture
+from .simulate import Observer, mark_iteration, now, simulate
+
+__all__ = ["simulate", "Observer", "now", "mark_iteration", "capture"]
