@@ -11,6 +11,7 @@ from typing import Any, Callable
 from .analysis import write_csv
 from .analysis.sweeps import SweepResult, row_figures
 from .program.captured import CapturedIteration
+from .program.knobs import Config
 from .replay.replaying import replay
 
 __all__ = ["sweep", "grid", "run_configs", "replay_row", "write_csv"]
@@ -30,13 +31,14 @@ def grid(**axes: Any) -> list[dict[str, Any]]:
     return [dict(zip(keys, combo)) for combo in itertools.product(*values)]
 
 
-def replay_row(captured: CapturedIteration, knobs: dict[str, Any],
+def replay_row(captured: CapturedIteration, config: Config,
                progress: Any = False) -> dict[str, Any]:
-    """One sweep row: :func:`replay` with ``knobs``, its :meth:`~simddp.ReplayResult.row`, the
+    """One sweep row: :func:`replay` of ``config``, its :meth:`~simddp.ReplayResult.row`, the
     breakdown columns (:func:`~simddp.analysis.sweeps.row_figures`) and ``wall_time_s``.
     Module-level, so that executors in other processes can run it. ``progress``: replay's
     (no display of its own by default: the sweep reports rows)."""
-    res = replay(captured, **{"progress": progress, **knobs})
+    res = replay(captured, config.world_size, network=config.network, knobs=config.knobs,
+                 progress=progress)
     return {**res.row(), **row_figures(res.timeline), "wall_time_s": res.wall_time}
 
 
@@ -56,16 +58,16 @@ def sweep(captured: CapturedIteration, *,
     >>> rows = sweep(cap, world_size=[64, 512], comm_hook=[None, "fp16"])  # doctest: +SKIP
     >>> print(rows.table()); rows.to_pandas()                             # doctest: +SKIP
     """
-    configs = grid(**grids)
+    configs = [Config.from_kwargs(kw) for kw in grid(**grids)]  # an unknown knob fails here
     return SweepResult(run_configs(captured, configs, executor=executor, progress=progress),
-                       captured=captured, configs=configs)
+                       captured=captured, configs=[c.as_kwargs() for c in configs])
 
 
-def run_configs(captured: CapturedIteration, configs: list[dict[str, Any]], *,
+def run_configs(captured: CapturedIteration, configs: list[Config], *,
                 executor: concurrent.futures.Executor | None = None,
                 progress: Progress | None = None,
                 replay_progress: Any = None) -> list[dict[str, Any]]:
-    """:func:`replay_row` for each of ``configs`` (replay keywords), here or on ``executor``;
+    """:func:`replay_row` for each of ``configs``, here or on ``executor``;
     rows in the order of ``configs``. ``replay_progress(done, total, description)`` hears how
     far each replay got (here only, not on an executor)."""
     total = len(configs)

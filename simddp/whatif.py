@@ -37,6 +37,7 @@ from .models import Compute, Network, NetworkModel
 from .timing import Timing
 from .cosim.capture import capture
 from .program.captured import CapturedIteration
+from .program.knobs import Config, Knobs
 from .cosim.simulate import now, simulate
 from .sweep import Progress, run_configs
 
@@ -171,17 +172,19 @@ def replay_grid(captured: CapturedIteration, *, world_size: Any, network: Any = 
     keywords (single values)."""
     nets = [network_for(n, gpus_per_node, contention) for n in _as_list(network)]
     speeds = dict(rank_speed or {})
+    base = Knobs.of(**knobs)  # an unknown knob fails before any replay
     configs = []
     for n in _as_list(world_size):
         for net in nets:
             for cap_mb in _as_list(bucket_cap_mb):
                 for hook in _as_list(comm_hook):
-                    configs.append({"world_size": n, "network": net, "bucket_cap_mb": cap_mb,
-                                    "comm_hook": hook, **knobs,
-                                    "rank_speed": {r: s for r, s in speeds.items() if r < n}})
+                    configs.append(Config(n, net, base.replace(
+                        bucket_cap_mb=cap_mb, comm_hook=hook,
+                        rank_speed={r: s for r, s in speeds.items() if r < n})))
     rows = run_configs(captured, configs, executor=executor, progress=progress,
                        replay_progress=replay_progress)
-    return SweepResult(rows, captured=captured, configs=configs, title=title)
+    return SweepResult(rows, captured=captured, configs=[c.as_kwargs() for c in configs],
+                       title=title)
 
 
 def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",

@@ -25,9 +25,13 @@ def test_ddp_replay_is_bitwise_what_it_was(captures, case):
     name, cid, engine = case.split("/")
     world, knobs = next((w, k) for c, w, k in DATA["configs"] if c == cid)
     expected = DATA["results"][case]
-    if "error" in expected and expected["error"] == "RuntimeError":
-        pytest.skip("deadlocked before the step program (Join shadow without forward "
-                    "collectives): covered by test_join_shadows_forward_and_backward_collectives")
+    if expected.get("error") == "RuntimeError":
+        # deadlocked before the step program (a joined rank shadowed neither the buffers'
+        # broadcast nor the unused-parameter all_reduce); now every rank finishes
+        res = replay(captures[name], world, engine=engine, progress=False,
+                     **golden.replay_kwargs(knobs))
+        assert len(res.iteration_times) == knobs["iterations"]
+        return
     try:
         res = replay(captures[name], world, engine=engine, progress=False,
                      **golden.replay_kwargs(knobs))

@@ -140,7 +140,8 @@ def test_the_vectorised_engine_agrees_with_simpy_on_random_replays(caps, world, 
         assert _close(fast.timeline.exposed_comm(r), slow.timeline.exposed_comm(r))
 
 
-def test_replay_falls_back_to_the_simpy_engine_where_the_vectorised_one_does_not_model(caps):
+def test_replay_runs_the_simpy_engine_where_the_vectorised_one_does_not_model_and_says_why(caps):
+    from simddp.program import Knobs, plan
     from simddp.replay.vector_engine import unsupported
 
     cap = caps["mlp"]
@@ -148,6 +149,7 @@ def test_replay_falls_back_to_the_simpy_engine_where_the_vectorised_one_does_not
     # Join's shadow iterations: ranks run different plans
     joined = replay(cap, 16, uneven={3: 1}, **kw)
     assert not isinstance(joined.timeline, ArrayTimeline)
+    assert joined.engine == "simpy" and "uneven inputs" in joined.engine_reason
     assert joined.to_json() == replay(cap, 16, uneven={3: 1}, per_rank=True, **kw).to_json()
     with pytest.raises(ValueError, match="uneven inputs"):
         replay(cap, 16, uneven={3: 1}, engine="vector", **kw)
@@ -156,19 +158,20 @@ def test_replay_falls_back_to_the_simpy_engine_where_the_vectorised_one_does_not
     assert not isinstance(shared.timeline, ArrayTimeline)
     with pytest.raises(ValueError, match="engine must be one of"):
         replay(cap, 16, engine="fast", **kw)
-    # one predicate decides; an option it does not know (a later knob) falls back too
-    from simddp.program.captured import Costs, plans
-
-    bp = plans(cap, cap.buckets(), None, 1, Costs(cap.costs))
-    assert unsupported(cap, 16, IB8, bp, {"jitter": 0.05}) is None
-    assert "contention" in unsupported(cap, 16, IB8, bp, {"jitter": 0.05, "contention": 0.3})
+    # one predicate decides, on the program; a knob replay does not know is an error
+    checked = Knobs(jitter=0.05).checked(16, IB8)
+    assert unsupported(plan(cap, checked), checked) is None
+    assert replay(cap, 16, **kw).engine == "vector"
+    with pytest.raises(TypeError, match="unknown replay knob.*contention.*the knobs are"):
+        replay(cap, 16, contention=0.3, **kw)
     # a network carrying an active Contention: the simpy engine, which models it
     from dataclasses import replace as with_field
 
     from simddp.models.contention import Contention
 
     busy = with_field(IB8, contention=Contention(slowdown=1.5, per_collective_us=20.0))
-    assert "Contention" in unsupported(cap, 16, busy, bp, {"jitter": 0.05})
+    checked = Knobs(jitter=0.05).checked(16, busy)
+    assert "Contention" in unsupported(plan(cap, checked), checked)
     slowed = replay(cap, 16, **{**kw, "network": busy})
     assert not isinstance(slowed.timeline, ArrayTimeline)
     assert slowed.to_json() == replay(cap, 16, per_rank=True, **{**kw, "network": busy}).to_json()

@@ -95,6 +95,7 @@ class ReplayResult(RunResult):
     group, members, bytes, start, end). rank_collectives / rank_comm_bytes: per rank, the
     collectives it took part in and their bytes (a list, or where replay simulated classes of
     identical ranks a :class:`~simddp.analysis.PerRank` that reads like one). knobs: the keywords it ran with.
+    engine / engine_reason: the engine that ran ("simpy", "vector") and why.
     """
 
     world_size: int
@@ -107,6 +108,8 @@ class ReplayResult(RunResult):
     rank_comm_bytes: Sequence[int]
     timeline: Timeline = field(repr=False)
     wall_time: float = 0.0
+    engine: str = ""
+    engine_reason: str = ""
 
     @property
     def collectives_per_iteration(self) -> float:

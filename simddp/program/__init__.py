@@ -1,0 +1,39 @@
+"""The step program: one training step per rank, written by planners, run by every engine.
+
+* :mod:`~simddp.program.steps` — the instructions (compute, segments with marks, collectives,
+  waits, memory) and :class:`StepProgram`, what every planner returns;
+* :mod:`~simddp.program.mesh` — the communicators a program's collectives run on;
+* :mod:`~simddp.program.knobs` — :class:`Knobs`, every what-if choice in one frozen object;
+* :mod:`~simddp.program.captured` — what a capture of the real program holds;
+* planners, one per parallelism: :mod:`~simddp.program.ddp`.
+
+:func:`plan` picks the planner by the capture's type.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .captured import CapturedIteration
+from .ddp import DDPProgram, plan_ddp
+from .knobs import COMM_HOOKS, CheckedKnobs, Config, Knobs
+from .mesh import DDPMesh, DeviceMesh, Mesh
+from .steps import (MEMORY_CATEGORIES, Collective, Compute, Instruction, Issue, Mark, Memory,
+                    Segment, StepProgram, Wait, WaitAll, peak_memory)
+
+__all__ = ["plan", "PLANNERS", "Knobs", "CheckedKnobs", "Config", "COMM_HOOKS", "StepProgram",
+           "Collective", "Compute", "Segment", "Mark", "Issue", "Wait", "WaitAll", "Memory",
+           "Instruction", "MEMORY_CATEGORIES", "peak_memory", "Mesh", "DDPMesh", "DeviceMesh",
+           "DDPProgram", "plan_ddp"]
+
+# capture type -> its planner; a new parallelism registers its own here
+PLANNERS: dict[type, Callable[[Any, CheckedKnobs], Any]] = {CapturedIteration: plan_ddp}
+
+
+def plan(captured: Any, checked: CheckedKnobs) -> Any:
+    """The step program of ``captured`` for ``checked``'s world and knobs."""
+    for kind, planner in PLANNERS.items():
+        if isinstance(captured, kind):
+            return planner(captured, checked)
+    raise TypeError(f"no planner for {type(captured).__name__}: the captures replay knows are "
+                    f"{', '.join(t.__name__ for t in PLANNERS)}")

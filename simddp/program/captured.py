@@ -2,9 +2,9 @@
 
 * :class:`CapturedIteration` (with :class:`ParamInfo` and :class:`RankProfile` per rank): one
   DDP iteration as :func:`~simddp.cosim.capture.capture` recorded it, JSON-serialisable;
-* :func:`assign_buckets`: the Reducer's bucket layout at any cap, with torch's own bucketing;
-* :func:`plans`: per bucket, the collectives a comm hook issues and the compute around them,
-  costed with the capture's roofline summary (:class:`Costs`).
+* :func:`assign_buckets`: the Reducer's bucket layout at any cap, with torch's own bucketing.
+
+The DDP planner (:mod:`simddp.program.ddp`) turns it into a step program.
 """
 
 from __future__ import annotations
@@ -18,16 +18,13 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from fakepg.arguments import integer, number
+from fakepg.arguments import number
 
-from ..models import Network, NetworkModel
+from ..models import Network
 
-__all__ = ["CapturedIteration", "ParamInfo", "RankProfile", "assign_buckets", "BucketPlan",
-           "Costs", "plans", "COMM_HOOKS", "parse_indices", "check_knobs"]
+__all__ = ["CapturedIteration", "ParamInfo", "RankProfile", "assign_buckets", "parse_indices"]
 
 _MB = 1024 * 1024
-COMM_HOOKS = (None, "allreduce", "fp16", "bf16", "powersgd")
-_POWERSGD_MIN_COMPRESSION_RATE = 2.0  # torch's PowerSGDState default
 
 
 @dataclass
@@ -214,127 +211,3 @@ def parse_indices(text: str) -> list[list[int]]:
     if not text:
         return []
     return [[int(x) for x in part.split()] for part in text.split(",") if part.strip()]
-
-
-class Costs:
-    """Op costs from the capture's roofline summary: overhead + max(bytes/bw, FLOPs/peak)."""
-
-    def __init__(self, costs: Mapping[str, float] | None) -> None:
-        self.ok = bool(costs)
-        self.overhead = float(costs["overhead_s"]) if costs else 0.0
-        self.bw = float(costs["bytes_per_s"]) if costs else math.inf
-        self.peak = float(costs["flops_per_s"]) if costs else math.inf
-
-    def op(self, nbytes: float = 0.0, flops: float = 0.0) -> float:
-        if not self.ok:
-            return 0.0
-        return self.overhead + max(nbytes / self.bw, flops / self.peak)
-
-
-@dataclass
-class BucketPlan:
-    """How one bucket is communicated: main-stream compute before the issue, then stages:
-    (op, bytes, callback seconds on the side stream after the stage's collective ends);
-    stage j + 1 is issued from the side stream when stage j's callback ends."""
-
-    params: list[int]
-    nbytes: int
-    pre: float
-    stages: list[tuple[str, int, float]]
-
-
-def plans(cap: CapturedIteration, buckets: list[list[int]], hook: str | None, rank: int,
-          costs: Costs) -> list[BucketPlan]:
-    """Per bucket of ``buckets``, how ``hook`` communicates it (``rank``: PowerSGD's)."""
-    captured = {frozenset(b): n for b, n in zip(cap.bucket_indices, cap.bucket_bytes)}
-    out = []
-    for b in buckets:
-        ps = [cap.params[i] for i in b]
-        sparse = any(p.sparse for p in ps)
-        nbytes = sum(p.nbytes for p in ps)
-        if sparse:  # a sparse gradient's all_reduce moves what the capture saw (indices+values)
-            nbytes = captured.get(frozenset(b), nbytes)
-        numel = sum(p.numel for p in ps)
-        if sparse or hook in (None, "allreduce"):
-            out.append(BucketPlan(b, nbytes, 0.0, [("all_reduce", nbytes, 0.0)]))
-        elif hook in ("fp16", "bf16"):
-            half = 2 * numel
-            pre = costs.op(nbytes + half) + costs.op(2 * half)  # cast, then div_ in place
-            out.append(BucketPlan(b, nbytes, pre, [("all_reduce", half, costs.op(half + nbytes))]))
-        elif hook == "powersgd":
-            unc, pb, qb = 0, 0, 0
-            pre = cb_p = cb_q = 0.0
-            for p in ps:
-                e = p.element_size
-                if len(p.shape) <= 1:
-                    unc += p.nbytes
-                    continue
-                n = int(p.shape[0])
-                m = p.numel // n if n else 0
-                r = min(n, m, rank)
-                if not (n and m and (n + m) * r * _POWERSGD_MIN_COMPRESSION_RATE < n * m):
-                    unc += p.nbytes
-                    continue
-                pb += n * r * e
-                qb += m * r * e
-                mat = n * m * e
-                pre += costs.op(3 * mat)  # error feedback: M += error
-                pre += costs.op(mat + (m + n) * r * e, 2.0 * n * m * r)  # P = M Q
-                cb_p += costs.op(2 * n * r * e, 2.0 * n * r * r)  # orthogonalise P
-                cb_p += costs.op(mat + (m + n) * r * e, 2.0 * n * m * r)  # Q = Mᵀ P
-                cb_q += costs.op(mat + (m + n) * r * e, 2.0 * n * m * r)  # M = P Qᵀ
-                cb_q += costs.op(3 * mat)  # error = input − M
-            pre += costs.op(2 * unc)  # copy uncompressed tensors into one buffer
-            out.append(BucketPlan(b, nbytes, pre, [("all_reduce", unc, costs.op(2 * unc)),
-                                              ("all_reduce", pb, cb_p),
-                                              ("all_reduce", qb, cb_q)]))
-        else:  # pragma: no cover - checked by replay()
-            raise ValueError(hook)
-    return out
-
-
-def check_knobs(world: int, net: NetworkModel, *, comm_hook: Any, powersgd_rank: Any,
-                 rank_speed: Any, jitter: Any, localsgd_period: Any, slowmo_period: Any,
-                 uneven: Any, iterations: Any, groups: Any, shared_nic: bool
-                 ) -> tuple[dict[int, float], dict[int, int], int]:
-    """Check :func:`~simddp.replay.replay`'s knobs against each other and the world; returns
-    the speeds, the uneven counts and the number of iterations to replay."""
-    ranks = f"a rank of the world (0..{world - 1})"
-    if comm_hook not in COMM_HOOKS:
-        raise ValueError(f"comm_hook must be one of {COMM_HOOKS}, got {comm_hook!r}")
-    integer("powersgd_rank", powersgd_rank, minimum=1)
-    number("jitter", jitter, minimum=0, hint="a relative standard deviation, e.g. 0.05")
-    speeds = dict(rank_speed or {})
-    for r, v in speeds.items():
-        if integer("rank_speed: a key", r, minimum=0, hint=ranks) >= world:
-            raise ValueError(f"rank_speed names rank {r!r}, but the world has ranks "
-                             f"0..{world - 1}")
-        number(f"rank_speed[{r}]", v, positive=True, hint="a speed factor, 0.5 = half speed")
-    if localsgd_period is not None and slowmo_period is not None:
-        raise ValueError("give localsgd_period or slowmo_period, not both")
-    period = localsgd_period if localsgd_period is not None else slowmo_period
-    if period is not None:
-        integer("the averaging period (localsgd_period/slowmo_period)", period, minimum=1)
-        if comm_hook not in (None, "allreduce"):
-            raise ValueError("LocalSGD/SlowMo replace the gradient all_reduce (post-localSGD is "
-                             "itself a comm hook): use comm_hook=None with them")
-        if uneven:
-            raise ValueError("uneven inputs (Join) with LocalSGD/SlowMo are not modelled")
-    if integer("groups", groups, minimum=1, hint=f"a divisor of world_size={world}") \
-            and world % groups:
-        raise ValueError(f"groups must divide world_size={world}, got {groups!r}")
-    if shared_nic and net.gpus_per_node is None:
-        raise ValueError("shared_nic=True needs a network with gpus_per_node (the ranks that "
-                         "share a node's NIC)")
-    uneven = dict(uneven or {})
-    for r, n in uneven.items():
-        if integer("uneven: a key", r, minimum=0, hint=ranks) >= world:
-            raise ValueError(f"uneven maps ranks (0..{world - 1}) to iteration counts, "
-                             f"got rank {r!r}")
-        integer(f"uneven[{r}]", n, minimum=0, hint="the iterations that rank runs")
-    if iterations is None:
-        iterations = max(1, period or 1, max(uneven.values(), default=-1) + 1)
-    iterations = integer("iterations", iterations, minimum=1)
-    if any(n > iterations for n in uneven.values()):
-        raise ValueError(f"uneven gives a rank more than iterations={iterations} iterations")
-    return speeds, uneven, iterations

@@ -142,7 +142,8 @@ and compute is replayed per segment, not per op. The test requires agreement wit
 
 from ..analysis import ReplayResult, SweepResult, write_csv
 from ..cosim.capture import capture
-from ..program.captured import (COMM_HOOKS, CapturedIteration, ParamInfo, RankProfile,
+from ..program.knobs import COMM_HOOKS
+from ..program.captured import (CapturedIteration, ParamInfo, RankProfile,
                            assign_buckets)
 from .replaying import replay
 from ..sweep import sweep

@@ -11,43 +11,37 @@ from typing import Any, Mapping
 __all__ = ["classes"]
 
 
-def classes(world: int, nprof: int, speeds: Mapping[int, float], uneven: Mapping[int, int],
-             groups: int, gpn: int, noisy: bool, enabled: bool
-             ) -> tuple[Any, list[int] | range]:
+def classes(world: int, base: tuple[Any, int], speeds: Mapping[int, float],
+            kinds: Mapping[int, Any], noisy: bool, enabled: bool
+            ) -> tuple[Any, list[int] | range]:
     """Ranks grouped into equivalence classes: ``(rank_class, representatives)``.
 
-    Two ranks behave identically in replay when nothing tells them apart: the captured
-    profile they replay (rank % profiles), their speed, their iteration count (``uneven``),
-    their DDP group (rank % groups) and, when node subgroups communicate (``gpn`` > 0:
-    LocalSGD/SlowMo), their node. Their issue times, waits and spans are then equal, and one
-    representative (the class's lowest rank) stands for all: it arrives at a collective once
-    for its whole class. Returns ``(None, range(world))`` — one lane per rank, the per-rank
-    simulation — when classes are disabled, when per-rank noise (``jitter``) makes every rank
-    distinct, or when no two ranks are alike. ``rank_class``: a numpy integer array, the
-    class of each rank; classes are numbered in order of their lowest rank.
+    Two ranks behave identically in replay when nothing tells them apart: ``base`` (per rank
+    an integer code and the number of codes: the profile they replay and the communicators
+    that matter, from the program's mesh, :meth:`~simddp.program.mesh.Mesh.class_code`), their
+    speed, and their kind of instructions (``kinds``: the program's ranks that run other
+    instructions, e.g. fewer iterations with uneven inputs). Their issue times, waits and
+    spans are then equal, and one representative (the class's lowest rank) stands for all: it
+    arrives at a collective once for its whole class. Returns ``(None, range(world))`` — one
+    lane per rank, the per-rank simulation — when classes are disabled, when per-rank noise
+    (``jitter``) makes every rank distinct, or when no two ranks are alike. ``rank_class``: a
+    numpy integer array, the class of each rank; classes are numbered in order of their
+    lowest rank.
     """
     if not enabled or noisy or world <= 1:
         return None, range(world)
     import numpy as np
 
-    ranks = np.arange(world, dtype=np.int64)
-    code = ranks % nprof
-    width = nprof
-    if groups > 1:
-        code += width * (ranks % groups)
-        width *= groups
-    if gpn:
-        code += width * (ranks // gpn)
-        width *= -(-world // gpn)
-    special = sorted(set(speeds) | set(uneven))
-    if special:  # a few listed ranks: their (speed, count) as one more digit
-        kinds: dict[tuple, int] = {}
+    code = base[0].copy()
+    special = sorted(set(speeds) | set(kinds))
+    if special:  # a few listed ranks: their (speed, kind) as one more digit
+        seen: dict[tuple, int] = {}
         idx = np.array(special, dtype=np.int64)
-        ks = [kinds.setdefault((float(speeds.get(r, 1.0)), uneven.get(r)), len(kinds) + 1)
+        ks = [seen.setdefault((float(speeds.get(r, 1.0)), kinds.get(r)), len(seen) + 1)
               for r in special]
         digit = np.zeros(world, dtype=np.int64)
         digit[idx] = ks
-        code = code * (len(kinds) + 1) + digit
+        code = code * (len(seen) + 1) + digit
     _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
     if len(first) == world:
         return None, range(world)

@@ -1,105 +1,80 @@
-"""Replay's simpy engine: a captured DDP iteration replayed on one simpy environment.
+"""Replay's simpy engine: a step program (:mod:`simddp.program`) run on one simpy environment.
 
 :class:`_Replay`: every rank (or one representative per class of identical ranks,
-:mod:`~simddp.replay.classes`) a simpy process on one :class:`~simddp.core.Fabric`,
-every collective a process on its communicator. :func:`~simddp.replay.replaying.replay`
-checks the knobs and picks this engine or the vectorised one
-(:mod:`~simddp.replay.vector_engine`). The model and every knob are described in
-:mod:`simddp.replay`. The result's figures come from its :class:`~simddp.Timeline`.
-Its parts: :mod:`~simddp.replay.communicators` (collectives on communicators),
-:mod:`~simddp.replay.contention_clock` (compute slowed while communicating),
+:mod:`~simddp.replay.classes`) a simpy process that interprets its instructions, every
+collective a process on its communicator, on one :class:`~simddp.core.Fabric`.
+:func:`~simddp.replay.replaying.replay` plans the program and picks this engine or the
+vectorised one (:mod:`~simddp.replay.vector_engine`). The result's figures come from its
+:class:`~simddp.Timeline`. Its parts: :mod:`~simddp.replay.communicators` (collectives on
+communicators), :mod:`~simddp.replay.contention_clock` (compute slowed while communicating),
 :mod:`~simddp.replay.replay_lane` (a lane's record).
 """
 
 from __future__ import annotations
 
 import gc
-from typing import Any
+from typing import Any, Sequence
 
 import simpy
 
 from ..analysis import PerRank, Timeline
-from ..models import NetworkModel, noise
+from ..core import CollectiveProcess, Fabric, at
+from ..models import noise
+from ..program.knobs import CheckedKnobs
+from ..program.steps import Compute, Instruction, Issue, Memory, Segment, Wait, WaitAll
 from .classes import classes as _classes
 from .communicators import _Communicators
 from .contention_clock import _ContentionClock
-from ..core import CollectiveProcess, Fabric, at
-from ..program.captured import BucketPlan, CapturedIteration, Costs
 from .replay_lane import _ReplayLane
 
 __all__ = ["_Replay"]
 
-
-def _forward_events(cap: CapturedIteration) -> list[list[tuple[float, int, int]]]:
-    """Per profile: its forward collectives' issues (0) and waits (1) by compute offset."""
-    out = []
-    for prof in cap.profiles:
-        ev = []
-        for k, fc in enumerate(prof.forward_collectives):
-            ev.append((float(fc["offset"]), 0, k))
-            if fc.get("wait_at") is not None:
-                ev.append((float(fc["wait_at"]), 1, k))
-        out.append(sorted(ev))
-    return out
+_NO_NOISE = (1.0, 1.0, 1.0, 1.0)
 
 
-def _ready_times(cap: CapturedIteration, plans: list[BucketPlan]) -> list[list[float]]:
-    """Per profile: when each bucket is ready, relative to backward start (speed 1)."""
-    out = []
-    for prof in cap.profiles:
-        rd = [0.0 if t is None else float(t) for t in prof.ready]
-        out.append([max((rd[i] for i in p.params), default=0.0) for p in plans])
-    return out
+def tagged(tag: tuple, it: int | None) -> tuple:
+    """A program collective's tag in iteration ``it``: the iteration after its first word."""
+    return tag if it is None else (tag[0], it, *tag[1:])
 
 
 class _Replay(_Communicators, _ContentionClock):
     """One replay: every rank a simpy process on one :class:`Fabric`."""
 
-    def __init__(self, cap: CapturedIteration, world: int, net: NetworkModel, *, buckets, plans,
-                 speeds, jitter, seed, period, slowmo, uneven, iterations, groups,
-                 shared_nic, costs: Costs, classes: bool = True) -> None:
-        self.cap, self.world, self.net = cap, world, net
+    def __init__(self, program: Any, checked: CheckedKnobs, *, classes: bool = True) -> None:
+        self.program = program
+        self.world, self.net = world, net = checked.world, checked.network
+        self.mesh = program.mesh
         self.fabric = Fabric()
         self.env = self.fabric.env
-        self.plans: list[BucketPlan] = plans
-        self.period, self.slowmo = period, slowmo
-        self.iterations = iterations
-        self.costs = costs
-        self.groups = groups
-        self.nprof = len(cap.profiles)
-        gpn = net.gpus_per_node or 1
-        self.gpn = gpn
-        self.group_size = world // groups
-        # Equivalence classes: ranks that nothing distinguishes (profile, speed, iteration
-        # count, DDP group, node where node subgroups are used, noise) follow identical
-        # trajectories, so one representative lane per class is simulated (see _classes).
-        rank_class, reps = _classes(world, self.nprof, speeds, uneven, groups,
-                                    gpn if period else 0, jitter > 0, classes)
+        self.iterations = iterations = program.iterations
+        self.nprof = program.nprofiles
+        jitter = checked.knobs.jitter
+        speeds = checked.speeds
+        # Equivalence classes: ranks that nothing distinguishes (profile, speed, instructions,
+        # communicators where they matter, noise) follow identical trajectories, so one
+        # representative lane per class is simulated (see _classes).
+        rank_class, reps = _classes(world, self.mesh.class_code(self.nprof), speeds,
+                                    program.rank_kinds(), jitter > 0, classes)
         self.rank_class = rank_class  # numpy int array per rank, or None: lane r is rank r
         self.rep: list[int] | range = reps  # per lane: its representative (lowest) rank
         nl = self.nlanes = len(reps)
         self.slow = [1.0 / speeds.get(r, 1.0) for r in reps]
-        self.counts = [uneven.get(r, iterations) for r in reps] if uneven else None
-        self.join = bool(uneven)
-        # per rank and iteration, one factor per compute segment; one per collective
+        # per rank and iteration, one factor per noise slot; one per collective
         self.noise = None
         self.net_noise: noise.Stream | None = None
         if jitter > 0:  # every rank draws its own factors: lanes are ranks (see _classes)
-            self.noise = noise.lognormal(noise.generator(seed, 0), jitter,
+            self.noise = noise.lognormal(noise.generator(checked.knobs.seed, 0), jitter,
                                          (world, iterations, 4))
-            self.net_noise = noise.Stream(noise.generator(seed, 1), jitter)
-        self.forward_events = _forward_events(cap)
-        self.ready = _ready_times(cap, plans)
-        self._init_communicators(reps, shared_nic)
+            self.net_noise = noise.Stream(noise.generator(checked.knobs.seed, 1), jitter)
+        self._init_communicators(reps)
         self.side = [0.0] * nl
         self.spans: list[list[tuple[str, float, float, str]]] = [[] for _ in range(nl)]
         self.comms: list[list[tuple[CollectiveProcess, float]]] = [[] for _ in range(nl)]
         self.bounds: list[list[float]] = [[] for _ in range(nl)]
-        self.ticks = 0  # progress: forward ends, buckets issued, iteration ends
-        self.param_bytes = cap.param_bytes
+        self.ticks = 0  # progress: segments ended, collectives issued, iterations ended
         self._init_contention(net, nl)  # compute slowed while communicating
 
-    # -- rank processes ----------------------------------------------------------------------
+    # -- time on a lane ----------------------------------------------------------------------
     def compute(self, r: int, kind: str, seconds: float, label: str | None = None):
         if seconds > 0:
             start = self.env.now
@@ -143,12 +118,12 @@ class _Replay(_Communicators, _ContentionClock):
             yield at(env, target)
         self._span(r, "wait", start, env.now, label)
 
-    def chain(self, r: int, plan: BucketPlan, colls: list[CollectiveProcess], scale: float):
-        """A multi-stage comm hook's future chain (PowerSGD) on rank r's side stream: each
+    def chain(self, r: int, issue: Issue, colls: list[CollectiveProcess], scale: float):
+        """A multi-stage issue's future chain (PowerSGD) on rank r's side stream: each
         stage's callback runs after its collective, and issues (arrives at) the next stage's
-        collective, which :meth:`issue_bucket` already enqueued in program order."""
+        collective, which :meth:`issue` already enqueued in program order."""
         env = self.env
-        for j, ((_, _, cb), c) in enumerate(zip(plan.stages, colls)):
+        for j, ((_, cb), c) in enumerate(zip(issue.stages, colls)):
             if j:
                 self.arrive(r, c)
             if c.end is None:
@@ -160,175 +135,175 @@ class _Replay(_Communicators, _ContentionClock):
                 yield at(env, e)
         return env.now
 
-    def issue_bucket(self, r: int, it: int, k: int, plan: BucketPlan, scale: float, scope: str,
-                     pending: list) -> None:
-        # The Reducer runs bucket k's comm hook when it issues the bucket, and with NCCL the
-        # hook's futures complete as soon as their collectives are enqueued, so the whole
-        # then-chain (PowerSGD: the P and Q all_reduces) is enqueued on the communicator right
-        # away, before bucket k + 1's all_reduce; on the device each stage still waits for the
+    def issue(self, r: int, it: int | None, issue: Issue, scale: float, pending: list,
+              issued: dict) -> None:
+        # A comm hook runs when the Reducer issues its bucket, and with NCCL the hook's futures
+        # complete as soon as their collectives are enqueued, so the whole then-chain
+        # (PowerSGD: the P and Q all_reduces) is enqueued on the communicator right away,
+        # before the next bucket's all_reduce; on the device each stage still waits for the
         # previous stage's callback (stream dependency). So every stage takes its sequence
-        # number now, and arrives when its callback has run: bucket k + 1's collectives can
-        # never overtake bucket k's P/Q all_reduces on the communicator (co-simulation, where
+        # number now, and arrives when its callback has run: the next bucket's collectives can
+        # never overtake this one's P/Q all_reduces on the communicator (co-simulation, where
         # fakepg runs the callbacks inline, gives the same order).
-        colls = [self.enqueue(r, ("b", it, k, j), scope, op, nbytes, True)
-                 for j, (op, nbytes, _) in enumerate(plan.stages)]
+        colls = [self.enqueue(r, tagged(c.tag, it), c.scope, c.op, c.nbytes, c.in_backward)
+                 for c, _ in issue.stages]
         first = self.arrive(r, colls[0])
         self.ticks += 1
-        if len(plan.stages) > 1:
-            pending.append(self.env.process(self.chain(r, plan, colls, scale)))
+        if not issue.pending:
+            issued[issue.first.tag] = first
+        elif len(issue.stages) > 1:
+            pending.append(self.env.process(self.chain(r, issue, colls, scale)))
         else:
-            pending.append((first, plan.stages[0][2] * scale))
+            pending.append((first, issue.stages[0][1] * scale))
 
-    def train(self, r: int, it: int):
+    # -- the interpreter -------------------------------------------------------------------
+    def run_instructions(self, r: int, it: int | None, instructions: Sequence[Instruction]):
+        """Lane r runs ``instructions`` (iteration ``it``; None: the epilogue)."""
         p = self.rep[r] % self.nprof
-        prof = self.cap.profiles[p]
         s = self.slow[r]
-        f = self.noise[r, it].tolist() if self.noise is not None else (1.0, 1.0, 1.0, 1.0)
+        f = self.noise[r, it].tolist() if self.noise is not None and it is not None \
+            else _NO_NOISE
         pending: list = []
-        if self.join:  # Join.notify_join_context and DDP's requires-grad-sync, async
-            yield from self.issue_cost(r, "forward", "issue: join")
-            pending.append((self.issue(r, ("join", it), "dp", "all_reduce", 4), 0.0))
-            yield from self.issue_cost(r, "forward", "issue: join")
-            pending.append((self.issue(r, ("sync", it), "dp", "all_reduce", 4), 0.0))
-        yield from self.forward(r, it, p, s * f[0])
-        yield from self.backward(r, it, p, s * f[1], pending)
-        yield from self.wait_all(r, pending, "wait: collectives of backward")
-        yield from self.compute(r, "backward", prof.post_backward * s * f[2])
-        yield from self.compute(r, "forward", prof.before_step * s * f[2])
-        yield from self.compute(r, "optimizer", prof.optimizer * s * f[3])
-        if self.period and it % self.period == 0:
-            yield from self.average(r, it, s)
+        issued: dict[tuple, CollectiveProcess] = {}
+        for ins in instructions:
+            kind = type(ins)
+            if kind is Compute:
+                seconds = ins.seconds[p] * s
+                if ins.noise is not None:
+                    seconds = seconds * f[ins.noise]
+                yield from self.compute(r, ins.kind, seconds, ins.label)
+            elif kind is Segment:
+                scale = s * f[ins.noise]
+                if not ins.anchored:
+                    yield from self.sequential(r, it, p, ins, scale, pending, issued)
+                elif self.slowed:
+                    yield from self.anchored_as_work(r, it, p, ins, scale, pending, issued)
+                else:
+                    yield from self.anchored(r, it, p, ins, scale, pending, issued)
+            elif kind is Issue:
+                if ins.pre > 0:
+                    yield from self.compute(r, ins.kind, ins.pre * s, "comm hook")
+                if ins.costed:
+                    yield from self.issue_cost(r, ins.kind, ins.label or "issue")
+                self.issue(r, it, ins, s, pending, issued)
+            elif kind is Wait:
+                yield from self.wait(r, issued[ins.tag], ins.label)
+            elif kind is WaitAll:
+                yield from self.wait_all(r, pending, ins.label)
+                pending = []
+            elif kind is not Memory:  # pragma: no cover - a planner's bug
+                raise TypeError(f"not an instruction: {ins!r}")
 
-    def forward(self, r: int, it: int, p: int, scale: float):
-        """Lane r's forward (profile p), with the captured forward collectives at their
-        offsets."""
-        prof = self.cap.profiles[p]
+    def sequential(self, r: int, it: int | None, p: int, seg: Segment, scale: float,
+                   pending: list, issued: dict):
+        """A segment whose marks sit at compute offsets (waits excluded)."""
         done = 0.0
-        issued: dict[int, CollectiveProcess] = {}
-        for offset, what, k in self.forward_events[p]:
-            dt = offset * scale - done
-            if dt > 0:
-                yield from self.compute(r, "forward", dt)
-                done += dt
-            fc = prof.forward_collectives[k]
-            if what == 0:
-                yield from self.issue_cost(r, "forward", f"issue: {fc['op']}")
-                issued[k] = self.issue(r, ("fwd", it, k), "dp", fc["op"], int(fc["bytes"]))
-            else:
-                yield from self.wait(r, issued[k], f"wait: {fc['op']}")
-        yield from self.compute(r, "forward", prof.forward * scale - done)
+        for mk in seg.marks:
+            if mk.at is not None:
+                dt = mk.at[p] * scale - done
+                if dt > 0:
+                    yield from self.compute(r, seg.kind, dt)
+                    done += dt
+            do = mk.do
+            if type(do) is Issue:
+                if do.pre > 0:
+                    yield from self.compute(r, seg.kind, do.pre * scale, "comm hook")
+                if do.costed:
+                    yield from self.issue_cost(r, seg.kind, do.label or "issue")
+                self.issue(r, it, do, scale, pending, issued)
+            elif type(do) is Wait:
+                yield from self.wait(r, issued[do.tag], do.label)
+        yield from self.compute(r, seg.kind, seg.seconds[p] * scale - done)
         self.ticks += 1
 
-    def backward(self, r: int, it: int, p: int, scale: float, pending: list):
-        """Lane r's backward (profile p): buckets issued in order, each when its last parameter
-        is ready, then the captured backward collectives; what to wait for goes to
-        ``pending``."""
-        scope = "node" if self.period else "dp"
-        t_b = self.env.now
-        if self.slowed:
-            yield from self._backward_as_work(r, it, p, scale, scope, pending)
-        else:
-            yield from self._backward_on_schedule(r, it, p, scale, scope, pending)
-        self._span(r, "backward", t_b, self.env.now, "backward")
-
-    def _backward_as_work(self, r: int, it: int, p: int, scale: float, scope: str,
-                          pending: list):
-        """Backward as work, slowed while the lane's collectives run (contention)."""
+    def anchored(self, r: int, it: int | None, p: int, seg: Segment, scale: float,
+                 pending: list, issued: dict):
+        """A segment whose marks sit at times since its start (grad-ready times), shifted
+        by the work issued before them (comm hooks, issue costs)."""
         env = self.env
         ic = self.issue_s  # the contention's cost of issuing a collective (0: none)
-        ready = self.ready[p]
-        work = 0.0
-        for k, plan in enumerate(self.plans):
-            target = ready[k] * scale
-            if target > work:
-                yield from self._work(r, target - work)
-                work = target
-            if plan.pre > 0:
-                yield from self._work(r, plan.pre * scale)
-            if ic > 0:
-                yield env.timeout(ic)
-            self.issue_bucket(r, it, k, plan, scale, scope, pending)
-        for k, bc in enumerate(self.cap.backward_collectives):
-            if ic > 0:
-                yield env.timeout(ic)
-            pending.append((self.issue(r, ("bwd", it, k), scope, bc["op"],
-                                       int(bc["bytes"])), 0.0))
-        backward = self.cap.profiles[p].backward
-        if backward * scale > work:
-            yield from self._work(r, backward * scale - work)
-
-    def _backward_on_schedule(self, r: int, it: int, p: int, scale: float, scope: str,
-                              pending: list):
-        """Backward at full rate: each bucket at its ready time, shifted by the comm hooks'
-        work and the issue costs before it."""
-        env = self.env
-        ic = self.issue_s  # the contention's cost of issuing a collective (0: none)
-        ready = self.ready[p]
         t_b = env.now
         shift = 0.0
-        for k, plan in enumerate(self.plans):
-            t = t_b + ready[k] * scale + shift
-            if t > env.now:
-                yield at(env, t)
-            if plan.pre > 0 or ic > 0:
-                pre = plan.pre * scale + ic
-                yield env.timeout(pre)
-                shift += pre
-            self.issue_bucket(r, it, k, plan, scale, scope, pending)
-        for k, bc in enumerate(self.cap.backward_collectives):
-            if ic > 0:
-                yield env.timeout(ic)
-                shift += ic
-            pending.append((self.issue(r, ("bwd", it, k), scope, bc["op"],
-                                       int(bc["bytes"])), 0.0))
-        end = t_b + self.cap.profiles[p].backward * scale + shift
+        for mk in seg.marks:
+            if mk.at is not None:
+                t = t_b + mk.at[p] * scale + shift
+                if t > env.now:
+                    yield at(env, t)
+            do = mk.do
+            if type(do) is Issue:
+                c = ic if do.costed else 0.0
+                if do.pre > 0 or c > 0:
+                    pre = do.pre * scale + c
+                    yield env.timeout(pre)
+                    shift += pre
+                self.issue(r, it, do, scale, pending, issued)
+            elif type(do) is Wait:
+                yield from self.wait(r, issued[do.tag], do.label)
+        end = t_b + seg.seconds[p] * scale + shift
         if end > env.now:
             yield at(env, end)
+        self._span(r, seg.kind, t_b, env.now, seg.kind)
 
-    def average(self, r: int, it: int, s: float):
-        """PeriodicModelAverager (LocalSGD) / SlowMo: all_reduce of all parameters."""
-        pb = self.param_bytes
-        yield from self.compute(r, "optimizer", self.costs.op(2 * pb) * s, "flatten")
-        yield from self.issue_cost(r, "optimizer", "issue: all_reduce")
-        c = self.issue(r, ("avg", it), "dp", "all_reduce", pb)
-        yield from self.wait(r, c, "wait: model averaging")
-        post = self.costs.op(2 * pb) + self.costs.op(2 * pb)  # divide, unflatten
-        if self.slowmo:
-            post += 4 * self.costs.op(3 * pb)  # slow momentum: diff, momentum, update, copy
-        yield from self.compute(r, "optimizer", post * s, "model averaging")
-
-    def shadow(self, r: int, it: int):
-        """A joined rank's shadow of iteration ``it`` (Join's DDP hook)."""
-        yield from self.issue_cost(r, "forward", "issue: join")
-        c = self.issue(r, ("join", it), "dp", "all_reduce", 4)
-        yield from self.wait(r, c, "wait: join")
-        yield from self.issue_cost(r, "forward", "issue: join")
-        c = self.issue(r, ("sync", it), "dp", "all_reduce", 4)
-        yield from self.wait(r, c, "wait: join")
-        pending: list = []
-        s = self.slow[r]
-        for k, plan in enumerate(self.plans):
-            if plan.pre > 0:
-                yield from self.compute(r, "backward", plan.pre * s, "comm hook")
-            yield from self.issue_cost(r, "backward", "issue: all_reduce")
-            self.issue_bucket(r, it, k, plan, s, "dp", pending)
-        yield from self.wait_all(r, pending, "wait: join shadow all_reduces")
+    def anchored_as_work(self, r: int, it: int | None, p: int, seg: Segment, scale: float,
+                         pending: list, issued: dict):
+        """An anchored segment as work, slowed while the lane's collectives run (contention)."""
+        env = self.env
+        ic = self.issue_s
+        t_b = env.now
+        work = 0.0
+        for mk in seg.marks:
+            if mk.at is not None:
+                target = mk.at[p] * scale
+                if target > work:
+                    yield from self._work(r, target - work)
+                    work = target
+            do = mk.do
+            if type(do) is Issue:
+                if do.pre > 0:
+                    yield from self._work(r, do.pre * scale)
+                if ic > 0 and do.costed:
+                    yield env.timeout(ic)
+                self.issue(r, it, do, scale, pending, issued)
+            elif type(do) is Wait:
+                yield from self.wait(r, issued[do.tag], do.label)
+        total = seg.seconds[p] * scale
+        if total > work:
+            yield from self._work(r, total - work)
+        self._span(r, seg.kind, t_b, env.now, seg.kind)
 
     def rank(self, r: int):
+        rank = self.rep[r]
+        program = self.program
         for it in range(self.iterations):
-            if self.counts is None or it < self.counts[r]:
-                yield from self.train(r, it)
-            else:
-                yield from self.shadow(r, it)
+            yield from self.run_instructions(r, it, program.iteration(rank, it))
             self.bounds[r].append(self.env.now)
             self.ticks += 1
-        if self.join:  # the last Join all_reduce (nobody left), DDP's final broadcast
-            c = self.issue(r, ("join", "final"), "dp", "all_reduce", 4)
-            yield from self.wait(r, c, "wait: join")
-            c = self.issue(r, ("final",), "dp", "broadcast", self.param_bytes)
-            yield from self.wait(r, c, "wait: final broadcast")
+        epilogue = program.epilogue(rank)
+        if epilogue:
+            yield from self.run_instructions(r, None, epilogue)
             if self.bounds[r]:
                 self.bounds[r][-1] = self.env.now
+
+    def _total_ticks(self) -> int:
+        """Progress units of the whole run (what :attr:`ticks` counts)."""
+        def units(ins: Sequence[Instruction]) -> int:
+            n = 0
+            for x in ins:
+                if type(x) is Issue:
+                    n += 1
+                elif type(x) is Segment:
+                    n += sum(type(m.do) is Issue for m in x.marks) + (not x.anchored)
+            return n
+        cache: dict[int, int] = {}
+        total = 0
+        for r in self.rep:
+            for it in range(self.iterations):
+                ins = self.program.iteration(r, it)
+                if id(ins) not in cache:
+                    cache[id(ins)] = units(ins) + 1
+                total += cache[id(ins)]
+            total += units(self.program.epilogue(r))
+        return total
 
     def run(self, progress: Any = None) -> Timeline:
         """Run every lane to its end; returns the timeline, its figures computed.
@@ -348,7 +323,7 @@ class _Replay(_Communicators, _ContentionClock):
                 self.env.run()
             else:
                 # per lane and iteration: forward end, each bucket issued, iteration end
-                total = nl * self.iterations * (len(self.plans) + 2) + nl
+                total = self._total_ticks() + nl
                 progress(0, total, what)
                 step, every = self.env.step, max(1024, total // 200)
                 try:

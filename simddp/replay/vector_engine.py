@@ -1,12 +1,9 @@
-"""Replay's vectorised engine: every rank of an SPMD replay advanced as numpy arrays.
+"""Replay's vectorised engine: every rank of an SPMD step program advanced as numpy arrays.
 
-All ranks replay the same plan; only their times differ (their profile, speed and noise
-draws). So instead of a simpy process per rank (:class:`~simddp.replay.simpy_engine._Replay`), this
-engine walks the plan once — forward compute with the forward collectives at their offsets,
-backward with every bucket issued at its ready time after ``plan.pre``, comm hook callbacks
-and PowerSGD's stages on the side stream, the end-of-backward wait, post-backward and
-optimizer compute, LocalSGD/SlowMo averaging — and each step updates an array over ranks
-(one pass, phase by phase: :class:`~simddp.replay.vector_pass.PlanPass`).
+All ranks run the same instructions (:mod:`simddp.program.steps`); only their times differ
+(their profile, speed and noise draws). So instead of a simpy process per rank
+(:class:`~simddp.replay.simpy_engine._Replay`), this engine walks the instructions once and
+each one updates an array over ranks (one pass: :class:`~simddp.replay.vector_pass.PlanPass`).
 Each collective is one scalar per communicator (a DDP group's, or a node subgroup's):
 ``start = max(latest arrival of its members, end of the communicator's previous
 collective)``, ``end = start + duration``, the duration being the network model's time times
@@ -22,34 +19,28 @@ phase, waits, comm and exposed comm (:class:`~simddp.analysis.arrays.ArrayTimeli
 spans and collectives are materialised on demand by re-running the plan for that rank alone
 against the recorded collectives (:meth:`VectorReplay.lanes`).
 
-Not vectorised (:func:`unsupported` names why; :func:`~simddp.replay.replay` then runs the
-simpy engine): uneven inputs (Join's shadow iterations make ranks run different plans),
-shared NICs that several DDP groups contend for (``shared_nic``: links couple communicators
-in time), captured ranks whose forward collectives differ in order, PowerSGD with sparse
-buckets (a mix of chained and single-stage buckets shares the side stream in time order),
-and any replay option this engine does not know.
+Not vectorised (:func:`unsupported` names why; :func:`~simddp.replay.replay` says which
+engine ran and why in the result): programs that are not uniform (Join's shadow iterations,
+captured ranks whose forward collectives differ in order), shared NICs that several DDP
+groups contend for (``shared_nic``: links couple communicators in time), the network's
+contention, and a mix of chained and single-stage gradient buckets (PowerSGD with sparse
+buckets: they share the side stream in time order).
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Sequence
 
 import numpy as np
 
 from ..analysis.arrays import ArrayTimeline
-from ..models import NetworkModel, noise
-from ..program.captured import BucketPlan, CapturedIteration, Costs
+from ..models import noise
+from ..program.knobs import CheckedKnobs
+from ..program.steps import Instruction, Issue, Segment
 from .vector_pass import PlanPass
 from .vector_records import Record, ResultRecords, Scope, Step, comm_figures
 
-__all__ = ["VectorReplay", "unsupported", "KNOWN_OPTIONS", "DrawOrderUnsettled"]
-
-# The replay options this engine implements. An option outside this set (a later knob such as
-# a contention model) makes unsupported() refuse, and replay() falls back to the simpy engine.
-KNOWN_OPTIONS = frozenset({"network", "bucket_cap_mb", "first_bucket_mb", "comm_hook",
-                           "powersgd_rank", "rank_speed", "jitter", "seed", "localsgd_period",
-                           "slowmo_period", "uneven", "iterations", "groups", "shared_nic",
-                           "per_rank", "progress", "engine"})
+__all__ = ["VectorReplay", "unsupported", "DrawOrderUnsettled", "issues_of"]
 
 _MAX_PASSES = 64  # passes to settle the draw order of interleaved communicators
 
@@ -59,85 +50,76 @@ class DrawOrderUnsettled(RuntimeError):
     the simpy engine)."""
 
 
-def unsupported(cap: CapturedIteration, world: int, net: NetworkModel, plans: list[BucketPlan],
-                options: Mapping[str, Any]) -> str | None:
-    """Why this engine cannot replay with these options (None: it can). The one predicate
-    that decides the fallback to the simpy engine; extend it with every new option."""
-    unknown = sorted(k for k, v in options.items() if k not in KNOWN_OPTIONS and v)
-    if unknown:
-        return f"option(s) {', '.join(unknown)} not implemented by the vectorised engine"
-    if options.get("uneven"):
-        return "uneven inputs (Join's shadow iterations)"
+def issues_of(instructions: Sequence[Instruction]) -> list[Issue]:
+    """Every issue of ``instructions``, segments' marks included, in program order."""
+    out = []
+    for ins in instructions:
+        if type(ins) is Issue:
+            out.append(ins)
+        elif type(ins) is Segment:
+            out.extend(m.do for m in ins.marks if type(m.do) is Issue)
+    return out
+
+
+def unsupported(program: Any, checked: CheckedKnobs) -> str | None:
+    """Why this engine cannot run ``program`` with these knobs (None: it can). The one
+    predicate that decides; extend it with every new instruction or knob."""
+    why = program.uniform()
+    if why is not None:
+        return why
+    net = checked.network
     contention = getattr(net, "contention", None)
     if contention is not None and contention.active:
         return "the network's Contention (compute slowed while communicating)"
-    groups = options.get("groups") or 1
-    if options.get("shared_nic") and groups > 1 and world > (net.gpus_per_node or world):
+    mesh = program.mesh
+    if getattr(mesh, "shared_nic", False) and mesh.groups > 1 and \
+            checked.world > (net.gpus_per_node or checked.world):
         return "shared NICs contended by several DDP groups"
-    shapes = {tuple((what, k) for _, what, k in _forward_events(p)) for p in cap.profiles}
-    if len(shapes) > 1:
-        return "captured ranks issue their forward collectives in different orders"
-    if len({len(p.stages) > 1 for p in plans}) > 1:
-        return "a mix of chained (PowerSGD) and single-stage buckets"
+    for it in range(program.iterations):
+        issues = issues_of(program.iteration(0, it))
+        if any(len(x.stages) > 1 and not x.pending for x in issues):
+            return "a chained issue waited for on its own"
+        buckets = {len(x.stages) > 1 for x in issues if x.pending and x.first.in_backward}
+        if len(buckets) > 1:
+            return "a mix of chained (PowerSGD) and single-stage buckets"
+    if program.epilogue(0):
+        return "an epilogue after the last iteration"
     return None
 
 
-def _forward_events(prof: Any) -> list[tuple[float, int, int]]:
-    ev = []
-    for k, fc in enumerate(prof.forward_collectives):
-        ev.append((float(fc["offset"]), 0, k))
-        if fc.get("wait_at") is not None:
-            ev.append((float(fc["wait_at"]), 1, k))
-    return sorted(ev)
-
-
 class VectorReplay(ResultRecords):
-    """One vectorised replay (see the module docstring). Same arguments as ``_Replay``."""
+    """One vectorised replay of ``program`` (see the module docstring)."""
 
-    def __init__(self, cap: CapturedIteration, world: int, net: NetworkModel, *,
-                 plans: list[BucketPlan], speeds: Mapping[int, float], jitter: float, seed: int,
-                 period: int | None, slowmo: bool, iterations: int, groups: int,
-                 costs: Costs) -> None:
-        self.cap, self.world, self.net = cap, world, net
-        self.plans, self.period, self.slowmo = plans, period, slowmo
-        self.iterations, self.groups, self.costs = iterations, groups, costs
-        self.jitter, self.seed = jitter, seed
-        profs = cap.profiles
-        self.nprof = len(profs)
-        self.gpn = gpn = net.gpus_per_node or 1
-        ranks = np.arange(world, dtype=np.int64)
+    def __init__(self, program: Any, checked: CheckedKnobs) -> None:
+        self.program, self.mesh = program, program.mesh
+        self.world, self.net = world, net = checked.world, checked.network
+        self.iterations = program.iterations
+        self.jitter, self.seed = checked.knobs.jitter, checked.knobs.seed
+        self.nprof = program.nprofiles
         self.slow = np.ones(world)
-        for r, v in speeds.items():
+        for r, v in checked.speeds.items():
             self.slow[r] = 1.0 / v
-        col = lambda f: np.array([float(f(p)) for p in profs])  # noqa: E731
-        self.p_forward, self.p_backward = col(lambda p: p.forward), col(lambda p: p.backward)
-        self.p_post, self.p_before = col(lambda p: p.post_backward), col(lambda p: p.before_step)
-        self.p_opt = col(lambda p: p.optimizer)
-        events = [_forward_events(p) for p in profs]
-        self.fwd_events = [(what, k) for _, what, k in events[0]]
-        self.fwd_offsets = np.array([[o for o, _, _ in ev] for ev in events]).reshape(
-            self.nprof, len(self.fwd_events))
-        ready = []
-        for p in profs:
-            rd = [0.0 if t is None else float(t) for t in p.ready]
-            ready.append([max((rd[i] for i in b.params), default=0.0) for b in plans])
-        self.p_ready = np.array(ready).reshape(self.nprof, len(plans))
         self.noise = None
-        if jitter > 0:  # the simpy engine's draws: same generator, same shape
-            self.noise = noise.lognormal(noise.generator(seed, 0), jitter,
-                                         (world, iterations, 4))
-        g = ranks % groups
-        self.scopes = {"dp": Scope("dp", g, groups)}
-        nnodes = -(-world // gpn)
-        self.nnodes = nnodes
-        if period:
-            self.scopes["node"] = Scope("node", g * nnodes + ranks // gpn, groups * nnodes)
+        if self.jitter > 0:  # the simpy engine's draws: same generator, same shape
+            self.noise = noise.lognormal(noise.generator(self.seed, 0), self.jitter,
+                                         (world, self.iterations, 4))
+        used = {c.scope for it in range(self.iterations)
+                for x in issues_of(program.iteration(0, it)) for c, _ in x.stages}
+        self.scopes = {k: Scope(k, *self.mesh.codes(k)) for k in self.mesh.scopes if k in used}
         self.multi = sum(len(s.present) for s in self.scopes.values()) > 1
         self.steps: dict[tuple, Step] = {}
         self.order: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64),) * 2
         # ^ (step index, communicator code) of every collective, in creation order
         self._lane_cache: dict[int, Any] = {}
+        self._arrays: dict[int, np.ndarray] = {}
         self.passes = 0
+
+    def per_profile(self, seconds: tuple[float, ...]) -> np.ndarray:
+        """A duration's per-profile values as an array (cached per tuple)."""
+        a = self._arrays.get(id(seconds))
+        if a is None:
+            a = self._arrays[id(seconds)] = np.array(seconds, dtype=float)
+        return a
 
     # -- collective durations ----------------------------------------------------------------
     def _factors(self, n: int) -> np.ndarray:
@@ -150,11 +132,13 @@ class VectorReplay(ResultRecords):
     def _draws(self) -> int:
         """How many noise factors the run draws: one per collective of more than one rank."""
         per = {k: int((sc.size > 1).sum()) for k, sc in self.scopes.items()}
-        scope = "node" if self.period else "dp"
-        fwd = len(self.cap.profiles[0].forward_collectives)
-        bwd = sum(len(p.stages) for p in self.plans) + len(self.cap.backward_collectives)
-        avg = sum(1 for it in range(self.iterations) if self.period and it % self.period == 0)
-        return self.iterations * (fwd * per["dp"] + bwd * per[scope]) + avg * per["dp"]
+        return sum(per[c.scope] for it in range(self.iterations)
+                   for x in issues_of(self.program.iteration(0, it)) for c, _ in x.stages)
+
+    def units(self, it: int) -> int:
+        """Progress units of iteration ``it``: its issues and segments, and its end."""
+        ins = self.program.iteration(0, it)
+        return len(issues_of(ins)) + sum(type(x) is Segment for x in ins) + 1
 
     # -- one pass over the plan -------------------------------------------------------------
     def _pass(self, ranks: np.ndarray, rec: Record, full: bool, factors: np.ndarray | None,
@@ -186,7 +170,7 @@ class VectorReplay(ResultRecords):
         factors = None
         if self.noise is not None:
             factors = self._factors(self._draws())
-        total = self.iterations * (len(self.plans) + 2)
+        total = sum(self.units(it) for it in range(self.iterations))
 
         def tick(done: int, tot: int) -> None:
             if progress is not None:

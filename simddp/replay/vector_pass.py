@@ -1,9 +1,7 @@
-"""One pass of the vectorised replay over the plan (see :mod:`simddp.replay.vector_engine`), phase by
-phase: forward with the forward collectives at their offsets; backward with every bucket issued
-at its ready time after ``plan.pre`` and the hooks' callbacks (or PowerSGD's chained stages) on
-the side stream, then the end-of-backward wait; post-backward and optimizer compute with the
-LocalSGD/SlowMo averaging. Each phase updates arrays over the pass's ranks, with the same
-floating-point operations in the same order as the simpy engine."""
+"""One pass of the vectorised replay over a step program (see
+:mod:`simddp.replay.vector_engine`): each instruction (:mod:`simddp.program.steps`) updates
+arrays over the pass's ranks, with the same floating-point operations in the same order as the
+simpy engine's interpreter (:meth:`~simddp.replay.simpy_engine._Replay.run_instructions`)."""
 
 from __future__ import annotations
 
@@ -12,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..models import collective_time
-from ..program.captured import BucketPlan
+from ..program.steps import Compute, Issue, Memory, Segment, Wait, WaitAll
 from .vector_records import Record, Step
 
 if TYPE_CHECKING:
@@ -22,10 +20,10 @@ __all__ = ["PlanPass"]
 
 
 class PlanPass:
-    """One pass over the plan for ``ranks`` of ``eng``: a full pass creates the collectives
-    (``eng.steps``: their creation keys, draw indices, start and end, with the noise
-    ``factors``); a rows pass looks them up. Both record into ``rec``. Per rank: ``now``, its
-    time; ``side``, its side stream's."""
+    """One pass over the program for ``ranks`` of ``eng``: a full pass creates the
+    collectives (``eng.steps``: their creation keys, draw indices, start and end, with the
+    noise ``factors``); a rows pass looks them up. Both record into ``rec``. Per rank:
+    ``now``, its time; ``side``, its side stream's; ``target``, when what is pending ends."""
 
     def __init__(self, eng: VectorReplay, ranks: np.ndarray, rec: Record, full: bool,
                  factors: np.ndarray | None) -> None:
@@ -38,26 +36,54 @@ class PlanPass:
         self.seqs = {k: 0 for k in eng.scopes}
         self.side = np.zeros(n)
         self.now = np.zeros(n)
-        self.pos = 0  # collectives met so far, in plan order
+        self.target = np.full(n, -np.inf)
+        self.pos = 0  # collectives met so far, in program order
         self.draws = 0  # noise factors handed out (first pass)
 
     def run(self, progress: Any = None) -> None:
         """Every iteration; ``progress(done, total)`` after each."""
         eng, rec, n = self.eng, self.rec, self.n
-        total = eng.iterations * (len(eng.plans) + 2)
+        total = sum(eng.units(it) for it in range(eng.iterations))
         ticks = 0
         for it in range(eng.iterations):
             rec.it = it
             f = (eng.noise[self.ranks, it] if eng.noise is not None else np.ones((n, 4)))
-            self.forward(it, self.s * f[:, 0])
-            ticks += 1
-            self.backward(it, self.s * f[:, 1])
-            ticks += len(eng.plans)
-            self.tail(it, f)
+            self.run_instructions(it, eng.program.iteration(0, it), f)
             rec.bounds[:, it] = self.now
-            ticks += 1
+            ticks += eng.units(it)
             if progress is not None:
                 progress(ticks, total)
+
+    def run_instructions(self, it: int, instructions, f: np.ndarray) -> None:
+        eng, s = self.eng, self.s
+        issued: dict[tuple, Step] = {}
+        for ins in instructions:
+            kind = type(ins)
+            if kind is Compute:
+                seconds = eng.per_profile(ins.seconds)[self.prof] * s
+                if ins.noise is not None:
+                    seconds = seconds * f[:, ins.noise]
+                self.compute(ins.kind, seconds, ins.label)
+            elif kind is Segment:
+                scale = s * f[:, ins.noise]
+                if ins.anchored:
+                    self.anchored(it, ins, scale, issued)
+                else:
+                    self.sequential(it, ins, scale, issued)
+            elif kind is Issue:
+                if ins.pre > 0:
+                    self.compute(ins.kind, ins.pre * s, "comm hook")
+                self.issue(it, ins, s, issued)
+            elif kind is Wait:
+                st = issued[ins.tag]
+                self.wait(st, st.scope, ins.label)
+            elif kind is WaitAll:
+                e = np.maximum(self.now, self.target)
+                self.rec.waited(self.now, e, ins.label)
+                self.now = e
+                self.target = np.full(self.n, -np.inf)
+            elif kind is not Memory:  # pragma: no cover - a planner's bug
+                raise TypeError(f"not an instruction: {ins!r}")
 
     # -- collectives ---------------------------------------------------------------------------
     def coll(self, tag: tuple, scope: str, op: str, nbytes: int, enq: np.ndarray,
@@ -128,80 +154,86 @@ class PlanPass:
         self.rec.waited(self.now, e, label)
         self.now = e
 
-    # -- the phases of an iteration ------------------------------------------------------------
-    def forward(self, it: int, scale: np.ndarray) -> None:
-        """Forward, with the captured forward collectives at their offsets."""
-        eng, rec, prof = self.eng, self.rec, self.prof
+    # -- instructions ------------------------------------------------------------------------
+    def sequential(self, it: int, seg: Segment, scale: np.ndarray, issued: dict) -> None:
+        """A segment whose marks sit at compute offsets (waits excluded)."""
+        rec, prof = self.rec, self.prof
         done = np.zeros(self.n)
-        fwd: dict[int, Step] = {}
-        fcs = eng.cap.profiles[0].forward_collectives
-        for j, (what, k) in enumerate(eng.fwd_events):
-            dt = eng.fwd_offsets[prof, j] * scale - done
-            m = dt > 0
-            new = np.where(m, self.now + dt, self.now)
-            rec.compute("forward", self.now, new)
-            self.now = new
-            done = np.where(m, done + dt, done)
-            fc = fcs[k]
-            if what == 0:
-                fwd[k] = self.coll(("fwd", it, k), "dp", fc["op"], int(fc["bytes"]), self.now,
-                                   self.now)
-            else:
-                self.wait(fwd[k], "dp", f"wait: {fc['op']}")
-        self.compute("forward", eng.p_forward[prof] * scale - done)
+        for mk in seg.marks:
+            if mk.at is not None:
+                dt = self.eng.per_profile(mk.at)[prof] * scale - done
+                m = dt > 0
+                new = np.where(m, self.now + dt, self.now)
+                rec.compute(seg.kind, self.now, new)
+                self.now = new
+                done = np.where(m, done + dt, done)
+            do = mk.do
+            if type(do) is Issue:
+                if do.pre > 0:
+                    self.compute(seg.kind, do.pre * scale, "comm hook")
+                self.issue(it, do, scale, issued)
+            elif type(do) is Wait:
+                st = issued[do.tag]
+                self.wait(st, st.scope, do.label)
+        self.compute(seg.kind, self.eng.per_profile(seg.seconds)[prof] * scale - done)
 
-    def backward(self, it: int, scale: np.ndarray) -> None:
-        """Backward: buckets issued in order, each when its last parameter is ready (after
-        ``plan.pre``); the collectives after backward; the wait for all of them."""
-        eng, rec, prof = self.eng, self.rec, self.prof
-        scope = "node" if eng.period else "dp"
+    def anchored(self, it: int, seg: Segment, scale: np.ndarray, issued: dict) -> None:
+        """A segment whose marks sit at times since its start, shifted by the work issued
+        before them."""
+        prof = self.prof
         t_b = self.now
         shift = np.zeros(self.n)
-        target = np.full(self.n, -np.inf)
-        for k, plan in enumerate(eng.plans):
-            t = t_b + eng.p_ready[prof, k] * scale + shift
-            self.now = np.maximum(self.now, t)
-            if plan.pre > 0:
-                pre = plan.pre * scale
-                self.now = self.now + pre
-                shift = shift + pre
-            if len(plan.stages) > 1:
-                val = self.chained(it, k, plan, scope, scale)
-            else:
-                val = self.bucket(it, k, plan, scope, scale)
-            target = np.maximum(target, val)
-        for k, bc in enumerate(eng.cap.backward_collectives):
-            st = self.coll(("bwd", it, k), scope, bc["op"], int(bc["bytes"]), self.now,
-                           self.now)
-            target = np.maximum(target, self.end_of(st, scope))
-        end = t_b + eng.p_backward[prof] * scale + shift
+        for mk in seg.marks:
+            if mk.at is not None:
+                t = t_b + self.eng.per_profile(mk.at)[prof] * scale + shift
+                self.now = np.maximum(self.now, t)
+            do = mk.do
+            if type(do) is Issue:
+                if do.pre > 0:
+                    pre = do.pre * scale
+                    self.now = self.now + pre
+                    shift = shift + pre
+                self.issue(it, do, scale, issued)
+            elif type(do) is Wait:
+                st = issued[do.tag]
+                self.wait(st, st.scope, do.label)
+        end = t_b + self.eng.per_profile(seg.seconds)[prof] * scale + shift
         self.now = np.maximum(self.now, end)
-        rec.compute("backward", t_b, self.now)
-        e = np.maximum(self.now, target)
-        rec.waited(self.now, e, "wait: collectives of backward")
-        self.now = e
+        self.rec.compute(seg.kind, t_b, self.now)
 
-    def chained(self, it: int, k: int, plan: BucketPlan, scope: str, scale: np.ndarray
-                ) -> np.ndarray:
-        """A chained (PowerSGD) bucket issued now: each stage after the last's callback on the
-        side stream. Returns when its last callback ends."""
-        issue = arrive = self.now
-        for j, (op, nbytes, cb) in enumerate(plan.stages):
-            st = self.coll(("b", it, k, j), scope, op, nbytes, issue, arrive, True)
-            s0 = np.maximum(self.end_of(st, scope), self.side)
+    def issue(self, it: int, issue: Issue, scale: np.ndarray, issued: dict) -> None:
+        """Collectives issued now: pending ones raise ``target``; others are waited for by
+        tag."""
+        if len(issue.stages) > 1:
+            val = self.chained(it, issue, scale)
+        else:
+            st, val = self.single(it, issue, scale)
+            if not issue.pending:
+                issued[issue.first.tag] = st
+                return
+        self.target = np.maximum(self.target, val)
+
+    def chained(self, it: int, issue: Issue, scale: np.ndarray) -> np.ndarray:
+        """A chained (PowerSGD) issue: each stage after the last's callback on the side
+        stream. Returns when its last callback ends."""
+        arrive = issue_t = self.now
+        for c, cb in issue.stages:
+            st = self.coll((c.tag[0], it, *c.tag[1:]), c.scope, c.op, c.nbytes, issue_t,
+                           arrive, c.in_backward)
+            s0 = np.maximum(self.end_of(st, c.scope), self.side)
             self.side = s0 + cb * scale
             self.rec.callback(s0, self.side)
             arrive = self.side
         return self.side
 
-    def bucket(self, it: int, k: int, plan: BucketPlan, scope: str, scale: np.ndarray
-               ) -> np.ndarray:
-        """A single-stage bucket issued now, and the hook's callback on the side stream (in
-        bucket order). Returns when the bucket's value is ready."""
-        issue = self.now
-        op, nbytes, cb = plan.stages[0]
-        st = self.coll(("b", it, k, 0), scope, op, nbytes, issue, issue, True)
-        val = self.end_of(st, scope)
+    def single(self, it: int, issue: Issue, scale: np.ndarray) -> tuple[Step, np.ndarray]:
+        """A single-stage issue, and its callback on the side stream (in issue order).
+        Returns the collective and when its value is ready."""
+        c, cb = issue.stages[0]
+        now = self.now
+        st = self.coll((c.tag[0], it, *c.tag[1:]), c.scope, c.op, c.nbytes, now, now,
+                       c.in_backward)
+        val = self.end_of(st, c.scope)
         cbs = cb * scale
         m = cbs > 0
         if m.any():
@@ -211,24 +243,4 @@ class PlanPass:
                 self.rec.callback(np.where(m, s0, 0.0), np.where(m, e0, 0.0))
             self.side = np.where(m, e0, self.side)
             val = np.where(m, e0, val)
-        return val
-
-    def tail(self, it: int, f: np.ndarray) -> None:
-        """Post-backward, before-step and optimizer compute; LocalSGD/SlowMo averaging."""
-        eng, s, prof = self.eng, self.s, self.prof
-        self.compute("backward", eng.p_post[prof] * s * f[:, 2])
-        self.compute("forward", eng.p_before[prof] * s * f[:, 2])
-        self.compute("optimizer", eng.p_opt[prof] * s * f[:, 3])
-        if eng.period and it % eng.period == 0:
-            self.average(it)
-
-    def average(self, it: int) -> None:
-        """LocalSGD/SlowMo's model averaging: flatten, all_reduce, unflatten (and SlowMo)."""
-        costs, pb, s = self.eng.costs, self.eng.cap.param_bytes, self.s
-        self.compute("optimizer", costs.op(2 * pb) * s, "flatten")
-        st = self.coll(("avg", it), "dp", "all_reduce", pb, self.now, self.now)
-        self.wait(st, "dp", "wait: model averaging")
-        post = costs.op(2 * pb) + costs.op(2 * pb)
-        if self.eng.slowmo:
-            post += 4 * costs.op(3 * pb)
-        self.compute("optimizer", post * s, "model averaging")
+        return st, val

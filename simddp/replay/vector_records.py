@@ -33,10 +33,20 @@ class Scope:
         self.name, self.code, self.ncode = name, code, ncode
         self.size = np.bincount(code, minlength=ncode)
         self.present = np.flatnonzero(self.size)
+        self._first: np.ndarray | None = None
         self.single = ncode == 1
         if not self.single:
             self.perm = np.argsort(code, kind="stable")
             self.offsets = np.searchsorted(code[self.perm], self.present)
+
+    @property
+    def first(self) -> np.ndarray:
+        """Per code, its lowest rank (-1 where no rank has it)."""
+        if self._first is None:
+            first = np.full(self.ncode, -1, dtype=np.int64)
+            first[self.code[::-1]] = np.arange(len(self.code) - 1, -1, -1)
+            self._first = first
+        return self._first
 
     def reduce(self, ufunc: Any, v: np.ndarray, fill: float) -> np.ndarray:
         out = np.full(self.ncode, fill)
@@ -90,12 +100,11 @@ def comm_figures(steps: list[Step], scopes: dict[str, Scope], rec: Record
     """Per rank and iteration: time a collective of the rank runs (comm), and the part of
     it the rank spends waiting (exposed: a rank's time is compute or wait, nothing else)."""
     world, iterations = rec.bounds.shape
-    # a rank's collectives: those of its DDP group and (LocalSGD) of its node subgroup;
-    # rows: one per distinct set
-    if "node" in scopes:
-        row_of = scopes["node"].code
-    else:
-        row_of = scopes["dp"].code
+    # a rank's collectives: those of its communicators in every scope; rows: one per
+    # distinct set of communicators
+    row_of = np.zeros(world, dtype=np.int64)
+    for sc in scopes.values():
+        row_of = row_of * sc.ncode + sc.code
     rows, first, row_idx = np.unique(row_of, return_index=True, return_inverse=True)
     row_idx = row_idx.reshape(-1)
     S = np.empty((len(rows), len(steps)))
@@ -157,7 +166,7 @@ class Busy:
 class ResultRecords:
     """What a :class:`~simddp.replay.vector_engine.VectorReplay` hands to its result: the
     collectives' records, per-rank totals, and lanes materialised on demand (the engine's
-    ``steps``, ``scopes``, ``order`` and ``_pass``)."""
+    ``mesh``, ``steps``, ``scopes``, ``order`` and ``_pass``)."""
 
     # -- lanes on demand -----------------------------------------------------------------------
     def lanes(self, ranks: list[int]) -> list[Lane]:
@@ -171,11 +180,10 @@ class ResultRecords:
                 comms = []
                 for st, c, issue in rec.comms[i]:
                     sc = self.scopes[st.scope]
-                    g = int(r % self.groups)
-                    group = f"dp{g}" if st.scope == "dp" else f"dp{g}/node{r // self.gpn}"
+                    group = self.mesh.label(self.mesh.key(r, st.scope))
                     tag = "/".join(str(x) for x in (group, *st.tag))
                     size = int(sc.size[c])
-                    members = self._members(st.scope, r)
+                    members = self.mesh.members(r, st.scope)
                     comms.append(CommSpan(
                         rank=r, op=st.op, group=group,
                         group_ranks=tuple(members) if size <= 64 else (), seq=st.seq,
@@ -191,17 +199,11 @@ class ResultRecords:
                 self._lane_cache.update((r, got[r]) for r in todo)
         return [got[r] for r in ranks]
 
-    def _members(self, scope: str, r: int) -> range:
-        g = r % self.groups
-        if scope == "node":
-            node = r // self.gpn
-            lo, hi = node * self.gpn, min((node + 1) * self.gpn, self.world)
-            return range(lo + (g - lo) % self.groups, hi, self.groups)
-        return range(g, self.world, self.groups)
-
     # -- the result's records ------------------------------------------------------------------
     def _group(self, scope: str, c: int) -> str:
-        return f"dp{c}" if scope == "dp" else f"dp{c // self.nnodes}/node{c % self.nnodes}"
+        sc = self.scopes[scope]
+        rank = int(sc.first[c])
+        return self.mesh.label(self.mesh.key(rank, scope))
 
     def collectives(self) -> list[dict[str, Any]]:
         """Every collective, in creation order (the simpy engine's ``order``)."""

@@ -1,0 +1,280 @@
+"""The DDP planner: a captured DDP iteration as a step program (:mod:`simddp.program.steps`).
+
+Per bucket of the Reducer's layout (at the knobs' caps, with torch's own bucketing), what its
+comm hook issues and the compute around it (:func:`plans`, costed with the capture's roofline
+summary, :class:`Costs`); then per iteration (:class:`DDPProgram`):
+
+1. with uneven inputs, Join's two all_reduces (the join count, the requires-grad sync);
+2. **forward**: the captured forward compute, with its collectives (DDP's buffer broadcast) at
+   their compute offsets and waited for where the captured rank waited;
+3. **backward**, anchored at its start: bucket k issued when its last parameter's gradient is
+   ready (after its comm hook's work), the captured collectives after backward (the unused-
+   parameter map), then the end-of-backward wait for all of them and their callbacks;
+4. post-backward (the Reducer's copies out of buckets), the rest before the optimizer step,
+   the step; with LocalSGD/SlowMo every period iterations the parameters' averaging.
+
+A rank that has run out of inputs shadows the others' iterations as Join's DDP hook does: the
+join and sync all_reduces, the forward collectives, every bucket's all_reduce and the
+collectives after backward, with no compute of its own; when all have joined, the last join
+all_reduce and DDP's final broadcast of the parameters.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from .captured import CapturedIteration
+from .knobs import CheckedKnobs
+from .mesh import DDPMesh
+from .steps import Collective, Compute, Instruction, Issue, Mark, Segment, Wait, WaitAll
+
+__all__ = ["plan_ddp", "DDPProgram", "BucketPlan", "Costs", "plans"]
+
+_POWERSGD_MIN_COMPRESSION_RATE = 2.0  # torch's PowerSGDState default
+
+
+class Costs:
+    """Op costs from the capture's roofline summary: overhead + max(bytes/bw, FLOPs/peak)."""
+
+    def __init__(self, costs: Mapping[str, float] | None) -> None:
+        self.ok = bool(costs)
+        self.overhead = float(costs["overhead_s"]) if costs else 0.0
+        self.bw = float(costs["bytes_per_s"]) if costs else math.inf
+        self.peak = float(costs["flops_per_s"]) if costs else math.inf
+
+    def op(self, nbytes: float = 0.0, flops: float = 0.0) -> float:
+        if not self.ok:
+            return 0.0
+        return self.overhead + max(nbytes / self.bw, flops / self.peak)
+
+
+@dataclass
+class BucketPlan:
+    """How one bucket is communicated: main-stream compute before the issue, then stages:
+    (op, bytes, callback seconds on the side stream after the stage's collective ends);
+    stage j + 1 is issued from the side stream when stage j's callback ends."""
+
+    params: list[int]
+    nbytes: int
+    pre: float
+    stages: list[tuple[str, int, float]]
+
+
+def plans(cap: CapturedIteration, buckets: list[list[int]], hook: str | None, rank: int,
+          costs: Costs) -> list[BucketPlan]:
+    """Per bucket of ``buckets``, how ``hook`` communicates it (``rank``: PowerSGD's)."""
+    captured = {frozenset(b): n for b, n in zip(cap.bucket_indices, cap.bucket_bytes)}
+    out = []
+    for b in buckets:
+        ps = [cap.params[i] for i in b]
+        sparse = any(p.sparse for p in ps)
+        nbytes = sum(p.nbytes for p in ps)
+        if sparse:  # a sparse gradient's all_reduce moves what the capture saw (indices+values)
+            nbytes = captured.get(frozenset(b), nbytes)
+        numel = sum(p.numel for p in ps)
+        if sparse or hook in (None, "allreduce"):
+            out.append(BucketPlan(b, nbytes, 0.0, [("all_reduce", nbytes, 0.0)]))
+        elif hook in ("fp16", "bf16"):
+            half = 2 * numel
+            pre = costs.op(nbytes + half) + costs.op(2 * half)  # cast, then div_ in place
+            out.append(BucketPlan(b, nbytes, pre, [("all_reduce", half, costs.op(half + nbytes))]))
+        elif hook == "powersgd":
+            unc, pb, qb = 0, 0, 0
+            pre = cb_p = cb_q = 0.0
+            for p in ps:
+                e = p.element_size
+                if len(p.shape) <= 1:
+                    unc += p.nbytes
+                    continue
+                n = int(p.shape[0])
+                m = p.numel // n if n else 0
+                r = min(n, m, rank)
+                if not (n and m and (n + m) * r * _POWERSGD_MIN_COMPRESSION_RATE < n * m):
+                    unc += p.nbytes
+                    continue
+                pb += n * r * e
+                qb += m * r * e
+                mat = n * m * e
+                pre += costs.op(3 * mat)  # error feedback: M += error
+                pre += costs.op(mat + (m + n) * r * e, 2.0 * n * m * r)  # P = M Q
+                cb_p += costs.op(2 * n * r * e, 2.0 * n * r * r)  # orthogonalise P
+                cb_p += costs.op(mat + (m + n) * r * e, 2.0 * n * m * r)  # Q = Mᵀ P
+                cb_q += costs.op(mat + (m + n) * r * e, 2.0 * n * m * r)  # M = P Qᵀ
+                cb_q += costs.op(3 * mat)  # error = input − M
+            pre += costs.op(2 * unc)  # copy uncompressed tensors into one buffer
+            out.append(BucketPlan(b, nbytes, pre, [("all_reduce", unc, costs.op(2 * unc)),
+                                              ("all_reduce", pb, cb_p),
+                                              ("all_reduce", qb, cb_q)]))
+        else:  # pragma: no cover - checked by replay()
+            raise ValueError(hook)
+    return out
+
+
+def _per_profile(cap: CapturedIteration, value) -> tuple[float, ...]:
+    return tuple(float(value(p)) for p in cap.profiles)
+
+
+def _forward_events(prof) -> list[tuple[float, int, int]]:
+    """A profile's forward collectives' issues (0) and waits (1), by compute offset."""
+    ev = []
+    for k, fc in enumerate(prof.forward_collectives):
+        ev.append((float(fc["offset"]), 0, k))
+        if fc.get("wait_at") is not None:
+            ev.append((float(fc["wait_at"]), 1, k))
+    return sorted(ev)
+
+
+class DDPProgram:
+    """A captured DDP iteration as a step program, for one world and set of knobs (see the
+    module docstring). ``buckets``/``plans``: the layout and per-bucket plans it replays."""
+
+    def __init__(self, cap: CapturedIteration, checked: CheckedKnobs) -> None:
+        k = checked.knobs
+        self.cap, self.world, self.iterations = cap, checked.world, checked.iterations
+        self.nprofiles = len(cap.profiles)
+        self.period = k.period
+        self.uneven = checked.uneven
+        self.param_bytes = cap.param_bytes
+        self.costs = Costs(cap.costs)
+        self.buckets = cap.buckets(k.bucket_cap_mb, k.first_bucket_mb)
+        self.plans = plans(cap, self.buckets, k.comm_hook, k.powersgd_rank, self.costs)
+        self.mesh = DDPMesh(checked.world, k.groups, checked.network.gpus_per_node,
+                            k.shared_nic, node_classes=bool(self.period))
+        self.slowmo = k.slowmo_period is not None
+        # the forward's marks in each profile's own order; the vectorised engine needs one
+        orders = [tuple((w, i) for _, w, i in _forward_events(p)) for p in cap.profiles]
+        self._orders_differ = len(set(orders)) > 1
+        prefix = self._join_prefix() if self.uneven else ()
+        tail = self._tail()
+        self._train = [prefix + (self._forward(p),) + self._backward() + tail
+                       for p in (range(self.nprofiles) if self._orders_differ else [0])]
+        self._averaged = [t + self._average() for t in self._train] if self.period else None
+        self._shadow = self._shadow_iteration() if self.uneven else ()
+
+    # -- what engines ask ------------------------------------------------------------------
+    def iteration(self, rank: int, it: int) -> Sequence[Instruction]:
+        if self.uneven and it >= self.uneven.get(rank, self.iterations):
+            return self._shadow
+        p = rank % self.nprofiles if self._orders_differ else 0
+        if self.period and it % self.period == 0:
+            return self._averaged[p]
+        return self._train[p]
+
+    def epilogue(self, rank: int) -> Sequence[Instruction]:
+        if not self.uneven:
+            return ()
+        return (self._issue(("join", "final"), "dp", "all_reduce", 4, costed=False),
+                Wait(("join", "final"), "wait: join"),
+                self._issue(("final",), "dp", "broadcast", self.param_bytes, costed=False),
+                Wait(("final",), "wait: final broadcast"))
+
+    def uniform(self) -> str | None:
+        if self.uneven:
+            return "uneven inputs (Join's shadow iterations)"
+        if self._orders_differ:
+            return "captured ranks issue their forward collectives in different orders"
+        return None
+
+    def rank_kinds(self) -> dict[int, tuple]:
+        """Ranks whose instructions differ from the others' by more than durations."""
+        return {r: ("uneven", n) for r, n in self.uneven.items()}
+
+    # -- the instructions ------------------------------------------------------------------
+    @staticmethod
+    def _issue(tag: tuple, scope: str, op: str, nbytes: int, *, kind: str = "forward",
+               label: str | None = None, pending: bool = False, costed: bool = True) -> Issue:
+        return Issue(((Collective(tag, scope, op, int(nbytes)), 0.0),), kind=kind,
+                     label=label or f"issue: {op}", pending=pending, costed=costed)
+
+    def _join_prefix(self) -> tuple[Instruction, ...]:
+        # Join.notify_join_context and DDP's requires-grad-sync, both async
+        return tuple(self._issue((t,), "dp", "all_reduce", 4, label="issue: join", pending=True)
+                     for t in ("join", "sync"))
+
+    def _forward(self, p: int) -> Segment:
+        """Profile p's forward (every profile's durations, in profile p's mark order)."""
+        cap = self.cap
+        marks = []
+        for _, what, k in _forward_events(cap.profiles[p]):
+            fc = cap.profiles[p].forward_collectives[k]
+            if what == 0:
+                at = _per_profile(cap, lambda q: _offset(q, p, k, "offset"))
+                marks.append(Mark(at, self._issue(("fwd", k), "dp", fc["op"], fc["bytes"])))
+            else:
+                at = _per_profile(cap, lambda q: _offset(q, p, k, "wait_at"))
+                marks.append(Mark(at, Wait(("fwd", k), f"wait: {fc['op']}")))
+        return Segment("forward", _per_profile(cap, lambda q: q.forward), 0, tuple(marks))
+
+    def _bucket_stages(self, k: int, plan: BucketPlan, scope: str) -> tuple:
+        return tuple((Collective(("b", k, j), scope, op, nbytes, True), cb)
+                     for j, (op, nbytes, cb) in enumerate(plan.stages))
+
+    def _backward(self) -> tuple[Instruction, ...]:
+        cap = self.cap
+        scope = "node" if self.period else "dp"
+        marks = []
+        for k, plan in enumerate(self.plans):
+            def ready(q, params=plan.params):
+                rd = [0.0 if t is None else float(t) for t in q.ready]
+                return max((rd[i] for i in params), default=0.0)
+            marks.append(Mark(_per_profile(cap, ready),
+                              Issue(self._bucket_stages(k, plan, scope), pre=plan.pre,
+                                    kind="backward", pending=True)))
+        for k, bc in enumerate(cap.backward_collectives):
+            marks.append(Mark(None, self._issue(("bwd", k), scope, bc["op"], bc["bytes"],
+                                                kind="backward", pending=True)))
+        seg = Segment("backward", _per_profile(cap, lambda q: q.backward), 1, tuple(marks),
+                      anchored=True)
+        return (seg, WaitAll("wait: collectives of backward"))
+
+    def _tail(self) -> tuple[Instruction, ...]:
+        cap = self.cap
+        return (Compute("backward", _per_profile(cap, lambda q: q.post_backward), 2),
+                Compute("forward", _per_profile(cap, lambda q: q.before_step), 2),
+                Compute("optimizer", _per_profile(cap, lambda q: q.optimizer), 3))
+
+    def _average(self) -> tuple[Instruction, ...]:
+        """PeriodicModelAverager (LocalSGD) / SlowMo: all_reduce of all parameters."""
+        pb, op = self.param_bytes, self.costs.op
+        n = self.nprofiles
+        post = op(2 * pb) + op(2 * pb)  # divide, unflatten
+        if self.slowmo:
+            post += 4 * op(3 * pb)  # slow momentum: diff, momentum, update, copy
+        return (Compute("optimizer", (op(2 * pb),) * n, None, "flatten"),
+                self._issue(("avg",), "dp", "all_reduce", pb, kind="optimizer"),
+                Wait(("avg",), "wait: model averaging"),
+                Compute("optimizer", (post,) * n, None, "model averaging"))
+
+    def _shadow_iteration(self) -> tuple[Instruction, ...]:
+        """A joined rank's shadow of one iteration (Join's DDP hook)."""
+        out: list[Instruction] = []
+        for t in ("join", "sync"):
+            out += [self._issue((t,), "dp", "all_reduce", 4, label="issue: join"),
+                    Wait((t,), "wait: join")]
+        for k, fc in enumerate(self.cap.profiles[0].forward_collectives):
+            # the buffers' broadcast (DDP's _check_and_sync_module_buffers in the hook)
+            out += [self._issue(("fwd", k), "dp", fc["op"], fc["bytes"]),
+                    Wait(("fwd", k), f"wait: {fc['op']}")]
+        for k, plan in enumerate(self.plans):
+            if plan.pre > 0:
+                out.append(Compute("backward", (plan.pre,) * self.nprofiles, None, "comm hook"))
+            out.append(Issue(self._bucket_stages(k, plan, "dp"), kind="backward",
+                             label="issue: all_reduce", pending=True))
+        for k, bc in enumerate(self.cap.backward_collectives):  # the unused-parameter map
+            out.append(self._issue(("bwd", k), "dp", bc["op"], bc["bytes"], kind="backward",
+                                   pending=True))
+        out.append(WaitAll("wait: join shadow all_reduces"))
+        return tuple(out)
+
+
+def _offset(q, p: int, k: int, key: str) -> float:
+    """Profile q's offset of forward collective k (profile p's event order)."""
+    fcs = q.forward_collectives
+    return float(fcs[k][key]) if k < len(fcs) and fcs[k].get(key) is not None else 0.0
+
+
+def plan_ddp(cap: CapturedIteration, checked: CheckedKnobs) -> DDPProgram:
+    """The DDP planner: ``cap`` as a step program for ``checked``'s world and knobs."""
+    return DDPProgram(cap, checked)

@@ -1,0 +1,156 @@
+"""The world's communicators: which ranks share one, per scope of a step program.
+
+A :class:`Mesh` answers, for a rank and a scope (a mesh dimension such as ``"dp"``,
+``"shard"``, ``"replicate"``, or DDP's ``"node"`` subgroups), which communicator the rank uses
+(its key, members and the links it holds) — the simpy engine asks per rank — and the same for
+every rank at once as integer codes — the vectorised engine's view. Ranks are laid out as
+torch's ``init_device_mesh`` lays them out: row-major, the last dimension innermost (the one
+that stays inside a node when it fits).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["Mesh", "DDPMesh", "DeviceMesh"]
+
+
+class Mesh:
+    """The interface both engines use; see :class:`DDPMesh` and :class:`DeviceMesh`."""
+
+    world: int
+    scopes: tuple[str, ...]
+    # scopes whose communicator tells ranks apart in replay's equivalence classes
+    class_scopes: tuple[str, ...] = ()
+
+    def key(self, rank: int, scope: str) -> tuple:
+        raise NotImplementedError
+
+    def members(self, rank: int, scope: str) -> Sequence[int]:
+        raise NotImplementedError
+
+    def links(self, rank: int, scope: str) -> list[tuple[str, int]]:
+        """Shared links (a node's NIC) the communicator holds while it runs (none by default)."""
+        return []
+
+    def codes(self, scope: str) -> tuple[np.ndarray, int]:
+        """Per rank its communicator's code in ``scope``, and the number of codes."""
+        raise NotImplementedError
+
+    def label(self, key: tuple) -> str:
+        """The communicator's name in results (``dp0``, ``dp0/node1``, ``shard@8``)."""
+        raise NotImplementedError
+
+    def class_code(self, nprof: int) -> tuple[np.ndarray, int]:
+        """Per rank an integer that replay's equivalence classes must respect, and how many
+        there are: here the captured profile only — on a regular mesh every communicator of
+        a dimension has the same size, so ranks in different ones behave alike."""
+        ranks = np.arange(self.world, dtype=np.int64)
+        return ranks % nprof, nprof
+
+
+class DDPMesh(Mesh):
+    """DDP's communicators: ``groups`` independent DDP groups (rank r in group r % groups),
+    and, for LocalSGD/SlowMo's averaging inside a node, each group's node subgroups
+    (``gpus_per_node`` ranks a node). ``shared_nic``: a group's collectives hold the NICs of
+    the nodes it spans (contended by the other groups)."""
+
+    scopes = ("dp", "node")
+
+    def __init__(self, world: int, groups: int = 1, gpus_per_node: int | None = None,
+                 shared_nic: bool = False, node_classes: bool = False) -> None:
+        self.world, self.groups, self.gpn = world, groups, gpus_per_node or 1
+        self.shared_nic = shared_nic
+        self.class_scopes = ("dp", "node") if node_classes else ("dp",)
+        self._links: dict[int, list[tuple[str, int]]] = {}
+
+    def key(self, rank: int, scope: str) -> tuple:
+        g = rank % self.groups
+        return ("node", g, rank // self.gpn) if scope == "node" else ("dp", g)
+
+    def members(self, rank: int, scope: str) -> range:
+        g = rank % self.groups
+        if scope == "node":
+            node = rank // self.gpn
+            lo, hi = node * self.gpn, min((node + 1) * self.gpn, self.world)
+            return range(lo + (g - lo) % self.groups, hi, self.groups)
+        return range(g, self.world, self.groups)
+
+    def links(self, rank: int, scope: str) -> list[tuple[str, int]]:
+        if scope == "node" or not self.shared_nic:
+            return []
+        g = rank % self.groups
+        links = self._links.get(g)
+        if links is None:
+            nodes = sorted({r // self.gpn for r in range(g, self.world, self.groups)})
+            links = self._links[g] = [("nic", n) for n in nodes] if len(nodes) > 1 else []
+        return links
+
+    def codes(self, scope: str) -> tuple[np.ndarray, int]:
+        ranks = np.arange(self.world, dtype=np.int64)
+        g = ranks % self.groups
+        if scope == "node":
+            nnodes = -(-self.world // self.gpn)
+            return g * nnodes + ranks // self.gpn, self.groups * nnodes
+        return g, self.groups
+
+    def label(self, key: tuple) -> str:
+        return f"dp{key[1]}" if key[0] == "dp" else f"dp{key[1]}/node{key[2]}"
+
+    def class_code(self, nprof: int) -> tuple[np.ndarray, int]:
+        """Per rank: (profile, group[, node]) as one integer — DDP's equivalence classes."""
+        ranks = np.arange(self.world, dtype=np.int64)
+        code, width = ranks % nprof, nprof
+        if self.groups > 1:
+            code += width * (ranks % self.groups)
+            width *= self.groups
+        if "node" in self.class_scopes:
+            code += width * (ranks // self.gpn)
+            width *= -(-self.world // self.gpn)
+        return code, width
+
+
+class DeviceMesh(Mesh):
+    """A torch ``DeviceMesh``: named dimensions, row-major (the last innermost), e.g.
+    ``DeviceMesh(64, {"replicate": 8, "shard": 8})`` — HSDP. A scope is one dimension: the
+    ranks that differ only in that coordinate share a communicator."""
+
+    def __init__(self, world: int, dims: dict[str, int]) -> None:
+        if math.prod(dims.values()) != world:
+            raise ValueError(f"the mesh {dims} has {math.prod(dims.values())} ranks, the world "
+                             f"{world}")
+        self.world, self.dims = world, dict(dims)
+        self.scopes = tuple(dims)
+        names = list(dims)
+        sizes = [dims[n] for n in names]
+        self._stride = {n: math.prod(sizes[i + 1:]) for i, n in enumerate(names)}
+
+    def _coord(self, rank: int, scope: str) -> int:
+        return (rank // self._stride[scope]) % self.dims[scope]
+
+    def key(self, rank: int, scope: str) -> tuple:
+        stride = self._stride[scope]
+        base = rank - self._coord(rank, scope) * stride
+        return (scope, base)
+
+    def members(self, rank: int, scope: str) -> range:
+        stride = self._stride[scope]
+        base = rank - self._coord(rank, scope) * stride
+        return range(base, base + stride * self.dims[scope], stride)
+
+    def codes(self, scope: str) -> tuple[np.ndarray, int]:
+        ranks = np.arange(self.world, dtype=np.int64)
+        stride, size = self._stride[scope], self.dims[scope]
+        base = ranks - ((ranks // stride) % size) * stride
+        # dense codes: the communicators' lowest ranks, numbered in order
+        uniq, code = np.unique(base, return_inverse=True)
+        return code.reshape(-1).astype(np.int64), len(uniq)
+
+    def label(self, key: tuple) -> str:
+        return f"{key[0]}@{key[1]}"
+
+    def describe(self) -> dict[str, Any]:
+        return dict(self.dims)
