@@ -4,6 +4,7 @@
   waits, memory) and :class:`StepProgram`, what every planner returns;
 * :mod:`~simddp.program.mesh` — the communicators a program's collectives run on;
 * :mod:`~simddp.program.knobs` — :class:`Knobs`, every what-if choice in one frozen object;
+* :mod:`~simddp.program.parallel` — :class:`Parallel`, a world's layout (``--parallel``);
 * :mod:`~simddp.program.captured` — what a capture of the real program holds;
 * planners, one per parallelism: :mod:`~simddp.program.ddp`.
 
@@ -18,13 +19,14 @@ from .captured import CapturedIteration
 from .ddp import DDPProgram, plan_ddp
 from .knobs import COMM_HOOKS, CheckedKnobs, Config, Knobs
 from .mesh import DDPMesh, DeviceMesh, Mesh
+from .parallel import PARALLEL_MODES, Parallel
 from .steps import (MEMORY_CATEGORIES, Collective, Compute, Instruction, Issue, Mark, Memory,
                     Segment, StepProgram, Wait, WaitAll, peak_memory)
 
 __all__ = ["plan", "PLANNERS", "Knobs", "CheckedKnobs", "Config", "COMM_HOOKS", "StepProgram",
            "Collective", "Compute", "Segment", "Mark", "Issue", "Wait", "WaitAll", "Memory",
            "Instruction", "MEMORY_CATEGORIES", "peak_memory", "Mesh", "DDPMesh", "DeviceMesh",
-           "DDPProgram", "plan_ddp"]
+           "DDPProgram", "plan_ddp", "Parallel", "PARALLEL_MODES"]
 
 # capture type -> its planner; a new parallelism registers its own here
 PLANNERS: dict[type, Callable[[Any, CheckedKnobs], Any]] = {CapturedIteration: plan_ddp}
