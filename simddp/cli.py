@@ -42,6 +42,15 @@ def _list(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
     return parse
 
 
+def _bool(text: str) -> bool:
+    t = text.strip().lower()
+    if t in ("true", "yes", "on", "1"):
+        return True
+    if t in ("false", "no", "off", "0"):
+        return False
+    raise ValueError(f"{text!r} is not a boolean: give true or false")
+
+
 def _hook(text: str) -> str | None:
     return None if text.lower() in ("none", "no", "-") else text
 
@@ -91,6 +100,23 @@ def _grid_flags(p: argparse.ArgumentParser, *, world_default: str | None) -> Non
                         "issued collective, for every network: SLOWDOWN[:US] (e.g. 1.3:8.4), "
                         "or 'off'; default: each network's own (a calibrate file's measured "
                         "one, none for presets)")
+    g.add_argument("--parallel", action="append", default=None, metavar="SPEC",
+                   help="the layout: ddp (default), fsdp, hsdp:S (shard over S ranks, replicate "
+                        "across the rest); one spec per flag, repeat it to compare layouts, "
+                        "e.g. --parallel fsdp --parallel hsdp:8")
+    g.add_argument("--reshard-after-forward", type=_list(_bool), default=None,
+                   metavar="BOOLS", help="FSDP2's reshard_after_forward, e.g. true,false "
+                                         "(one capture each; default true)")
+    g.add_argument("--forward-prefetch", type=int, default=1, metavar="N",
+                   help="FSDP2: units all-gathered ahead in forward (default 1; 0: no overlap)")
+    g.add_argument("--backward-prefetch", type=int, default=1, metavar="N",
+                   help="FSDP2: units all-gathered ahead in backward (default 1)")
+    g.add_argument("--param-dtype", default=None, metavar="DTYPE",
+                   help="FSDP2 MixedPrecisionPolicy param_dtype: bf16, fp16, fp32")
+    g.add_argument("--reduce-dtype", default=None, metavar="DTYPE",
+                   help="FSDP2 MixedPrecisionPolicy reduce_dtype: bf16, fp16, fp32")
+    g.add_argument("--gpu-memory", type=float, default=None, metavar="GB",
+                   help="device memory for the OOM verdict (default: the --gpu preset's)")
     g.add_argument("--iterations", type=int, default=1, help="iterations replayed (default 1)")
     g.add_argument("--jitter", type=float, default=0.0, help="relative noise per segment")
     g.add_argument("--seed", type=int, default=0)
@@ -266,22 +292,39 @@ def _whatif(args: argparse.Namespace) -> int:
         res = whatif(args.workload, **_grid_kwargs(args), gpu=args.gpu,
                      step_time_s=args.step_time, batch_size=args.batch_size,
                      capture_ranks=args.capture_ranks, iterations=args.iterations,
-                     jitter=args.jitter, seed=args.seed, executor=ex, progress=rows,
-                     status=status, replay_progress=one)
+                     jitter=args.jitter, seed=args.seed, parallel=args.parallel,
+                     reshard_after_forward=args.reshard_after_forward,
+                     forward_prefetch=args.forward_prefetch,
+                     backward_prefetch=args.backward_prefetch, param_dtype=args.param_dtype,
+                     reduce_dtype=args.reduce_dtype, gpu_memory_gb=args.gpu_memory,
+                     executor=ex, progress=rows, status=status, replay_progress=one)
     if args.save_capture:
         res.captured.save(args.save_capture)
     return _finish(res, args)
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from .program.captured import CapturedIteration
+    import json
+
+    from .program.captured import CapturedIteration, CapturedStep
     from .whatif import replay_grid
 
-    cap = CapturedIteration.load(args.capture)
+    with open(args.capture) as f:
+        data = json.load(f)
+    cap = (CapturedStep if "profiles" in data and "mesh" in data else
+           CapturedIteration).from_dict(data)
     with _executor(args) as ex, _progress(not args.no_progress) as (status, rows, one):
+        if args.parallel and len(args.parallel) > 1:
+            raise ValueError("replay takes one --parallel layout (the capture's kind); "
+                             "`simddp whatif` compares several")
+        raf = args.reshard_after_forward
         res = replay_grid(cap, **_grid_kwargs(args), iterations=args.iterations,
                           jitter=args.jitter, seed=args.seed, executor=ex, progress=rows,
-                          replay_progress=one,
+                          replay_progress=one, parallel=(args.parallel or [None])[0],
+                          reshard_after_forward=None if not raf else raf[0],
+                          forward_prefetch=args.forward_prefetch,
+                          backward_prefetch=args.backward_prefetch,
+                          gpu_memory_gb=args.gpu_memory,
                           title=f"simddp replay {cap.name} (captured on {cap.world_size} ranks)")
     return _finish(res, args)
 

@@ -159,7 +159,7 @@ def _as_list(v: Any) -> list[Any]:
     return list(v) if isinstance(v, (list, tuple, range)) else [v]
 
 
-def replay_grid(captured: CapturedIteration, *, world_size: Any, network: Any = "ib-ndr",
+def replay_grid(captured: Any, *, world_size: Any, network: Any = "ib-ndr",
                 gpus_per_node: int | None = None, bucket_cap_mb: Any = None,
                 comm_hook: Any = None, rank_speed: Mapping[int, float] | None = None,
                 executor: concurrent.futures.Executor | None = None,
@@ -192,7 +192,10 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
            rank_speed: Mapping[int, float] | None = None, gpu: str = "a100",
            compute: Any = None, step_time_s: float | None = None,
            batch_size: int | None = None, capture_ranks: int = 1, iterations: int = 1,
-           jitter: float = 0.0, seed: int = 0,
+           jitter: float = 0.0, seed: int = 0, parallel: Any = None,
+           reshard_after_forward: Any = None, forward_prefetch: int = 1,
+           backward_prefetch: int = 1, param_dtype: str | None = None,
+           reduce_dtype: str | None = None, gpu_memory_gb: float | None = None,
            executor: concurrent.futures.Executor | None = None,
            progress: Progress | None = None,
            status: Callable[[str], None] | None = None,
@@ -201,7 +204,18 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
     overrides ``Compute.roofline(gpu)``; ``status(text)`` hears each stage as it starts.
     ``contention``: "keep" each network's own :class:`~simddp.models.Contention` (a calibrate
     file's measured one), None to drop it, or one for every network.
+
+    ``parallel``: layouts (:class:`~simddp.program.parallel.Parallel` specs, e.g. ``"ddp"``,
+    ``"fsdp"``, ``"hsdp:8"``; default DDP). Each FSDP2 layout is captured with torch's real
+    ``fully_shard`` once per ``reshard_after_forward`` value (and ``param_dtype`` /
+    ``reduce_dtype``, its ``MixedPrecisionPolicy``), then replayed at every world size; a world
+    size the layout does not divide is left out (``status`` says so). ``gpu_memory_gb``: the
+    device memory for each row's OOM verdict (default: the ``gpu`` preset's).
     The result's ``meta`` dict says what was modelled (compute, calibration factor)."""
+    from .cosim.capture_fsdp import capture_fsdp
+    from .models.compute import DEVICES
+    from .program.parallel import Parallel
+
     say = status or (lambda text: None)
     sc = load_workload(workload, batch_size=batch_size)
     model = Compute.roofline(gpu) if compute is None else compute
@@ -209,17 +223,54 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
     if step_time_s is not None:
         say(f"calibrating compute: one rank's step without DDP = {step_time_s * 1e3:g} ms")
         model, factor = calibrate_compute(sc, model, step_time_s)
+    if gpu_memory_gb is None and compute is None and gpu in DEVICES:
+        gpu_memory_gb = DEVICES[gpu].memory_GB
     first_net = network_for(_as_list(network)[0], gpus_per_node, contention)
-    say(f"capturing {sc.name} (torch's DDP) on {capture_ranks} fake rank(s)")
-    cap = capture(sc, nprocs=capture_ranks, timing=Timing(network=first_net, compute=model),
-                  seed=seed)
+    timing = Timing(network=first_net, compute=model)
     title = f"{sc.name}, {gpu if compute is None else 'custom'} compute" + (
         f" ×{factor:.3g} ({step_time_s * 1e3:g} ms step)" if factor else "")
-    res = replay_grid(cap, world_size=world_size, network=network, gpus_per_node=gpus_per_node,
-                      bucket_cap_mb=bucket_cap_mb, comm_hook=comm_hook, rank_speed=rank_speed,
-                      executor=executor, progress=progress, title=title,
-                      replay_progress=replay_progress, contention=contention,
-                      iterations=iterations, jitter=jitter, seed=seed)
+    common = dict(network=network, gpus_per_node=gpus_per_node, rank_speed=rank_speed,
+                  executor=executor, progress=progress, title=title,
+                  replay_progress=replay_progress, contention=contention,
+                  iterations=iterations, jitter=jitter, seed=seed, gpu_memory_gb=gpu_memory_gb)
+    parts = []
+    for spec in _as_list(parallel) if parallel is not None else ["ddp"]:
+        worlds = []
+        for n in _as_list(world_size):
+            try:
+                par = Parallel.parse(spec, n)
+            except ValueError as e:
+                say(f"{spec} at {n} ranks left out: {e}")
+                continue
+            worlds.append(n)
+        if not worlds:
+            raise ValueError(f"--parallel {spec}: no world size of {_as_list(world_size)} "
+                             f"fits it")
+        if par.data == "ddp" and par.tp == par.pp == 1:
+            say(f"capturing {sc.name} (torch's DDP) on {capture_ranks} fake rank(s)")
+            cap = capture(sc, nprocs=capture_ranks, timing=timing, seed=seed)
+            parts.append(replay_grid(cap, world_size=worlds, bucket_cap_mb=bucket_cap_mb,
+                                     comm_hook=comm_hook, parallel=None if spec == "ddp"
+                                     else spec, **common))
+            continue
+        if par.tp > 1 or par.pp > 1:
+            raise ValueError(f"--parallel {spec}: tensor and pipeline parallelism are not "
+                             f"replayed yet (ddp, fsdp and hsdp are)")
+        mesh = {"shard": 2} if par.data == "fsdp" else {"replicate": 2, "shard": 2}
+        nranks = 2 if par.data == "fsdp" else 4
+        for raf in _as_list(reshard_after_forward) if reshard_after_forward is not None \
+                else [True]:
+            say(f"capturing {sc.name} (torch's FSDP2 fully_shard, reshard_after_forward="
+                f"{raf}) on {nranks} fake ranks")
+            cap = capture_fsdp(sc, nranks, timing=timing, mesh=mesh,
+                               reshard_after_forward=bool(raf), param_dtype=param_dtype,
+                               reduce_dtype=reduce_dtype, seed=seed)
+            parts.append(replay_grid(cap, world_size=worlds, parallel=spec,
+                                     reshard_after_forward=bool(raf),
+                                     forward_prefetch=forward_prefetch,
+                                     backward_prefetch=backward_prefetch, **common))
+    res = parts[0] if len(parts) == 1 else SweepResult.concat(parts, title=title)
     res.meta = {"workload": sc.name, "compute": repr(model), "calibration_factor": factor,
-                "step_time_s": step_time_s, "capture_ranks": capture_ranks}
+                "step_time_s": step_time_s, "capture_ranks": capture_ranks,
+                "gpu_memory_gb": gpu_memory_gb}
     return res

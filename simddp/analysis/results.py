@@ -96,6 +96,8 @@ class ReplayResult(RunResult):
     collectives it took part in and their bytes (a list, or where replay simulated classes of
     identical ranks a :class:`~simddp.analysis.PerRank` that reads like one). knobs: the keywords it ran with.
     engine / engine_reason: the engine that ran ("simpy", "vector") and why.
+    peak_memory_bytes: the largest rank's peak memory in a step; memory: its bytes per category
+    at that peak; memory_limit_bytes: the device's (``gpu_memory_gb``); oom: whether it fits.
     """
 
     world_size: int
@@ -110,6 +112,16 @@ class ReplayResult(RunResult):
     wall_time: float = 0.0
     engine: str = ""
     engine_reason: str = ""
+    peak_memory_bytes: int = 0
+    memory: dict[str, int] = field(default_factory=dict)
+    memory_limit_bytes: int | None = None
+
+    @property
+    def oom(self) -> bool | None:
+        """Whether the peak memory per rank exceeds the device's (None: no limit given)."""
+        if self.memory_limit_bytes is None:
+            return None
+        return self.peak_memory_bytes > self.memory_limit_bytes
 
     @property
     def collectives_per_iteration(self) -> float:
@@ -129,7 +141,8 @@ class ReplayResult(RunResult):
                 "exposed_comm_s": self.mean_exposed_comm,
                 "buckets": len(self.buckets),
                 "collectives_per_iteration": self.collectives_per_iteration,
-                "comm_bytes_per_iteration": self.comm_bytes_per_iteration}
+                "comm_bytes_per_iteration": self.comm_bytes_per_iteration,
+                "peak_memory_bytes": self.peak_memory_bytes, "oom": self.oom}
 
     def to_dict(self) -> dict[str, Any]:
         return {"world_size": self.world_size, "iterations": self.iterations,

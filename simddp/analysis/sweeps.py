@@ -33,12 +33,14 @@ __all__ = ["SweepResult", "row_figures", "RESULT_COLUMNS"]
 # The figures of a row; every other column is a knob (a configuration axis).
 RESULT_COLUMNS = ("iterations", "iteration_time_s", "exposed_comm_s", "compute_s", "wait_s",
                   "slowest_rank", "buckets", "collectives_per_iteration",
-                  "comm_bytes_per_iteration", "wall_time_s")
+                  "comm_bytes_per_iteration", "peak_memory_bytes", "oom", "wall_time_s")
 # Knobs that describe a network rather than name one: shown only through "network".
 _NETWORK_DETAIL = ("bandwidth_GBps", "latency_us", "algorithm")
 _SHORT = {"world_size": "ranks", "bucket_cap_mb": "cap MB", "comm_hook": "hook",
           "gpus_per_node": "GPUs/node", "rank_speed": "speeds", "first_bucket_mb": "1st MB",
-          "localsgd_period": "localsgd", "slowmo_period": "slowmo"}
+          "localsgd_period": "localsgd", "slowmo_period": "slowmo",
+          "reshard_after_forward": "reshard", "forward_prefetch": "fwd pf",
+          "backward_prefetch": "bwd pf"}
 
 
 def row_figures(tl: Timeline) -> dict[str, Any]:
@@ -51,6 +53,13 @@ def row_figures(tl: Timeline) -> dict[str, Any]:
     return {"compute_s": sum(g["compute"] for g in per_it) / n,
             "wait_s": sum(g["wait"] for g in per_it) / n,
             "slowest_rank": slowest[-1] if slowest else None}
+
+
+def _memory(row: dict[str, Any]) -> str:
+    """A row's peak memory per rank, in GB (1e9 bytes), marked OOM where it does not fit."""
+    b = row.get("peak_memory_bytes") or 0
+    text = f"{b / 1e9:.2f}G" if b >= 1e8 else f"{b / 1e6:.2f}M"
+    return text + (" OOM" if row.get("oom") else "")
 
 
 def _fmt(v: Any) -> str:
@@ -67,16 +76,19 @@ def _fmt(v: Any) -> str:
 class SweepResult(list):
     """Rows (dicts) of a sweep, in grid order; see the module docstring.
 
-    ``captured``: the :class:`~simddp.replay.CapturedIteration` the rows replayed and
-    ``configs``: each row's :func:`~simddp.replay.replay` keywords (both None when built from
-    rows alone); :meth:`replay` re-runs one row with them, e.g. for its timeline.
+    ``captured``: the capture the rows replayed (``captures``: one per row, where rows replayed
+    several — one per parallel layout) and ``configs``: each row's
+    :func:`~simddp.replay.replay` keywords (None when built from rows alone); :meth:`replay`
+    re-runs one row with them, e.g. for its timeline.
     """
 
     def __init__(self, rows: Iterable[dict[str, Any]] = (), *, captured: Any = None,
                  configs: Sequence[dict[str, Any]] | None = None,
-                 title: str | None = None) -> None:
+                 title: str | None = None, captures: Sequence[Any] | None = None) -> None:
         super().__init__(rows)
-        self.captured = captured
+        self.captures = list(captures) if captures is not None else None
+        self.captured = captured if captured is not None or not self.captures \
+            else self.captures[0]
         self.configs = None if configs is None else [dict(c) for c in configs]
         self.title = title
         self.meta: dict[str, Any] = {}  # what produced the rows (whatif: compute, calibration)
@@ -137,8 +149,9 @@ class SweepResult(list):
         return pd.DataFrame(list(self))
 
     def table(self, width: int | None = None) -> str:
-        """A text table (rich) of the varying knobs and the figures in ms, ``width`` columns
-        wide (default: ``$COLUMNS``, else 80)."""
+        """A text table (rich) of the varying knobs and the figures in ms (and the peak memory
+        per rank, where rows carry it), ``width`` columns wide (default: ``$COLUMNS``, else
+        80)."""
         from rich.console import Console
         from rich.table import Table
 
@@ -152,13 +165,16 @@ class SweepResult(list):
                   header_style="bold")
         for k in knobs:
             t.add_column(_SHORT.get(k, k), justify="right", overflow="fold")
-        for col in ("iter ms", "exposed", "compute", "wait", "slowest"):
+        memory = any(r.get("peak_memory_bytes") for r in self)
+        for col in ("iter ms", "exposed", "compute", "wait", "slowest") + \
+                (("peak mem",) if memory else ()):
             t.add_column(col, justify="right", no_wrap=True)
         for r in self:
             t.add_row(*[_fmt(r.get(k)) for k in knobs],
                       *[f"{r[c] * 1e3:.3f}" if r.get(c) is not None else "-"
                         for c in ("iteration_time_s", "exposed_comm_s", "compute_s", "wait_s")],
-                      _fmt(r.get("slowest_rank")))
+                      _fmt(r.get("slowest_rank")),
+                      *((_memory(r),) if memory else ()))
         buf = io.StringIO()
         Console(file=buf, width=width, color_system=None, force_terminal=False,
                 soft_wrap=False).print(t)
@@ -242,7 +258,18 @@ class SweepResult(list):
                              "row cannot be replayed; use simddp.replay.sweep(cap, ...)")
         from ..replay.replaying import replay
 
-        return replay(self.captured, **{**self.configs[index], **changes})
+        cap = self.captures[index] if self.captures is not None else self.captured
+        return replay(cap, **{**self.configs[index], **changes})
+
+    @classmethod
+    def concat(cls, parts: Sequence[SweepResult], title: str | None = None) -> SweepResult:
+        """One result of several sweeps' rows (each row keeps its own capture)."""
+        rows, configs, caps = [], [], []
+        for part in parts:
+            rows += list(part)
+            configs += part.configs or [{} for _ in part]
+            caps += part.captures or [part.captured] * len(part)
+        return cls(rows, configs=configs, captures=caps, title=title)
 
     def select(self, predicate: Callable[[dict[str, Any]], bool]) -> SweepResult:
         """The rows for which ``predicate(row)`` is true, as a SweepResult."""

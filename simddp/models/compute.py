@@ -49,6 +49,7 @@ class DevicePreset:
     mem_bandwidth_GBps: float
     op_overhead_us: float
     tf32_tflops: float | None = None  # dense TF32 tensor-core peak; None: no TF32 (pre-Ampere)
+    memory_GB: float | None = None  # device memory (GB = 1e9 bytes) for OOM verdicts; None: unknown
 
     def peak_tflops(self, dtype: torch.dtype) -> float:
         if dtype in (torch.float16, torch.bfloat16):
@@ -62,22 +63,25 @@ DEVICES: dict[str, DevicePreset] = {
     # NVIDIA Tesla V100 datasheet (SXM2 32GB): FP32 15.7, FP16 tensor 125, FP64 7.8 TFLOP/s;
     # HBM2 900 GB/s.
     "v100": DevicePreset("v100", fp32_tflops=15.7, fp16_tflops=125.0, fp64_tflops=7.8,
-                         mem_bandwidth_GBps=900.0, op_overhead_us=5.0),
+                         mem_bandwidth_GBps=900.0, op_overhead_us=5.0, memory_GB=32.0),
     # NVIDIA A100 datasheet (SXM 80GB): FP32 19.5, BF16/FP16 tensor 312 dense, FP64 tensor 19.5
     # TFLOP/s; HBM2e 2,039 GB/s. Overhead: ~5 µs of eager dispatch + kernel launch per op.
     # TF32 tensor 156 dense (312 with sparsity).
     "a100": DevicePreset("a100", fp32_tflops=19.5, fp16_tflops=312.0, fp64_tflops=19.5,
-                         mem_bandwidth_GBps=2039.0, op_overhead_us=5.0, tf32_tflops=156.0),
+                         mem_bandwidth_GBps=2039.0, op_overhead_us=5.0, tf32_tflops=156.0,
+                         memory_GB=80.0),
     # NVIDIA H100 datasheet (SXM5): FP32 67, BF16/FP16 tensor 989 dense (1,979 is with
-    # sparsity), FP64 tensor 67 TFLOP/s; HBM3 3.35 TB/s.
+    # sparsity), FP64 tensor 67 TFLOP/s; HBM3 3.35 TB/s, 80 GB.
     # TF32 tensor 494.5 dense (989 with sparsity).
     "h100": DevicePreset("h100", fp32_tflops=67.0, fp16_tflops=989.0, fp64_tflops=67.0,
-                         mem_bandwidth_GBps=3350.0, op_overhead_us=5.0, tf32_tflops=494.5),
+                         mem_bandwidth_GBps=3350.0, op_overhead_us=5.0, tf32_tflops=494.5,
+                         memory_GB=80.0),
     # NVIDIA HGX B200 / DGX B200 datasheets, 8-GPU totals ÷ 8: FP32 600/8 = 75, BF16/FP16 tensor
     # 36 PFLOP/s sparse → 2,250 dense, TF32 tensor 18 PFLOP/s sparse → 1,125 dense, FP64 tensor
-    # 296/8 = 37 TFLOP/s; HBM3e 64 TB/s → 8,000 GB/s per GPU.
+    # 296/8 = 37 TFLOP/s; HBM3e 64 TB/s → 8,000 GB/s per GPU; 1,440 GB → 180 GB per GPU.
     "b200": DevicePreset("b200", fp32_tflops=75.0, fp16_tflops=2250.0, fp64_tflops=37.0,
-                         mem_bandwidth_GBps=8000.0, op_overhead_us=5.0, tf32_tflops=1125.0),
+                         mem_bandwidth_GBps=8000.0, op_overhead_us=5.0, tf32_tflops=1125.0,
+                         memory_GB=180.0),
     # A modest multi-core x86 host: ~0.1 TFLOP/s fp32 in a large GEMM, ~20 GB/s achieved
     # memory bandwidth, ~5 µs per eager op (PyTorch dispatcher). No fast fp16 on CPUs.
     # Order-of-magnitude only: calibrate from a profile (Compute.from_profile) for real use.

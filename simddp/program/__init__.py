@@ -6,7 +6,7 @@
 * :mod:`~simddp.program.knobs` — :class:`Knobs`, every what-if choice in one frozen object;
 * :mod:`~simddp.program.parallel` — :class:`Parallel`, a world's layout (``--parallel``);
 * :mod:`~simddp.program.captured` — what a capture of the real program holds;
-* planners, one per parallelism: :mod:`~simddp.program.ddp`.
+* planners, one per parallelism: :mod:`~simddp.program.ddp`, :mod:`~simddp.program.fsdp`.
 
 :func:`plan` picks the planner by the capture's type.
 """
@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .captured import CapturedIteration
+from .captured import CapturedIteration, CapturedStep
 from .ddp import DDPProgram, plan_ddp
+from .fsdp import FSDPProgram, plan_fsdp
 from .knobs import COMM_HOOKS, CheckedKnobs, Config, Knobs
 from .mesh import DDPMesh, DeviceMesh, Mesh
 from .parallel import PARALLEL_MODES, Parallel
@@ -26,10 +27,11 @@ from .steps import (MEMORY_CATEGORIES, Collective, Compute, Instruction, Issue, 
 __all__ = ["plan", "PLANNERS", "Knobs", "CheckedKnobs", "Config", "COMM_HOOKS", "StepProgram",
            "Collective", "Compute", "Segment", "Mark", "Issue", "Wait", "WaitAll", "Memory",
            "Instruction", "MEMORY_CATEGORIES", "peak_memory", "Mesh", "DDPMesh", "DeviceMesh",
-           "DDPProgram", "plan_ddp", "Parallel", "PARALLEL_MODES"]
+           "DDPProgram", "plan_ddp", "FSDPProgram", "plan_fsdp", "CapturedStep", "Parallel", "PARALLEL_MODES"]
 
 # capture type -> its planner; a new parallelism registers its own here
-PLANNERS: dict[type, Callable[[Any, CheckedKnobs], Any]] = {CapturedIteration: plan_ddp}
+PLANNERS: dict[type, Callable[[Any, CheckedKnobs], Any]] = {CapturedIteration: plan_ddp,
+                                                             CapturedStep: plan_fsdp}
 
 
 def plan(captured: Any, checked: CheckedKnobs) -> Any:

@@ -22,7 +22,8 @@ from fakepg.arguments import number
 
 from ..models import Network
 
-__all__ = ["CapturedIteration", "ParamInfo", "RankProfile", "assign_buckets", "parse_indices"]
+__all__ = ["CapturedIteration", "CapturedStep", "ParamInfo", "RankProfile", "assign_buckets",
+           "parse_indices"]
 
 _MB = 1024 * 1024
 
@@ -99,6 +100,8 @@ class CapturedIteration:
     cosim_exposed_comm: float = 0.0
     collectives: list[dict[str, Any]] = field(default_factory=list)
     logging_data: dict[str, Any] = field(default_factory=dict)
+    optimizer_state_bytes: int = 0  # rank 0's optimizer state after the recorded step
+    activation_bytes: int = 0  # what autograd saved for backward in the recorded forward
 
     # -- derived ---------------------------------------------------------------------------
     @property
@@ -211,3 +214,64 @@ def parse_indices(text: str) -> list[list[int]]:
     if not text:
         return []
     return [[int(x) for x in part.split()] for part in text.split(",") if part.strip()]
+
+
+@dataclass
+class CapturedStep:
+    """One training step of a sharded program (FSDP2, HSDP) as
+    :func:`~simddp.cosim.capture_fsdp.capture_fsdp` recorded it; JSON-serialisable.
+
+    ``profiles``: per captured rank, per phase ("forward", "backward", "optimizer")
+    ``{"seconds": compute, waits excluded, "events": [{"op", "bytes", "scope", "offset",
+    "wait_at"}]}`` — every collective issued in the phase, in issue order, at its compute
+    offset, with the offset where the rank waited for it (None: never in that phase) and its
+    mesh dimension (``scope``). ``mesh``: the capture's mesh (``{"shard": n}`` or
+    ``{"replicate": r, "shard": s}``). Memory facts per rank: ``param_bytes`` (the model's,
+    unsharded), ``optimizer_state_bytes`` (this rank's shard), ``activation_bytes`` (saved for
+    backward in the step)."""
+
+    name: str
+    parallel: str
+    world_size: int
+    mesh: dict[str, int]
+    reshard_after_forward: bool
+    param_dtype: str | None
+    reduce_dtype: str | None
+    profiles: list[dict[str, Any]]
+    param_bytes: int
+    optimizer_state_bytes: int
+    activation_bytes: int
+    network: dict[str, Any] | None = None
+    compute: str = ""
+    costs: dict[str, float] | None = None
+    cosim_iteration_time: float = 0.0
+    cosim_exposed_comm: float = 0.0
+
+    @property
+    def shard_size(self) -> int:
+        return int(self.mesh.get("shard", 1))
+
+    def network_model(self) -> Network | None:
+        return None if self.network is None else Network(**self.network)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self, path: str | os.PathLike | None = None) -> str:
+        text = json.dumps(self.to_dict(), sort_keys=True, indent=1)
+        if path is not None:
+            with open(path, "w") as f:
+                f.write(text)
+        return text
+
+    save = to_json
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CapturedStep:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> CapturedStep:
+        with open(path) as f:
+            return cls.from_dict(json.load(f))

@@ -28,7 +28,9 @@ from typing import Mapping, Sequence
 from .captured import CapturedIteration
 from .knobs import CheckedKnobs
 from .mesh import DDPMesh
-from .steps import Collective, Compute, Instruction, Issue, Mark, Segment, Wait, WaitAll
+from .parallel import Parallel
+from .steps import (Collective, Compute, Instruction, Issue, Mark, Memory, Segment, Wait,
+                    WaitAll, peak_memory)
 
 __all__ = ["plan_ddp", "DDPProgram", "BucketPlan", "Costs", "plans"]
 
@@ -143,6 +145,10 @@ class DDPProgram:
         self.mesh = DDPMesh(checked.world, k.groups, checked.network.gpus_per_node,
                             k.shared_nic, node_classes=bool(self.period))
         self.slowmo = k.slowmo_period is not None
+        if k.parallel is not None and Parallel.parse(k.parallel, checked.world).data != "ddp":
+            raise ValueError(f"parallel={k.parallel!r} cannot replay a DDP capture "
+                             f"({cap.name}): capture the layout you replay (simddp whatif "
+                             f"--parallel does, per layout)")
         # the forward's marks in each profile's own order; the vectorised engine needs one
         orders = [tuple((w, i) for _, w, i in _forward_events(p)) for p in cap.profiles]
         self._orders_differ = len(set(orders)) > 1
@@ -180,6 +186,23 @@ class DDPProgram:
     def rank_kinds(self) -> dict[int, tuple]:
         """Ranks whose instructions differ from the others' by more than durations."""
         return {r: ("uneven", n) for r, n in self.uneven.items()}
+
+    def static_memory(self) -> dict[str, int]:
+        """Per rank for the whole step: parameters, their gradients (views of the buckets with
+        ``gradient_as_bucket_view``), the Reducer's buckets, the optimizer's state."""
+        cap = self.cap
+        pb = cap.param_bytes
+        return {"parameters": pb, "gradients": 0 if cap.gradient_as_bucket_view else pb,
+                "communication": sum(sum(cap.params[i].nbytes for i in b)
+                                     for b in self.buckets),
+                "optimizer": int(getattr(cap, "optimizer_state_bytes", 0))}
+
+    def memory(self, rank: int = 0) -> tuple[int, dict[str, int]]:
+        """(peak bytes, bytes per category at the peak): the static memory and the
+        activations autograd saves in forward (live from forward's end into backward)."""
+        act = int(getattr(self.cap, "activation_bytes", 0))
+        peak, at_peak, _ = peak_memory([Memory("activations", act)], self.static_memory())
+        return peak, at_peak
 
     # -- the instructions ------------------------------------------------------------------
     @staticmethod

@@ -29,8 +29,13 @@ class Knobs:
     DDP: ``bucket_cap_mb``, ``first_bucket_mb``, ``comm_hook`` (:data:`COMM_HOOKS`),
     ``powersgd_rank``, ``localsgd_period`` / ``slowmo_period``, ``uneven`` (rank → iterations
     it runs; Join shadows the rest), ``groups`` (independent DDP groups), ``shared_nic``.
+    FSDP2: ``parallel`` (a :class:`~simddp.program.parallel.Parallel` spec such as
+    ``"fsdp"`` or ``"hsdp:8"``; None: the capture's own layout over the world),
+    ``forward_prefetch`` / ``backward_prefetch`` (units all-gathered ahead; FSDP2's default 1),
+    ``reshard_after_forward`` (None: the capture's; else it must be the capture's).
     Every parallelism: ``rank_speed`` (rank → speed factor), ``jitter`` (relative standard
-    deviation of compute and network times), ``seed``, ``iterations``.
+    deviation of compute and network times), ``seed``, ``iterations``, ``gpu_memory_gb``
+    (device memory for the OOM verdict; None: no verdict).
     """
 
     bucket_cap_mb: float | None = None
@@ -46,6 +51,11 @@ class Knobs:
     iterations: int | None = None
     groups: int = 1
     shared_nic: bool = False
+    parallel: str | None = None
+    forward_prefetch: int = 1
+    backward_prefetch: int = 1
+    reshard_after_forward: bool | None = None
+    gpu_memory_gb: float | None = None
 
     @classmethod
     def of(cls, **kw: Any) -> Knobs:
@@ -96,6 +106,9 @@ class Knobs:
         if integer("groups", self.groups, minimum=1, hint=f"a divisor of world_size={world}") \
                 and world % self.groups:
             raise ValueError(f"groups must divide world_size={world}, got {self.groups!r}")
+        if self.gpu_memory_gb is not None:
+            number("gpu_memory_gb", self.gpu_memory_gb, positive=True,
+                   hint="the device's memory in GB (1e9 bytes), e.g. 80")
         if self.shared_nic and net.gpus_per_node is None:
             raise ValueError("shared_nic=True needs a network with gpus_per_node (the ranks that "
                              "share a node's NIC)")
@@ -135,7 +148,10 @@ class CheckedKnobs:
                 "jitter": float(k.jitter), "seed": k.seed, "localsgd_period": k.localsgd_period,
                 "slowmo_period": k.slowmo_period,
                 "uneven": {str(r): v for r, v in sorted(self.uneven.items())} or None,
-                "groups": k.groups, "shared_nic": k.shared_nic}
+                "groups": k.groups, "shared_nic": k.shared_nic, "parallel": k.parallel,
+                "forward_prefetch": k.forward_prefetch, "backward_prefetch": k.backward_prefetch,
+                "reshard_after_forward": k.reshard_after_forward,
+                "gpu_memory_gb": k.gpu_memory_gb}
 
 
 @dataclass(frozen=True)

@@ -105,9 +105,11 @@ class Parallel:
         return self.pp * self.replicate * self.shard * self.tp
 
     def mesh(self) -> DeviceMesh:
-        """The device mesh, dimensions of size 1 left out (at least one kept)."""
+        """The device mesh: the data-parallel flavour's own dimensions, and the others that
+        are larger than 1."""
         dims = {"pp": self.pp, "replicate": self.replicate, "shard": self.shard, "tp": self.tp}
-        kept = {k: v for k, v in dims.items() if v > 1} or {"replicate": 1}
+        own = {"ddp": ("replicate",), "fsdp": ("shard",), "hsdp": ("replicate", "shard")}
+        kept = {k: v for k, v in dims.items() if v > 1 or k in own[self.data]}
         return DeviceMesh(self.world_size, kept)
 
     def __str__(self) -> str:

@@ -53,7 +53,7 @@ def _network(network: Any, cap: CapturedIteration) -> NetworkModel:
     return network
 
 
-def replay(captured: CapturedIteration, world_size: int | None = None, *,
+def replay(captured: Any, world_size: int | None = None, *,
            network: NetworkModel | str | None = None, knobs: Knobs | None = None,
            per_rank: bool = False, engine: str | None = None, progress: Any = None,
            **knob_values: Any) -> ReplayResult:
@@ -88,9 +88,12 @@ def replay(captured: CapturedIteration, world_size: int | None = None, *,
     net = _network(network, cap)
     checked = k.checked(world, net)
     program = plan(cap, checked)
+    peak, by_category = program.memory()
+    limit = None if k.gpu_memory_gb is None else int(k.gpu_memory_gb * 1e9)
     result = dict(world_size=world, iterations=program.iterations, knobs=checked.describe(),
                   buckets=program.buckets,
-                  bucket_bytes=[[b for _, b, _ in p.stages] for p in program.plans])
+                  bucket_bytes=[[b for _, b, _ in p.stages] for p in program.plans],
+                  peak_memory_bytes=peak, memory=by_category, memory_limit_bytes=limit)
     why = unsupported(program, checked)
     if engine == "vector" and why is not None:
         raise ValueError(f"replay(engine='vector'): not vectorised: {why}")

@@ -1,0 +1,195 @@
+"""Capture of an FSDP2 training step: torch's real ``fully_shard`` on the fake cluster, under
+virtual time, recorded per rank for the FSDP planner (:mod:`simddp.program.fsdp`).
+
+:func:`capture_fsdp` builds the scenario's model, applies ``fully_shard`` to each block (the
+elements of its first ``nn.ModuleList``, else each child that holds parameters) and to the
+root — as torchtitan does — on a 1-D (FSDP) or 2-D (HSDP: replicate × shard) ``DeviceMesh``,
+trains ``iterations`` steps with the scenario's optimizer and records the last one: per rank
+and phase (forward, backward, optimizer) the compute (waits excluded) and every collective
+FSDP2 issued, in issue order, at its compute offset, with where the rank waited for it and
+on which mesh dimension it ran. It also measures what memory needs: the parameters' bytes,
+the optimizer state per rank, and the activations autograd saved for backward (a
+``saved_tensors_hooks`` count of non-parameter storages).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import torch
+
+from fakepg.arguments import integer
+
+from ..models import Network
+from ..program.captured import CapturedStep
+from ..timing import Timing
+from .capture import _batches, _probe_costs, _train
+from .simulate import SimResult, now, simulate
+
+__all__ = ["capture_fsdp", "fsdp_units", "PHASES"]
+
+PHASES = ("forward", "backward", "optimizer")
+_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+           "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
+
+
+def fsdp_units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules ``fully_shard`` wraps before the root: the elements of the model's first
+    ``nn.ModuleList`` (transformer blocks, residual stages), else each child with
+    parameters."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.ModuleList) and len(m):
+            return list(m)
+    return [c for c in model.children() if any(True for _ in c.parameters())]
+
+
+def _dtype(name: str | None) -> torch.dtype | None:
+    if name is None:
+        return None
+    if name not in _DTYPES:
+        raise ValueError(f"unknown mixed-precision dtype {name!r}: give one of "
+                         f"{', '.join(sorted(_DTYPES))}")
+    return _DTYPES[name]
+
+
+def _state_bytes(opt: torch.optim.Optimizer) -> int:
+    """Bytes of the optimizer's state tensors on this rank (DTensors: their local shard)."""
+    total = 0
+    for state in opt.state.values():
+        for v in state.values():
+            if isinstance(v, torch.Tensor) and v.dim() > 0:
+                local = v.to_local() if hasattr(v, "to_local") else v
+                total += local.numel() * local.element_size()
+    return total
+
+
+def _rank_run(scenario: Any, mesh_dims: Mapping[str, int], iterations: int,
+              reshard_after_forward: bool, mp: tuple[str | None, str | None]):
+    last = iterations - 1
+
+    def run(rank: int) -> dict[str, Any]:
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = init_device_mesh("cpu", tuple(mesh_dims.values()),
+                                mesh_dim_names=tuple(mesh_dims))
+        model = scenario.build_model()
+        param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        policy = MixedPrecisionPolicy(param_dtype=_dtype(mp[0]), reduce_dtype=_dtype(mp[1]))
+        for unit in fsdp_units(model):
+            fully_shard(unit, mesh=mesh, reshard_after_forward=reshard_after_forward,
+                        mp_policy=policy)
+        fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward,
+                    mp_policy=policy)
+        opt = scenario.optimizer(model.parameters())
+        marks: dict[str, float] = {}
+        saved: dict[int, int] = {}
+        counting = [False]
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            if counting[0] and not isinstance(t, torch.nn.Parameter):
+                st = t.untyped_storage()
+                saved[st.data_ptr() or id(st)] = st.nbytes()
+            return t
+
+        def mark(i: int, phase: str) -> None:
+            counting[0] = i == last and phase == "start"
+            if i == last:
+                marks[phase] = now()
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            _train(scenario, model, opt, _batches(scenario, rank, dist.get_world_size(),
+                                                  iterations), mark)
+        return {"marks": marks, "param_bytes": param_bytes,
+                "optimizer_state_bytes": _state_bytes(opt),
+                "activation_bytes": sum(saved.values())}
+
+    return run
+
+
+def _scope(group_ranks: tuple[int, ...], rank: int, mesh_dims: Mapping[str, int]) -> str:
+    """The mesh dimension whose group (through ``rank``) is ``group_ranks``."""
+    from ..program.mesh import DeviceMesh
+
+    world = 1
+    for v in mesh_dims.values():
+        world *= v
+    mesh = DeviceMesh(world, dict(mesh_dims))
+    members = set(group_ranks) if group_ranks else set(range(world))
+    for dim in mesh_dims:
+        if set(mesh.members(rank, dim)) == members:
+            return dim
+    return "world" if len(members) == world else "other"
+
+
+def _phase_profile(res: SimResult, rank: int, marks: Mapping[str, float],
+                   mesh_dims: Mapping[str, int]) -> dict[str, Any]:
+    """Per phase: compute seconds (waits excluded) and the collectives issued in it."""
+    bounds = {"forward": ("start", "backward"), "backward": ("backward", "backward_done"),
+              "optimizer": ("backward_done", "end")}
+    waits = [(s.start, s.end) for s in res.timeline.rank_spans(rank, ("wait",))]
+
+    def waited(lo: float, hi: float) -> float:
+        return sum(max(0.0, min(e, hi) - max(s, lo)) for s, e in waits)
+
+    out: dict[str, Any] = {}
+    for phase, (a, b) in bounds.items():
+        t0, t1 = marks[a], marks[b]
+        events = []
+        for rec in res.trace[rank]:
+            if rec.issue is None or not t0 <= rec.issue < t1:
+                continue
+            offset = max(0.0, rec.issue - t0 - waited(t0, rec.issue))
+            wait_at = None
+            for s, e in waits:  # the wait that ends when this collective ends
+                if rec.end is not None and rec.issue <= s < t1 and e == rec.end:
+                    wait_at = max(offset, s - t0 - waited(t0, s))
+                    break
+            events.append({"op": rec.op, "bytes": int(rec.bytes),
+                           "scope": _scope(rec.group_ranks, rank, mesh_dims),
+                           "offset": offset, "wait_at": wait_at})
+        out[phase] = {"seconds": (t1 - t0) - waited(t0, t1), "events": events}
+    return out
+
+
+def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None,
+                 mesh: Mapping[str, int] | None = None, reshard_after_forward: bool = True,
+                 param_dtype: str | None = None, reduce_dtype: str | None = None,
+                 iterations: int = 2, seed: int = 0) -> CapturedStep:
+    """Run ``scenario`` with FSDP2 on ``nprocs`` fake ranks under :func:`simddp.simulate` and
+    record its last step (see the module docstring). ``mesh``: ``{"shard": n}`` (FSDP, the
+    default) or ``{"replicate": r, "shard": s}`` (HSDP); ``param_dtype`` / ``reduce_dtype``:
+    the ``MixedPrecisionPolicy`` ("bf16", "fp16", "fp32"; None: the parameters' own)."""
+    iterations = integer("capture_fsdp: iterations", iterations, minimum=2,
+                         hint="the last step is recorded once the optimizer has its state")
+    mesh_dims = dict(mesh or {"shard": nprocs})
+    size = 1
+    for v in mesh_dims.values():
+        size *= integer("capture_fsdp: a mesh dimension", v, minimum=1)
+    if size != nprocs or not set(mesh_dims) <= {"replicate", "shard"}:
+        raise ValueError(f"capture_fsdp: mesh {mesh_dims} must be {{'shard': {nprocs}}} or "
+                         f"{{'replicate': r, 'shard': s}} with r × s = {nprocs}")
+    _dtype(param_dtype), _dtype(reduce_dtype)
+    timing = Timing() if timing is None else timing
+    res = simulate(_rank_run(scenario, mesh_dims, iterations, bool(reshard_after_forward),
+                             (param_dtype, reduce_dtype)), (), nprocs, timing=timing,
+                   seed=seed)
+    r0 = res.returns[0]
+    last = iterations - 1
+    return CapturedStep(
+        name=str(getattr(scenario, "name", "scenario")),
+        parallel="hsdp" if "replicate" in mesh_dims else "fsdp",
+        world_size=nprocs, mesh=mesh_dims, reshard_after_forward=bool(reshard_after_forward),
+        param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+        profiles=[_phase_profile(res, r, o["marks"], mesh_dims)
+                  for r, o in enumerate(res.returns)],
+        param_bytes=int(r0["param_bytes"]),
+        optimizer_state_bytes=int(r0["optimizer_state_bytes"]),
+        activation_bytes=int(r0["activation_bytes"]),
+        network=(dataclasses.asdict(timing.network)
+                 if isinstance(timing.network, Network) else None),
+        compute=repr(timing.compute), costs=_probe_costs(timing.compute),
+        cosim_iteration_time=res.timeline.iteration_times()[last],
+        cosim_exposed_comm=res.timeline.exposed_comm()[last])

@@ -1,0 +1,238 @@
+"""The FSDP2 planner: a captured FSDP2/HSDP step (:class:`~simddp.program.captured.CapturedStep`)
+as a step program on a world of any size.
+
+What the capture gives (torch's real ``fully_shard`` on the fake cluster): per phase the
+compute and every collective in the order FSDP2 issued it — its all-gathers (one per
+``fully_shard`` unit), reduce-scatters and, for HSDP, the all-reduce of each reduced shard
+across replicas — at compute offsets, and where the rank waited for each. On the fake
+cluster's CPU ranks FSDP2 waits for every all-gather as soon as it issues it; on a GPU the wait
+is a stream wait and the CPU runs ahead, so all-gathers overlap the compute before them. The
+planner applies that stream semantics, with FSDP2's prefetching as knobs:
+
+* all-gather j of a phase is *needed* where the capture waited for it; it is *issued* where
+  all-gather ``j - prefetch`` was needed (``forward_prefetch``/``backward_prefetch``: 1, FSDP2's
+  default of one unit ahead; 0: no overlap), on the shard dimension's communicator, which runs
+  its collectives in order;
+* reduce-scatters are issued where the capture issued them and waited for at the end of
+  backward (FSDP2's root post-backward), overlapping the compute after them; with HSDP each
+  reduce-scatter's all-reduce across replicas is chained after it;
+* other collectives (a loss all-reduce, gradient-norm clipping) keep their captured issue and
+  wait points.
+
+Bytes: all-gathers and reduce-scatters carry the unsharded size at any shard size (as
+nccl-tests counts); an HSDP all-reduce carries one shard, so it scales with 1 / shard size.
+Compute: forward and backward are the capture's (the local batch is the same at any world
+size); the optimizer updates the local shard, so its time scales with 1 / shard size.
+
+Memory per rank (program order; the caching allocator's reuse is not modelled): sharded
+parameters and optimizer state from the start; each unit's unsharded parameters from its
+all-gather until FSDP2 reshards them (after its forward when ``reshard_after_forward`` — the
+units the capture all-gathers again in backward — else after its backward); activations (what
+autograd saved in the captured forward) from the end of forward to the end of backward; each
+unit's unsharded gradient around its reduce-scatter, then its sharded gradient until the next
+step's ``zero_grad``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Sequence
+
+from .captured import CapturedStep
+from .knobs import CheckedKnobs
+from .parallel import Parallel
+from .steps import (Collective, Compute, Instruction, Issue, Mark, Memory, Segment, Wait,
+                    WaitAll, peak_memory)
+
+__all__ = ["FSDPProgram", "plan_fsdp"]
+
+_NOISE = {"forward": 0, "backward": 1, "optimizer": 3}
+_GATHERS = ("all_gather_into_tensor", "all_gather", "_allgather_base")
+_SCATTERS = ("reduce_scatter_tensor", "reduce_scatter", "_reduce_scatter_base")
+_ITEMSIZE = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp32": 4, "float32": 4}
+
+
+class FSDPProgram:
+    """A captured FSDP2 step as a step program for one world and set of knobs (see the module
+    docstring). ``parallel``: the layout replayed; ``memory``: per category at the peak."""
+
+    def __init__(self, cap: CapturedStep, checked: CheckedKnobs) -> None:
+        k = checked.knobs
+        world = checked.world
+        spec = k.parallel or ("fsdp" if cap.parallel == "fsdp" else f"hsdp:{cap.shard_size}")
+        par = Parallel.parse(spec, world)
+        if par.data != cap.parallel or par.tp > 1 or par.pp > 1:
+            raise ValueError(f"parallel={spec!r} cannot replay a {cap.parallel.upper()} capture "
+                             f"({cap.name}): capture the layout you replay (simddp whatif "
+                             f"--parallel does, per layout)")
+        if k.reshard_after_forward is not None and \
+                bool(k.reshard_after_forward) != cap.reshard_after_forward:
+            raise ValueError(f"reshard_after_forward={k.reshard_after_forward} but the capture "
+                             f"ran with {cap.reshard_after_forward}: FSDP2's collectives differ "
+                             f"between the two, so each needs its own capture")
+        for name in ("forward_prefetch", "backward_prefetch"):
+            v = getattr(k, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{name} must be an integer >= 0 (units all-gathered ahead), "
+                                 f"got {v!r}")
+        if k.comm_hook is not None or k.bucket_cap_mb is not None or k.period is not None \
+                or k.uneven or k.groups != 1:
+            raise ValueError("DDP's knobs (comm_hook, bucket_cap_mb, localsgd/slowmo, uneven, "
+                             "groups) do not apply to an FSDP2 replay")
+        self.cap, self.world, self.parallel = cap, world, par
+        self.iterations = checked.iterations
+        self.nprofiles = cap.world_size
+        self.mesh = par.mesh()
+        self.shard_ratio = cap.shard_size / par.shard  # per-rank shard bytes vs the capture's
+        self.prefetch = {"forward": k.forward_prefetch, "backward": k.backward_prefetch}
+        self.buckets: list[list[int]] = []
+        self.plans: list[Any] = []
+        self.param_bytes = cap.param_bytes
+        shapes = {self._shape(p) for p in cap.profiles}
+        self._why = None if len(shapes) == 1 else \
+            "captured ranks issue different collectives (per-rank programs)"
+        self._by_profile = [self._iteration(p) for p in
+                            (range(self.nprofiles) if self._why else [0])]
+
+    # -- what engines ask ------------------------------------------------------------------
+    def iteration(self, rank: int, it: int) -> Sequence[Instruction]:
+        return self._by_profile[rank % self.nprofiles if self._why else 0]
+
+    def epilogue(self, rank: int) -> Sequence[Instruction]:
+        return ()
+
+    def uniform(self) -> str | None:
+        return self._why
+
+    def rank_kinds(self) -> dict[int, tuple]:
+        return {}
+
+    def static_memory(self) -> dict[str, int]:
+        """Per rank before the step: sharded parameters and optimizer state."""
+        return {"parameters": int(self.cap.param_bytes / self.parallel.shard),
+                "optimizer": int(self.cap.optimizer_state_bytes * self.shard_ratio)}
+
+    def memory(self, rank: int = 0) -> tuple[int, dict[str, int]]:
+        """(peak bytes, bytes per category at the peak) of ``rank`` in one step."""
+        peak, at_peak, _ = peak_memory(self.iteration(rank, 0), self.static_memory())
+        return peak, at_peak
+
+    # -- the instructions ------------------------------------------------------------------
+    @staticmethod
+    def _shape(profile: dict[str, Any]) -> tuple:
+        return tuple((ph, tuple((e["op"], e["scope"], e["bytes"]) for e in v["events"]))
+                     for ph, v in profile.items())
+
+    def _bytes(self, ev: dict[str, Any]) -> int:
+        if ev["scope"] == "replicate":  # one shard's worth, across replicas
+            return int(round(ev["bytes"] * self.shard_ratio))
+        return int(ev["bytes"])
+
+    def _iteration(self, p: int) -> tuple[Instruction, ...]:
+        cap = self.cap
+        units = [e["bytes"] for e in cap.profiles[p]["forward"]["events"]
+                 if e["op"] in _GATHERS]
+        regathered = Counter(e["bytes"] for e in cap.profiles[p]["backward"]["events"]
+                             if e["op"] in _GATHERS)
+        resharded = []
+        for b in units:  # units all-gathered again in backward were resharded after forward
+            resharded.append(regathered[b] > 0)
+            regathered[b] -= 1
+        out: list[Instruction] = []
+        scale = self.shard_ratio
+        act = int(cap.activation_bytes)
+        for phase in ("forward", "backward", "optimizer"):
+            marks, after = self._phase_marks(p, phase, units, resharded)
+            seconds = tuple(float(q[phase]["seconds"]) * (scale if phase == "optimizer" else 1.0)
+                            for q in cap.profiles)
+            out.append(Segment(phase, seconds, _NOISE[phase], tuple(marks)))
+            out.extend(after)
+            if phase == "forward" and act:
+                out.append(Memory("activations", act, "saved for backward"))
+            if phase == "backward":
+                out.append(WaitAll("wait: reduce-scatters (end of backward)"))
+                if act:
+                    out.append(Memory("activations", -act, "freed by backward"))
+        grads = sum(self._sharded_grad(b) for b in units)
+        if grads:
+            out.append(Memory("gradients", -grads, "zero_grad(set_to_none=True)"))
+        return tuple(out)
+
+    def _sharded_grad(self, unit_bytes: int) -> int:
+        """A unit's sharded gradient (fp32 as its sharded parameter) from its all-gather size."""
+        itemsize = _ITEMSIZE.get(self.cap.param_dtype or "fp32", 4)
+        return int(unit_bytes * 4 / itemsize / self.parallel.shard)
+
+    def _phase_marks(self, p: int, phase: str, units: list[int], resharded: list[bool]
+                     ) -> tuple[list[Mark], list[Instruction]]:
+        cap = self.cap
+        evs = cap.profiles[p][phase]["events"]
+        at = lambda i, key: tuple(  # noqa: E731 - per profile: event i's offset
+            float(q[phase]["events"][i][key] if q[phase]["events"][i][key] is not None
+                  else q[phase]["events"][i]["offset"]) for q in cap.profiles)
+        gathers = [i for i, e in enumerate(evs) if e["op"] in _GATHERS]
+        d = self.prefetch.get(phase, 0)
+        items: list[tuple[tuple[float, ...], int, int, Any]] = []  # (at, order, index, do)
+        tags = {}
+        for j, i in enumerate(gathers):  # issued where gather j - d was needed
+            src = gathers[max(0, j - d)]
+            tag = (phase[0] + "ag", j)
+            tags[i] = tag
+            c = Collective(tag, evs[i]["scope"], evs[i]["op"], self._bytes(evs[i]),
+                           phase == "backward")
+            issue_at = at(src, "wait_at") if j - d >= 0 else at(i, "offset")
+            items.append((issue_at, 0, i, Issue(((c, 0.0),), kind=phase, pending=False)))
+            items.append((issue_at, 1, i, Memory("parameters", evs[i]["bytes"],
+                                                 "unsharded (all-gather)")))
+            items.append((at(i, "wait_at"), 2, i, Wait(tag, f"wait: all-gather {j}")))
+        # forward: a resharded unit's parameters are freed when the next unit's compute starts
+        after: list[Instruction] = []
+        if phase == "forward":
+            for j, i in enumerate(gathers):
+                if j < len(resharded) and resharded[j]:
+                    mem = Memory("parameters", -evs[i]["bytes"], "resharded after forward")
+                    if j + 1 < len(gathers):
+                        items.append((at(gathers[j + 1], "wait_at"), 3, i, mem))
+                    else:
+                        after.append(mem)
+        nscatter = 0
+        skip = set()
+        for i, e in enumerate(evs):
+            if i in tags or i in skip:
+                continue
+            c = Collective((phase[0] + "c", i), e["scope"], e["op"], self._bytes(e),
+                           phase == "backward")
+            if e["op"] in _SCATTERS:
+                stages = [(c, 0.0)]
+                nxt = i + 1
+                if nxt < len(evs) and evs[nxt]["scope"] == "replicate" and \
+                        evs[nxt]["op"] == "all_reduce":  # HSDP: the shard's all-reduce
+                    skip.add(nxt)
+                    stages.append((Collective((phase[0] + "c", nxt), "replicate", "all_reduce",
+                                              self._bytes(evs[nxt]), True), 0.0))
+                unit = len(units) - 1 - nscatter  # reduce-scatters run in reverse unit order
+                nscatter += 1
+                ub = units[unit] if 0 <= unit < len(units) else 0
+                items.append((at(i, "offset"), 0, i, Memory("gradients", e["bytes"],
+                                                            "unsharded gradient")))
+                items.append((at(i, "offset"), 1, i, Issue(tuple(stages), kind=phase,
+                                                           pending=True)))
+                mem = [Memory("parameters", -ub, "resharded after backward")] if ub else []
+                mem.append(Memory("gradients", self._sharded_grad(ub) - e["bytes"],
+                                  "sharded gradient kept"))
+                items.extend((at(i, "offset"), 2 + n, i, m) for n, m in enumerate(mem))
+            elif e["wait_at"] is not None:
+                items.append((at(i, "offset"), 0, i, Issue(((c, 0.0),), kind=phase,
+                                                           pending=False)))
+                items.append((at(i, "wait_at"), 2, i, Wait(c.tag, f"wait: {e['op']}")))
+            else:
+                items.append((at(i, "offset"), 0, i, Issue(((c, 0.0),), kind=phase,
+                                                           pending=True)))
+        p0 = p
+        items.sort(key=lambda x: (x[0][p0], x[1], x[2]))
+        return [Mark(a, do) for a, _, _, do in items], after
+
+
+def plan_fsdp(cap: CapturedStep, checked: CheckedKnobs) -> FSDPProgram:
+    """The FSDP2 planner: ``cap`` as a step program for ``checked``'s world and knobs."""
+    return FSDPProgram(cap, checked)
