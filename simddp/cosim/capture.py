@@ -44,6 +44,54 @@ def _train(scenario: Any, model: Any, opt: Any, batches: list,
         mark(i, "end")
 
 
+def state_bytes(opt: torch.optim.Optimizer) -> int:
+    """Bytes of the optimizer's state tensors on this rank (DTensors: their local shard)."""
+    total = 0
+    for state in opt.state.values():
+        for v in state.values():
+            if isinstance(v, torch.Tensor):  # Adam's 0-dim step counts too
+                local = v.to_local() if hasattr(v, "to_local") else v
+                total += local.numel() * local.element_size()
+    return total
+
+
+class SavedBytes(torch.autograd.graph.saved_tensors_hooks):
+    """What autograd saves for backward while ``counting``: the bytes of the distinct
+    storages of saved tensors that are not parameters (the activations). Outside virtual
+    time only: with saved-tensor hooks autograd runs extra ops (detaches) the compute model
+    would charge."""
+
+    def __init__(self) -> None:
+        self.counting = False
+        self._storages: dict[int, int] = {}
+        super().__init__(self._pack, lambda t: t)
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        if self.counting and not isinstance(t, torch.nn.Parameter) and t.device.type != "meta":
+            st = t.untyped_storage()
+            self._storages[st.data_ptr() or id(st)] = st.nbytes()
+        elif self.counting and t.device.type == "meta" and not isinstance(t, torch.nn.Parameter):
+            self._storages[id(t)] = t.numel() * t.element_size()
+        return t
+
+    @property
+    def total(self) -> int:
+        return sum(self._storages.values())
+
+
+def activation_bytes(scenario: Any) -> int:
+    """Bytes autograd saves for backward in one forward (and loss) of ``scenario``'s model on
+    rank 0's first batch, run plainly (no ranks, no virtual time)."""
+    model = scenario.build_model()
+    batch = next(iter(scenario.inputs(0, 1)))
+    saved = SavedBytes()
+    saved.counting = True
+    with saved:
+        loss = scenario.step(model, batch)
+    del loss
+    return saved.total
+
+
 def _batches(scenario: Any, rank: int, world_size: int, iterations: int) -> list:
     """``iterations`` batches of ``rank``, the scenario's batches repeated as needed."""
     data = list(scenario.inputs(rank, world_size))
@@ -166,7 +214,8 @@ def _rank_run(scenario: Any, kwargs: Mapping[str, Any], iterations: int,
                              t_e=marks["end"]),
                "ready": st["ready"], "order": st["order"],
                "params": [(name, list(p.shape), str(p.dtype).replace("torch.", ""),
-                           _expects_sparse_gradient(mod)) for name, p, mod in named]}
+                           _expects_sparse_gradient(mod)) for name, p, mod in named],
+               "optimizer_state_bytes": state_bytes(opt)}
         if rank == 0:
             out["logging"] = {k: v for k, v in model._get_ddp_logging_data().items()
                               if isinstance(v, (int, float, str))}
@@ -209,7 +258,8 @@ def capture(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None,
         compute=repr(timing.compute), costs=_probe_costs(timing.compute),
         cosim_iteration_time=res.timeline.iteration_times()[last],
         cosim_exposed_comm=res.timeline.exposed_comm()[last], collectives=coll_rows,
-        logging_data=logging, **r0["ddp"])
+        logging_data=logging, optimizer_state_bytes=int(r0["optimizer_state_bytes"]),
+        activation_bytes=activation_bytes(scenario), **r0["ddp"])
     if not cap.bucket_indices:
         cap.bucket_indices = cap.buckets()
     return cap

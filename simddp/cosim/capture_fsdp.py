@@ -24,7 +24,7 @@ from fakepg.arguments import integer
 from ..models import Network
 from ..program.captured import CapturedStep
 from ..timing import Timing
-from .capture import _batches, _probe_costs, _train
+from .capture import _batches, _probe_costs, _train, activation_bytes, state_bytes
 from .simulate import SimResult, now, simulate
 
 __all__ = ["capture_fsdp", "fsdp_units", "PHASES"]
@@ -53,17 +53,6 @@ def _dtype(name: str | None) -> torch.dtype | None:
     return _DTYPES[name]
 
 
-def _state_bytes(opt: torch.optim.Optimizer) -> int:
-    """Bytes of the optimizer's state tensors on this rank (DTensors: their local shard)."""
-    total = 0
-    for state in opt.state.values():
-        for v in state.values():
-            if isinstance(v, torch.Tensor) and v.dim() > 0:
-                local = v.to_local() if hasattr(v, "to_local") else v
-                total += local.numel() * local.element_size()
-    return total
-
-
 def _rank_run(scenario: Any, mesh_dims: Mapping[str, int], iterations: int,
               reshard_after_forward: bool, mp: tuple[str | None, str | None]):
     last = iterations - 1
@@ -85,26 +74,15 @@ def _rank_run(scenario: Any, mesh_dims: Mapping[str, int], iterations: int,
                     mp_policy=policy)
         opt = scenario.optimizer(model.parameters())
         marks: dict[str, float] = {}
-        saved: dict[int, int] = {}
-        counting = [False]
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            if counting[0] and not isinstance(t, torch.nn.Parameter):
-                st = t.untyped_storage()
-                saved[st.data_ptr() or id(st)] = st.nbytes()
-            return t
 
         def mark(i: int, phase: str) -> None:
-            counting[0] = i == last and phase == "start"
             if i == last:
                 marks[phase] = now()
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            _train(scenario, model, opt, _batches(scenario, rank, dist.get_world_size(),
-                                                  iterations), mark)
+        _train(scenario, model, opt, _batches(scenario, rank, dist.get_world_size(),
+                                              iterations), mark)
         return {"marks": marks, "param_bytes": param_bytes,
-                "optimizer_state_bytes": _state_bytes(opt),
-                "activation_bytes": sum(saved.values())}
+                "optimizer_state_bytes": state_bytes(opt)}
 
     return run
 
@@ -187,7 +165,7 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
                   for r, o in enumerate(res.returns)],
         param_bytes=int(r0["param_bytes"]),
         optimizer_state_bytes=int(r0["optimizer_state_bytes"]),
-        activation_bytes=int(r0["activation_bytes"]),
+        activation_bytes=activation_bytes(scenario),
         network=(dataclasses.asdict(timing.network)
                  if isinstance(timing.network, Network) else None),
         compute=repr(timing.compute), costs=_probe_costs(timing.compute),
