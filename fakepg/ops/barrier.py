@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from .base import Op, c10d_method, register
 
 if TYPE_CHECKING:
-    from ..collectives import Call
+    from .matching import Call
 
 
 class Barrier(Op):
@@ -30,6 +30,6 @@ def _barrier(pg, opts=None):
 
 @c10d_method("monitored_barrier")
 def _monitored_barrier(pg, timeout=None, wait_all_ranks=False):
-    from ..liveness import monitored_barrier  # late: liveness sits above the registry
+    from ..world.liveness import monitored_barrier  # late: liveness sits above the registry
 
     monitored_barrier(pg, timeout, wait_all_ranks)  # returns None, as gloo's does
