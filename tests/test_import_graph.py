@@ -216,3 +216,28 @@ def test_the_zoo_imports_only_torch_and_the_standard_library() -> None:
     foreign = {name: where for name, where in imported.items()
                if name not in sys.stdlib_module_names and name != "torch" and name != "__future__"}
     assert not foreign, f"models/ must import only torch (it runs on real backends too): {foreign}"
+
+
+def test_no_fakepg_module_reaches_for_another_modules_private_names() -> None:
+    # `from .cluster import _fresh` or `_store._ACTIVE`: what a module keeps private may change
+    # without notice, so a name another module needs is made public where it is defined.
+    modules = _modules("fakepg")
+    found = []
+    for module, (path, is_package) in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        module_aliases = set()  # local names bound to fakepg modules: `from . import store as _store`
+        for node in _imports(tree):
+            if not isinstance(node, ast.ImportFrom) or not (node.level or (node.module or "").startswith("fakepg")):
+                continue
+            source = _imported_names(module, is_package, node)[0]
+            for alias in node.names:
+                if f"{source}.{alias.name}" in modules:
+                    module_aliases.add(alias.asname or alias.name)
+                elif alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: imports {source}.{alias.name}")
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in module_aliases and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: reads {node.value.id}.{node.attr}")
+    assert not found, "private names used across fakepg's modules:\n" + "\n".join(found)

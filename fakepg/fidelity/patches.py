@@ -29,14 +29,10 @@ from .gloo_hazards import running_callback_of
 from ..world.process_group import BACKEND_NAME, FakeFuture, FakeProcessGroup, requested_backend
 from ..world.python_group import marking_join_shadow
 from ..sites import user_site
+from .originals import (PG_TIMEOUT, TORCH_GET_BACKEND, TORCH_INIT_PROCESS_GROUP,
+                        TORCH_MONITORED_BARRIER, TORCH_NEW_GROUP_HELPER)
 from .store import world_store
 
-# torch's own entry points, captured when fakepg is imported
-_ORIGINAL_INIT = c10d.init_process_group
-_ORIGINAL_MONITORED_BARRIER = c10d.monitored_barrier
-_ORIGINAL_PG_HELPER = c10d._new_process_group_helper
-_ORIGINAL_GET_BACKEND = c10d.get_backend
-_PG_TIMEOUT = datetime.timedelta(minutes=30)  # c10d's default for gloo
 
 
 def world_patches(nprocs: int) -> contextlib.ExitStack:
@@ -107,13 +103,13 @@ def _settle_at_issue(register: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _fake_init_process_group(nprocs: int) -> Callable[..., Any]:
-    @functools.wraps(_ORIGINAL_INIT)
+    @functools.wraps(TORCH_INIT_PROCESS_GROUP)
     def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1,
                            rank=-1, store=None, group_name="", pg_options=None, device_id=None,
                            **kwargs):
         binding = current_cluster()
         if binding is None:
-            return _ORIGINAL_INIT(backend, init_method, timeout, world_size, rank, store,
+            return TORCH_INIT_PROCESS_GROUP(backend, init_method, timeout, world_size, rank, store,
                                   group_name, pg_options, device_id, **kwargs)
         cluster, me = binding
         site = user_site()
@@ -134,42 +130,42 @@ def _fake_init_process_group(nprocs: int) -> Callable[..., Any]:
                 raise ValueError("trying to initialize the default process group twice!")
             cluster.initialised_by_program[me] = default
             return None
-        _ORIGINAL_INIT(backend=BACKEND_NAME, rank=me, world_size=nprocs,
-                       store=world_store(timeout or _PG_TIMEOUT), timeout=timeout or _PG_TIMEOUT)
+        TORCH_INIT_PROCESS_GROUP(backend=BACKEND_NAME, rank=me, world_size=nprocs,
+                       store=world_store(timeout or PG_TIMEOUT), timeout=timeout or PG_TIMEOUT)
         cluster.initialised_by_program[me] = c10d._get_default_group()
         return None
 
     return init_process_group
 
 
-@functools.wraps(_ORIGINAL_PG_HELPER)
+@functools.wraps(TORCH_NEW_GROUP_HELPER)
 def _fake_pg_helper(group_size, group_rank, global_ranks_in_group, backend, *args, **kwargs):
     # new_group(backend="gloo"/"nccl"/...) inside a world is a group of the fake world, as
     # init_process_group is: a real ProcessGroupGloo would rendezvous in C++ through the world
     # store and deadlock against ranks parked by the scheduler.
     if current_cluster() is None:
-        return _ORIGINAL_PG_HELPER(group_size, group_rank, global_ranks_in_group, backend,
+        return TORCH_NEW_GROUP_HELPER(group_size, group_rank, global_ranks_in_group, backend,
                                    *args, **kwargs)
     # fakepg's own init_process_group calls name BACKEND_NAME: that group follows the world
     asked = None if backend == BACKEND_NAME else backends.from_request(backend)
     with requested_backend(asked):
-        return _ORIGINAL_PG_HELPER(group_size, group_rank, global_ranks_in_group, BACKEND_NAME,
+        return TORCH_NEW_GROUP_HELPER(group_size, group_rank, global_ranks_in_group, BACKEND_NAME,
                                    *args, **kwargs)
 
 
-@functools.wraps(_ORIGINAL_GET_BACKEND)
+@functools.wraps(TORCH_GET_BACKEND)
 def _fake_get_backend(group=None):
-    name = _ORIGINAL_GET_BACKEND(group)  # torch's own checks and errors first
+    name = TORCH_GET_BACKEND(group)  # torch's own checks and errors first
     if current_cluster() is None:
         return name
     pg = c10d._get_default_group() if group is None else group
     return dist.Backend(pg.personality.name) if isinstance(pg, FakeProcessGroup) else name
 
 
-@functools.wraps(_ORIGINAL_MONITORED_BARRIER)
+@functools.wraps(TORCH_MONITORED_BARRIER)
 def _fake_monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
     if current_cluster() is None:
-        return _ORIGINAL_MONITORED_BARRIER(group, timeout, wait_all_ranks)
+        return TORCH_MONITORED_BARRIER(group, timeout, wait_all_ranks)
     args = monitored_barrier_arguments(group, timeout)
     if args is None:
         return None

@@ -233,10 +233,15 @@ class WorldStores:
         return FakeStore(_Data(f"HashStore #{next(_private)} (private to its rank)"), "hash")
 
 
+def active_stores() -> WorldStores:
+    """The running world's stores."""
+    assert _ACTIVE is not None, "no fake world is running"
+    return _ACTIVE
+
+
 def world_store(timeout: datetime.timedelta | None = None) -> FakeStore:
     """A new handle on the running world's default store."""
-    assert _ACTIVE is not None, "no fake world is running"
-    return _ACTIVE.world_store(timeout)
+    return active_stores().world_store(timeout)
 
 
 class _Constructor:

@@ -26,7 +26,8 @@ from ..fidelity.gloo_hazards import GlooHazards
 from ..fidelity.nccl_hazards import NcclHazards, parse_modes
 from ..world.isolation import ProcessState
 from ..world.outcome import SpawnResult, exception_site, raise_outcome
-from ..fidelity.patches import _ORIGINAL_INIT, _PG_TIMEOUT, world_patches
+from ..fidelity.originals import PG_TIMEOUT, TORCH_INIT_PROCESS_GROUP
+from ..fidelity.patches import world_patches
 from ..world.process_group import BACKEND_NAME, register_backend
 from ..fidelity.profiling import world_profilers
 from ..choices.schedule import Schedule, as_schedule
@@ -182,8 +183,8 @@ def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backe
             if isinstance(sched.abort_error, _STOPPED):
                 raise sched.abort_error  # stopped before it ever ran
             cluster.hooks.rank_started(rank)
-            _ORIGINAL_INIT(backend=BACKEND_NAME, rank=rank, world_size=nprocs,
-                           store=world_store(_PG_TIMEOUT), timeout=_PG_TIMEOUT)
+            TORCH_INIT_PROCESS_GROUP(backend=BACKEND_NAME, rank=rank, world_size=nprocs,
+                           store=world_store(PG_TIMEOUT), timeout=PG_TIMEOUT)
             returns[rank] = fn(rank, *args)
             cluster.complete_ready(rank)
         except _faults.RankCrashed:

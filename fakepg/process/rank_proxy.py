@@ -18,7 +18,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..fidelity import store as _store
-from ..world.cluster import _fresh, current_cluster
+from ..errors import copy_to_raise
+from ..world.cluster import current_cluster
 from ..choices.faults import RankCrashed
 from ..world.process_group import FakeProcessGroup, FakeWork, forced_call, requested_backend
 from .wire import RemoteTraceback, encode, pack_exception, unpack_exception
@@ -106,7 +107,7 @@ class Proxy:
                 aborted_at = aborted_at or time.monotonic()
                 if time.monotonic() - aborted_at > KILL_GRACE:
                     self.children.kill(self.rank)
-                    raise _fresh(self.sched.abort_error)
+                    raise copy_to_raise(self.sched.abort_error)
         try:
             return self.channel.recv_request()
         except (EOFError, OSError):
@@ -186,8 +187,7 @@ class Proxy:
         return None
 
     def _do_store_new(self, kind, args, timeout):
-        active = _store._ACTIVE
-        assert active is not None, "no fake world is running"
+        active = _store.active_stores()
         td = datetime.timedelta(seconds=timeout)
         if kind == "world":
             st = active.world_store(td)

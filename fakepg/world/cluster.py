@@ -12,8 +12,8 @@ from torch.utils._python_dispatch import _disable_current_modes
 from ..ops.matching import Call, GroupState, PendingCollective, check_match, mismatch_message
 from ..ops.base import below_autograd
 from ..ops.p2p import SEND
-from ..errors import (CollectiveHangError, CollectiveMismatchError, FakePGError,
-                     InvalidCollectiveError, PeerCrashedError, RankFailedError, WorldAbortedError)
+from ..errors import (CollectiveMismatchError, FakePGError, InvalidCollectiveError, PeerCrashedError,
+                     copy_to_raise)
 from .hang_report import hang_report, waiting_text
 from .hooks import WorldHooks
 from .liveness import TimedWait, collective_wait
@@ -75,7 +75,7 @@ class Cluster:
         """Register ``call`` (made by the baton holder); match and execute if it is the last."""
         sched = self.scheduler
         if sched.abort_error is not None:
-            raise _fresh(sched.abort_error)
+            raise copy_to_raise(sched.abort_error)
         if self.faults:
             self._inject(call)
         why = call.spec.validate(call, group.size)
@@ -93,7 +93,7 @@ class Cluster:
             self._fail_if_orphaned(coll)
         if coll.error is not None:
             self.complete_ready(call.rank)
-            raise _fresh(coll.error)
+            raise copy_to_raise(coll.error)
         if block and not coll.settled:
             # Not a wait the program made: the caller (C++ inside backward) is about to
             # wait where Python cannot see it, so settle the collective first.
@@ -101,7 +101,7 @@ class Cluster:
                         collective_wait(self, call))
         self.complete_ready(call.rank)
         if coll.error is not None:
-            raise _fresh(coll.error)
+            raise copy_to_raise(coll.error)
         return coll
 
     def _issue_collective(self, group: GroupState, call: Call) -> PendingCollective:
@@ -285,7 +285,7 @@ class Cluster:
         self.hazards.waited(call)
         self.gloo_hazards.waited(call)
         if coll.error is not None:
-            raise _fresh(coll.error)
+            raise copy_to_raise(coll.error)
         self.hooks.wait_finished(call.rank, coll)
 
     def settle_before_backward_ends(self, call: Call) -> None:
@@ -313,7 +313,7 @@ class Cluster:
         self.complete_ready(rank)
         for call in pending:
             if call.collective.error is not None:
-                raise _fresh(call.collective.error)
+                raise copy_to_raise(call.collective.error)
 
     def complete_ready(self, rank: int) -> None:
         """Complete, on this rank's thread and in issue order, every settled Work it owns."""
@@ -351,13 +351,3 @@ class Cluster:
         """What every rank waits on, per group what completed and what is pending."""
         return hang_report(self)
 
-
-def _fresh(error: FakePGError) -> FakePGError:
-    """A copy of ``error`` to raise in another thread (tracebacks are per raise)."""
-    if isinstance(error, CollectiveHangError):
-        new: FakePGError = CollectiveHangError(error.report)
-    elif isinstance(error, RankFailedError):
-        new = WorldAbortedError(str(error))
-    else:
-        new = type(error)(*error.args)
-    return new

@@ -17,7 +17,7 @@ import time
 import traceback
 from typing import Any, Callable, Iterator
 
-from ..errors import BackendTimeoutError, FakePGError, WorldAbortedError, _TimedOut
+from ..errors import BackendTimeoutError, FakePGError, WorldAbortedError, TimedOutError
 from .scheduler import BLOCKED, DONE, NEW, RUNNING, Scheduler
 
 _REAL_SLEEP = time.sleep
@@ -66,18 +66,18 @@ class TimedWait:
     __slots__ = ("sched", "rank", "seconds", "deadline", "message", "error")
 
     def __init__(self, sched: Scheduler, rank: int, seconds: float, message: Callable[[], str],
-                 error: type[_TimedOut] = BackendTimeoutError):
+                 error: type[TimedOutError] = BackendTimeoutError):
         self.sched, self.rank, self.seconds = sched, rank, seconds
         self.deadline = time.monotonic() + seconds
         self.message, self.error = message, error
 
-    def expired(self) -> _TimedOut:
+    def expired(self) -> TimedOutError:
         """The deadline passed while another rank could still have satisfied the wait."""
         head = (f"fakepg: rank {self.rank} gave up after its timeout of {self.seconds:g} s "
                 f"while other ranks were still running. Per rank at that moment:")
         return self.error(self.message(), head + "\n" + rank_states(self.sched), expired=True)
 
-    def hung(self, report: str) -> _TimedOut:
+    def hung(self, report: str) -> TimedOutError:
         """The hang verdict: no rank can ever satisfy the wait; fail now, not at the deadline."""
         return self.error(self.message(), report + f"\n(rank {self.rank}'s wait had a timeout of "
                           f"{self.seconds:g} s; it fails at once because no rank can satisfy it)")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..ops import trace as _trace
 from ..errors import CollectiveHangError, CollectiveMismatchError, RankFailedError
-from ..sites import _short
+from ..sites import short_path
 from ..ops.trace import CollectiveRecord
 
 if TYPE_CHECKING:
@@ -75,5 +75,5 @@ def exception_site(e: BaseException) -> str:
     frames = traceback.extract_tb(e.__traceback__)
     for fr in reversed(frames):
         if "/torch/" not in fr.filename and "/fakepg/" not in fr.filename:
-            return f"{_short(fr.filename)}:{fr.lineno}"
+            return f"{short_path(fr.filename)}:{fr.lineno}"
     return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "<unknown>"

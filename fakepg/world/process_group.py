@@ -207,7 +207,7 @@ for _name, _method in ops.c10d_methods().items():
     setattr(FakeProcessGroup, _name, _method)
 
 
-def _create_fakepg(store, rank, world_size, timeout):
+def create_fake_group(store, rank, world_size, timeout):
     binding = current_cluster()
     if binding is None:
         raise FakePGError(
@@ -219,4 +219,4 @@ def _create_fakepg(store, rank, world_size, timeout):
 
 def register_backend() -> None:
     if not hasattr(dist.Backend, BACKEND_NAME.upper()):
-        dist.Backend.register_backend(BACKEND_NAME, _create_fakepg, devices=["cpu", "cuda"])
+        dist.Backend.register_backend(BACKEND_NAME, create_fake_group, devices=["cpu", "cuda"])

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 import torch.distributed as dist
 
-from .cluster import _fresh, current_cluster
+from ..errors import copy_to_raise
+from .cluster import current_cluster
 from ..errors import FakePGError
 from ..fidelity.gloo_hazards import running_callback_of
 
@@ -185,7 +186,7 @@ class FakeWork(WorkBase):
     """What every fakepg collective returns; completes on its owner's thread."""
 
     _future_type = FakeFuture
-    _copy_error = staticmethod(_fresh)
+    _copy_error = staticmethod(copy_to_raise)
 
     def __init__(self, cluster: "Cluster", call: "Call | None"):
         super().__init__()

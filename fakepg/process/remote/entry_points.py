@@ -23,8 +23,9 @@ import torch.distributed.distributed_c10d as c10d
 from ...fidelity import backends
 # torch's own entry points, as captured when fakepg was imported (not whatever a running
 # world has patched in by the time this module is first imported)
-from ...fidelity.patches import (_ORIGINAL_GET_BACKEND, _ORIGINAL_INIT, _ORIGINAL_MONITORED_BARRIER,
-                       _ORIGINAL_PG_HELPER, monitored_barrier_arguments)
+from ...fidelity.originals import (TORCH_GET_BACKEND, TORCH_INIT_PROCESS_GROUP, TORCH_MONITORED_BARRIER,
+                                   TORCH_NEW_GROUP_HELPER)
+from ...fidelity.patches import monitored_barrier_arguments
 from ...world.python_group import BACKEND_NAME, marking_join_shadow, requested_backend
 from ..wire import Channel, pack_exception
 from . import rank as _rank
@@ -65,26 +66,26 @@ def _init_process_group(backend=None, init_method=None, timeout=None, world_size
 def _start_world(timeout: datetime.timedelta | None = None) -> None:
     me = _rank.me()
     timeout = timeout or datetime.timedelta(minutes=30)
-    _ORIGINAL_INIT(backend=BACKEND_NAME, rank=me.rank, world_size=me.nprocs,
+    TORCH_INIT_PROCESS_GROUP(backend=BACKEND_NAME, rank=me.rank, world_size=me.nprocs,
                    store=RemoteStore("world", timeout=timeout), timeout=timeout)
 
 
-@functools.wraps(_ORIGINAL_PG_HELPER)
+@functools.wraps(TORCH_NEW_GROUP_HELPER)
 def _pg_helper(group_size, group_rank, global_ranks_in_group, backend, *args, **kwargs):
     asked = None if backend == BACKEND_NAME else backends.from_request(backend)
     with requested_backend(asked):
-        return _ORIGINAL_PG_HELPER(group_size, group_rank, global_ranks_in_group, BACKEND_NAME,
+        return TORCH_NEW_GROUP_HELPER(group_size, group_rank, global_ranks_in_group, BACKEND_NAME,
                                    *args, **kwargs)
 
 
-@functools.wraps(_ORIGINAL_GET_BACKEND)
+@functools.wraps(TORCH_GET_BACKEND)
 def _get_backend(group=None):
-    name = _ORIGINAL_GET_BACKEND(group)
+    name = TORCH_GET_BACKEND(group)
     pg = c10d._get_default_group() if group is None else group
     return dist.Backend(pg.personality.name) if isinstance(pg, RemoteProcessGroup) else name
 
 
-@functools.wraps(_ORIGINAL_MONITORED_BARRIER)
+@functools.wraps(TORCH_MONITORED_BARRIER)
 def _monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
     args = monitored_barrier_arguments(group, timeout)
     if args is None:

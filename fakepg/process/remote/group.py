@@ -154,10 +154,10 @@ for _name in ops.c10d_methods():
 def create_remote(store, rank, world_size, timeout):
     """The ``"fakepg"`` backend's constructor in a rank process."""
     from ...world.cluster import current_cluster
-    from ...world.process_group import _create_fakepg
+    from ...world.process_group import create_fake_group
 
     if current_cluster() is not None:  # a rank of a world nested in this process (mp.spawn)
-        return _create_fakepg(store, rank, world_size, timeout)
+        return create_fake_group(store, rank, world_size, timeout)
     return RemoteProcessGroup(rank, world_size, timeout)
 
 
