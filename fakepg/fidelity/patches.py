@@ -23,8 +23,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from . import backends, ddp_checks
-from ..world import liveness
-from ..world.cluster import current_cluster
+from ..world.binding import current_cluster
 from .gloo_hazards import running_callback_of
 from ..world.process_group import BACKEND_NAME, FakeFuture, FakeProcessGroup, requested_backend
 from ..world.python_group import marking_join_shadow
@@ -57,9 +56,6 @@ def world_patches(nprocs: int) -> contextlib.ExitStack:
                                               ddp_checks.verify_params_across_processes))
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ..process import mp_spawn
-
-    mp_spawn.warn_in_threads(stack)
     for name in ("register_comm_hook", "_register_builtin_comm_hook"):
         stack.enter_context(mock.patch.object(DDP, name, _settle_at_issue(getattr(DDP, name))))
     stack.enter_context(mock.patch.object(torch._C.Future, "then",  # torch.futures.Future's too
@@ -169,7 +165,8 @@ def _fake_monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
     args = monitored_barrier_arguments(group, timeout)
     if args is None:
         return None
-    return liveness.monitored_barrier(*args, wait_all_ranks)
+    group, timeout = args
+    return group.monitored_barrier(timeout, wait_all_ranks)
 
 
 def monitored_barrier_arguments(group: Any, timeout: Any) -> tuple[Any, Any] | None:

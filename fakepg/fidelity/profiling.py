@@ -33,7 +33,7 @@ import torch.autograd as _autograd
 import torch.autograd.profiler as _aprof
 from torch.autograd import DeviceType, ProfilerConfig, ProfilerState
 
-from ..world import cluster as _cluster  # cluster imports this module: look up at call time
+from ..world.binding import current_cluster
 
 _COLLECTIVE_PREFIXES = ("gloo:", "nccl:")
 _USER_SCOPE = 7  # at::RecordScope::USER_SCOPE: record_function ranges
@@ -203,7 +203,7 @@ def _convert(records: list[list[Any]], use_cuda: bool) -> tuple[list[_Event], in
 
 
 def _rank() -> int | None:
-    binding = _cluster.current_cluster()
+    binding = current_cluster()
     return None if binding is None else binding[1]
 
 

@@ -83,7 +83,7 @@ class FakeStore(dist.Store):
         if ready():
             return
         seconds = (self.timeout if timeout is None else timeout).total_seconds()
-        from ..world.cluster import current_cluster  # late: import order cluster -> store is free
+        from ..world.binding import current_cluster
         from ..world.liveness import TimedWait
         binding = current_cluster()
         if binding is None:  # outside a world nobody else can set it: time out now
@@ -104,14 +104,14 @@ class FakeStore(dist.Store):
 
     def _yield(self) -> None:
         """A poll that found nothing: let the others run once (a real poll runs beside them)."""
-        from ..world.cluster import current_cluster
+        from ..world.binding import current_cluster
         binding = current_cluster()
         if binding is not None:
             binding[0].scheduler.sleep(binding[1], 0.0)
 
     def _preempt(self) -> None:
         """Another process could have reached the store first: a schedule's choice."""
-        from ..world.cluster import current_cluster
+        from ..world.binding import current_cluster
         binding = current_cluster()
         if binding is not None:
             binding[0].scheduler.preempt(binding[1])
@@ -252,7 +252,7 @@ class _Constructor:
         self._original, self._make = original, make
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from ..world.cluster import current_cluster
+        from ..world.binding import current_cluster
         if _ACTIVE is None or current_cluster() is None:
             return self._original(*args, **kwargs)
         return self._make(_ACTIVE)(*args, **kwargs)

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from string import Template
 from typing import Iterator, Sequence, TextIO
 
-from ..world.cluster import current_cluster
+from ..world.binding import current_cluster
 from ..process.remote import child_rank
 from ..errors import FakePGError, RankFailedError
 from .spawn import spawn

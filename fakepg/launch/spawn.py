@@ -19,7 +19,8 @@ from ..fidelity import backends
 from ..world import liveness
 from ..choices import faults as _faults
 from ..arguments import integer, number
-from ..world.cluster import Cluster, bind_thread, current_cluster
+from ..world.binding import bind_thread, current_cluster
+from ..world.cluster import Cluster
 from ..errors import FakePGError, RankFailedError, SpawnTimeoutError
 from ..world.hooks import WorldHooks
 from ..fidelity.gloo_hazards import GlooHazards
@@ -28,6 +29,7 @@ from ..world.isolation import ProcessState
 from ..world.outcome import SpawnResult, exception_site, raise_outcome
 from ..fidelity.originals import PG_TIMEOUT, TORCH_INIT_PROCESS_GROUP
 from ..fidelity.patches import world_patches
+from ..process import mp_spawn
 from ..world.process_group import BACKEND_NAME, register_backend
 from ..fidelity.profiling import world_profilers
 from ..choices.schedule import Schedule, as_schedule
@@ -156,7 +158,7 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_e
     children = None
     if isolation == "process":  # fork the ranks' processes before any rank thread exists
         from ..process.process_mode import Children
-        children = Children(fn, args, processes, seed)
+        children = Children(fn, args, processes, seed, ended_rank_thread_ids(), spawn_nested)
         fn, args = children.serve, ()
     try:
         return _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backend,
@@ -251,8 +253,9 @@ def _run_threads(threads: list[threading.Thread], sched: Scheduler, cluster: Clu
     """Run the rank threads to their end under the world's patches; restore the host."""
     multithreading = torch.autograd.is_multithreading_enabled()
     excepthook = sys.excepthook
-    with world_patches(len(threads)), world_profilers(), world_stores("127.0.0.1", master_port), \
-            liveness.cooperative_sleep():
+    with world_patches(len(threads)) as patched, world_profilers(), \
+            world_stores("127.0.0.1", master_port), liveness.cooperative_sleep():
+        mp_spawn.warn_in_threads(patched)  # a rank's torch.multiprocessing launch: real processes
         torch.autograd.set_multithreading_enabled(False)  # backward runs on the rank's thread
         torch._C._distributed_c10d._set_thread_isolation_mode(True)
         _DEPTH.append(cluster)

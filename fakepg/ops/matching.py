@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..errors import FakePGError
-from . import Op
+from .base import Op
 from .base import tensors_of
 from .trace import CollectiveRecord
 

@@ -26,6 +26,10 @@ import torch.multiprocessing as _mp
 
 _ORIGINAL_START = _mp.start_processes
 
+# Runs a whole nested world to its end: fn, args, nprocs, *, seed, isolation, master_port (given
+# by the launcher, fakepg.launch.spawn.spawn_nested, which sits above this room)
+StartWorld = Callable[..., Any]
+
 
 class FinishedContext:
     """What ``start_processes(join=False)`` returns: its world has already ended."""
@@ -41,26 +45,26 @@ class FinishedContext:
         return [os.getpid()] * self.nprocs
 
 
-def _make(isolation: str) -> Callable[..., Any]:
+def _make(isolation: str, start_world: StartWorld) -> Callable[..., Any]:
     def start_processes(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1,
                         join: bool = True, daemon: bool = False, start_method: str = "spawn"):
-        from . import remote
-        from ..launch.spawn import current_cluster, spawn_nested
+        from .remote import rank as remote_rank
+        from ..world.binding import current_cluster
 
-        if current_cluster() is None and remote.rank.current() is None:  # not on a rank: real one
+        if current_cluster() is None and remote_rank.current() is None:  # not on a rank: real one
             return _ORIGINAL_START(fn, args, nprocs, join, daemon, start_method)
         binding = current_cluster()
         seed = binding[0].seed if binding is not None else _seed_in_rank_process()
         port = int(os.environ.get("MASTER_PORT", "29500") or 29500)
-        spawn_nested(fn, args, nprocs, seed=seed, isolation=isolation, master_port=port)
+        start_world(fn, args, nprocs, seed=seed, isolation=isolation, master_port=port)
         return None if join else FinishedContext(nprocs)
 
     return start_processes
 
 
 def _seed_in_rank_process() -> int:
-    from . import remote
-    return remote.seed()
+    from .remote import rank as remote_rank
+    return remote_rank.seed()
 
 
 def _install(stack: contextlib.ExitStack, start: Callable[..., Any]) -> None:
@@ -74,9 +78,10 @@ def _install(stack: contextlib.ExitStack, start: Callable[..., Any]) -> None:
         stack.enter_context(mock.patch.object(target, "spawn", spawn))
 
 
-def patch(stack: contextlib.ExitStack, isolation: str) -> None:
-    """Route the program's ``torch.multiprocessing`` launches to nested fake worlds."""
-    _install(stack, _make(isolation))
+def patch(stack: contextlib.ExitStack, isolation: str, start_world: StartWorld) -> None:
+    """Route the program's ``torch.multiprocessing`` launches to nested fake worlds, each run
+    by ``start_world``."""
+    _install(stack, _make(isolation, start_world))
 
 
 def warn_in_threads(stack: contextlib.ExitStack) -> None:
@@ -86,7 +91,7 @@ def warn_in_threads(stack: contextlib.ExitStack) -> None:
 
     from ..errors import RealProcessesWarning
     from ..sites import user_site
-    from ..launch.spawn import current_cluster
+    from ..world.binding import current_cluster
 
     def start_processes(fn, args=(), nprocs=1, join=True, daemon=False, start_method="spawn"):
         binding = current_cluster()

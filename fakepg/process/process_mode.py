@@ -32,6 +32,7 @@ from typing import Any, Callable, Sequence
 
 from ..errors import FakePGError
 from ..world.isolation import ProcessState
+from .mp_spawn import StartWorld
 from .rank_proxy import KILL_GRACE, Proxy
 from .wire import Channel
 
@@ -70,26 +71,27 @@ def _describe_status(status: int) -> tuple[str, int]:
     return f"exited with status {code}", code
 
 
-def _wait_for_ended_rank_threads(limit: float = 2.0) -> None:
+def _wait_for_ended_rank_threads(thread_ids: Sequence[int], limit: float = 2.0) -> None:
     """Wait until the rank threads of earlier worlds have left the OS, not only Python.
 
     A joined thread still runs its native TLS destructors; MKL's frees its buffers under a
     lock there. Forked at that moment, a child inherits the lock held and spins forever at its
     first matmul (seen: ``mkl_serv_allocate``). fakepg waits for its own threads; a thread
     the program itself ends just before ``spawn`` can still do this (rare)."""
-    from ..launch import spawn as world
-
     deadline = time.monotonic() + limit
-    for tid in world.ended_rank_thread_ids():
+    for tid in thread_ids:
         while os.path.exists(f"/proc/self/task/{tid}") and time.monotonic() < deadline:
             time.sleep(0.0005)
 
 
 class Children:
-    """The rank processes of one world, forked at construction; ``serve`` is each proxy."""
+    """The rank processes of one world, forked at construction; ``serve`` is each proxy.
+
+    ``ended_threads``: the OS ids of the last world's rank threads (waited for before forking);
+    ``start_world`` runs a world a rank process starts (``torch.multiprocessing.spawn``)."""
 
     def __init__(self, fn: Callable[..., Any], args: Sequence[Any], processes: list[ProcessState],
-                 seed: int = 0):
+                 seed: int, ended_threads: Sequence[int], start_world: StartWorld):
         self.nprocs = len(processes)
         self.pids: list[int] = []
         self.channels: list[Channel] = []
@@ -102,13 +104,13 @@ class Children:
                 pass
         pipes = [Pipe() for _ in range(self.nprocs)]  # (parent end, child end): socket pairs
         parent = os.getpid()
-        _wait_for_ended_rank_threads()
+        _wait_for_ended_rank_threads(ended_threads)
         try:
             for rank in range(self.nprocs):
                 pid = os.fork()
                 if pid == 0:  # pragma: no cover - runs in the child, which never returns
                     _child_main(rank, self.nprocs, pipes, fn, tuple(args), processes[rank], parent,
-                                seed)
+                                seed, start_world)
                 self.pids.append(pid)
         except BaseException:
             self.channels = [Channel(p) for p, _ in pipes]
@@ -173,7 +175,8 @@ class Children:
 
 
 def _child_main(rank: int, nprocs: int, pipes: list, fn: Callable[..., Any], args: tuple,
-                state: ProcessState, parent: int, seed: int) -> None:  # pragma: no cover - in the child
+                state: ProcessState, parent: int, seed: int,
+                start_world: StartWorld) -> None:  # pragma: no cover - in the child
     """The forked child's whole life; never returns."""
     code = 0
     try:
@@ -198,7 +201,7 @@ def _child_main(rank: int, nprocs: int, pipes: list, fn: Callable[..., Any], arg
         dist.distributed_c10d._unregister_all_process_groups() if hasattr(
             dist.distributed_c10d, "_unregister_all_process_groups") else None
         channel = Channel(pipes[rank][1])
-        remote.install(rank, nprocs, channel, seed)
+        remote.install(rank, nprocs, channel, seed, start_world)
         channel.recv_reply()  # "go": the proxy holds the baton
         ok, payload = remote.run(fn, args)
         for stream in (sys.stdout, sys.stderr):

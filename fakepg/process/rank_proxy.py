@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..fidelity import store as _store
 from ..errors import copy_to_raise
-from ..world.cluster import current_cluster
+from ..world.binding import current_cluster
 from ..choices.faults import RankCrashed
 from ..world.process_group import FakeProcessGroup, FakeWork, forced_call, requested_backend
 from .wire import RemoteTraceback, encode, pack_exception, unpack_exception

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import torch
@@ -22,18 +21,6 @@ from ..fidelity.nccl_hazards import NcclHazards
 from ..fidelity.profiling import unrecorded
 from .scheduler import Scheduler
 from ..ops.trace import CollectiveRecord
-
-_local = threading.local()
-
-
-def current_cluster() -> tuple["Cluster", int] | None:
-    """(cluster, global rank) of the calling rank thread, or None outside a fake world."""
-    return getattr(_local, "binding", None)
-
-
-def bind_thread(cluster: "Cluster | None", rank: int = -1) -> None:
-    _local.binding = None if cluster is None else (cluster, rank)
-
 
 class Cluster:
     """Everything the ranks of one spawn share."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import datetime
 import sys
 import threading
 import time
@@ -115,19 +114,9 @@ def collective_wait(cluster: Any, call: Any, seconds: float | None = None,
     return TimedWait(cluster.scheduler, call.rank, max(seconds, 1e-9), message)
 
 
-def monitored_barrier(pg: Any, timeout: datetime.timedelta | None, wait_all_ranks: bool) -> None:
-    """``monitored_barrier`` on a fakepg group: a barrier whose wait has the call's timeout."""
-    seconds = (timeout if timeout is not None else pg._timeout).total_seconds()
-    from ..ops.barrier import MONITORED_BARRIER
-
-    work = pg.issue(MONITORED_BARRIER, [])
-    call = work._call
-    pg._cluster.wait(call, timed=collective_wait(pg._cluster, call, seconds, wait_all_ranks))
-
-
 # -- time.sleep on rank threads --------------------------------------------------------------
 def _cooperative_sleep(seconds: float) -> None:
-    from .cluster import current_cluster  # late: cluster imports this module
+    from .binding import current_cluster
     binding = current_cluster()
     if binding is None:
         return _REAL_SLEEP(seconds)

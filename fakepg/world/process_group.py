@@ -19,7 +19,9 @@ import torch.distributed as dist
 
 from ..fidelity import backends
 from .. import ops
-from .cluster import Cluster, current_cluster
+from .binding import current_cluster
+from .cluster import Cluster
+from .liveness import collective_wait
 from ..ops.matching import Call, GroupState
 from ..errors import FakePGError, InvalidCollectiveError
 from ..ops.base import dtype_name, tensors_of
@@ -193,6 +195,14 @@ class FakeProcessGroup(PythonProcessGroup):
         # all_reduce) the Reducer's own callback is queued ahead of ours.
         return (in_backward and not shadow and not self._settle_at_issue
                 and self._cluster.plain and torch._C._current_autograd_node() is not None)
+
+    def wait_timed(self, work: FakeWork, timeout: datetime.timedelta | None,
+                   wait_all_ranks: bool) -> None:
+        """Wait for ``work`` with a timeout of its own (``monitored_barrier``'s; default the
+        group's), failing past it as the backend fails; ``wait_all_ranks`` names every late rank."""
+        seconds = (timeout if timeout is not None else self._timeout).total_seconds()
+        call = work._call
+        self._cluster.wait(call, timed=collective_wait(self._cluster, call, seconds, wait_all_ranks))
 
     def _start_coalescing(self, device=None):
         self._coalesced = []

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import copy_to_raise
-from .cluster import current_cluster
+from .binding import current_cluster
 from ..errors import FakePGError
 from ..fidelity.gloo_hazards import running_callback_of
 

@@ -27,6 +27,8 @@ from ...fidelity.originals import (TORCH_GET_BACKEND, TORCH_INIT_PROCESS_GROUP, 
                                    TORCH_NEW_GROUP_HELPER)
 from ...fidelity.patches import monitored_barrier_arguments
 from ...world.python_group import BACKEND_NAME, marking_join_shadow, requested_backend
+from .. import mp_spawn
+from ..mp_spawn import StartWorld
 from ..wire import Channel, pack_exception
 from . import rank as _rank
 from .group import RemoteProcessGroup, create_remote
@@ -118,8 +120,10 @@ def _set_num_threads(n: int) -> None:
     _rank.me().num_threads = int(n)
 
 
-def install(rank: int, nprocs: int, channel: Channel, seed: int = 0) -> contextlib.ExitStack:
-    """Make this (freshly forked) process rank ``rank`` of the parent's world."""
+def install(rank: int, nprocs: int, channel: Channel, seed: int,
+            start_world: StartWorld) -> contextlib.ExitStack:
+    """Make this (freshly forked) process rank ``rank`` of the parent's world; its
+    ``torch.multiprocessing`` launches become worlds run by ``start_world``."""
     me = _rank.Rank(rank, nprocs, channel, seed)
     me.nested = _rank.current() is not None  # forked from a rank process: a world that rank started
     me.num_threads = torch.get_num_threads()
@@ -142,8 +146,7 @@ def install(rank: int, nprocs: int, channel: Channel, seed: int = 0) -> contextl
     for name in ("wait_all", "collect_all"):
         patch(torch.futures, name, _settling(getattr(torch.futures, name)))
     patch(time, "sleep", _sleep)
-    from .. import mp_spawn
-    mp_spawn.patch(stack, "process")
+    mp_spawn.patch(stack, "process", start_world)
     patch(torch, "set_num_threads", _set_num_threads)
     patch(torch, "get_num_threads", lambda: _rank.me().num_threads)
     rendezvous = sys.modules.get("torch.distributed.rendezvous")

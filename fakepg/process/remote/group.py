@@ -153,7 +153,7 @@ for _name in ops.c10d_methods():
 
 def create_remote(store, rank, world_size, timeout):
     """The ``"fakepg"`` backend's constructor in a rank process."""
-    from ...world.cluster import current_cluster
+    from ...world.binding import current_cluster
     from ...world.process_group import create_fake_group
 
     if current_cluster() is not None:  # a rank of a world nested in this process (mp.spawn)
