@@ -238,3 +238,30 @@ def test_no_fakepg_module_reaches_for_another_modules_private_names() -> None:
                     and not node.attr.startswith("__")):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}: reads {node.value.id}.{node.attr}")
     assert not found, "private names used across fakepg's modules:\n" + "\n".join(found)
+
+
+# fakepg's rooms, lowest first: a module imports only from its own room and the rooms below
+# (type-only imports aside). The world runs checks it is handed (world/checks.py) and never
+# names one, so fidelity sits above it; a launcher hands the rank processes what they start.
+ROOMS = ("base", "ops", "choices", "world", "fidelity", "process", "launch", "top", "conformance")
+_BASE = ("errors", "arguments", "sites")
+
+
+def room_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1 or parts[1] == "pytest_plugin":
+        return "top"  # the public API and the pytest plugin's entry point
+    return "base" if parts[1] in _BASE else parts[1]
+
+
+def test_every_fakepg_module_lives_in_a_room() -> None:
+    unknown = sorted(m for m in _modules("fakepg") if room_of(m) not in ROOMS)
+    assert not unknown, f"modules outside fakepg's rooms {ROOMS}: {unknown} (see docs/fakepg-rooms.md)"
+
+
+def test_rooms_import_only_their_own_room_and_the_rooms_below() -> None:
+    upward = [f"{module} ({room_of(module)}) imports {edge.target} ({room_of(edge.target)})  ({edge.where})"
+              for module, edges in sorted(import_graph("fakepg").items()) for edge in edges
+              if ROOMS.index(room_of(edge.target)) > ROOMS.index(room_of(module))]
+    assert not upward, "imports that go up a room (rooms, lowest first: " + " < ".join(ROOMS) + "):\n" + \
+        "\n".join(upward)

@@ -22,6 +22,9 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from ..errors import InvalidCollectiveError
+from ..world.checks import Checker
+
 if TYPE_CHECKING:
     from ..ops.matching import Call
 
@@ -144,4 +147,14 @@ def refusal_text(call: "Call", refusal: Refusal) -> str:
     return f"{refusal.message} (rank {call.rank}: {call.op} at {call.site})"
 
 
-__all__ = ["Personality", "Refusal", "PERSONALITIES", "get", "from_request"]
+class Refusals(Checker):
+    """The world's check that a call is one its group's backend accepts: a call the
+    personality refuses raises before it is issued, with that backend's words."""
+
+    def issuing(self, call: "Call") -> None:
+        refusal = get(call.personality).refuse(call)
+        if refusal is not None:
+            raise InvalidCollectiveError(refusal_text(call, refusal))
+
+
+__all__ = ["Personality", "Refusal", "Refusals", "PERSONALITIES", "get", "from_request"]

@@ -22,13 +22,13 @@ callbacks run in the rank processes).
 
 from __future__ import annotations
 
-import threading
 import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..errors import FakePGError
+from ..world.checks import Checker, callback_running
 
 if TYPE_CHECKING:
     from ..ops.matching import Call
@@ -44,25 +44,6 @@ class GlooHazardError(FakePGError):
 
 class GlooHazardWarning(UserWarning):
     """A gloo hazard seen with ``gloo_hazards="warn"``."""
-
-
-_CALLBACK = threading.local()  # .root: the work whose callback this thread is running, if any
-
-
-class running_callback_of:
-    """Marks the current thread as running a future callback of ``call``'s work."""
-
-    __slots__ = ("call", "saved")
-
-    def __init__(self, call: "Call | None") -> None:
-        self.call = call
-
-    def __enter__(self) -> None:
-        self.saved = getattr(_CALLBACK, "call", None)
-        _CALLBACK.call = self.call
-
-    def __exit__(self, *exc: Any) -> None:
-        _CALLBACK.call = self.saved
 
 
 def _site(call: "Call") -> str:
@@ -84,8 +65,9 @@ class _Rank:
         self.deferred: GlooHazardError | None = None  # raised in a callback: the program's too
 
 
-class GlooHazards:
-    """One world's checker; the process group calls it at issue, the cluster at wait."""
+class GlooHazards(Checker):
+    """One world's gloo hazard checker (a :class:`~fakepg.world.checks.Checker`: the world
+    calls it at issue and at wait, and for each future a fakepg work hands out)."""
 
     def __init__(self, mode: str = "error") -> None:
         if mode not in MODES:
@@ -94,7 +76,7 @@ class GlooHazards:
         self._ranks: dict[int, _Rank] = {}
         self._warned: set[Any] = set()
 
-    def note_future(self, fut: Any, call: "Call") -> None:
+    def future_made(self, fut: Any, call: "Call") -> None:
         """``fut`` (or a future chained on it) completes ``call``'s work: its callbacks run
         as that work's."""
         if self.mode != "off" and call.personality == "gloo":
@@ -111,14 +93,14 @@ class GlooHazards:
             me = self._ranks[rank] = _Rank()
         return me
 
-    def collective_issued(self, call: "Call") -> None:
+    def issued(self, call: "Call") -> None:
         if self.mode == "off" or call.personality != "gloo" or call.spec.p2p:
             return
         me = self._rank(call.rank)
         me.issued += 1
         here = (me.issued, call)
         group = call.record.group
-        parent = getattr(_CALLBACK, "call", None)
+        parent = callback_running()
         if parent is not None and parent.rank == call.rank:  # issued from a callback
             root = me.roots.get(id(parent), (0, parent))
             me.roots[id(call)] = root

@@ -35,6 +35,7 @@ import torch
 
 from ..errors import FakePGError
 from ..ops.base import tensors_of
+from ..world.checks import Checker
 
 if TYPE_CHECKING:
     from ..ops.matching import Call, GroupState, PendingCollective
@@ -108,9 +109,10 @@ def _short(call: "Call") -> str:
     return f"{rec.op} #{rec.seq} on group '{rec.group}' (ranks {list(rec.group_ranks)}) at {call.site}"
 
 
-class NcclHazards:
-    """One world's hazard checker; the cluster and the process groups call it at issue, match,
-    wait and hang time. Calls not under the nccl personality pass untouched."""
+class NcclHazards(Checker):
+    """One world's NCCL hazard checker (a :class:`~fakepg.world.checks.Checker`: the world
+    calls it at issue, match, wait and hang time). Calls not under the nccl personality pass
+    untouched."""
 
     def __init__(self, modes: Mapping[str, str] | None = None):
         self.modes = dict(modes) if modes is not None else parse_modes(None)
@@ -134,7 +136,7 @@ class NcclHazards:
             warnings.warn(message, NcclHazardWarning, stacklevel=4)
 
     # -- cpu_tensors: before anything is issued ------------------------------------------
-    def check_devices(self, call: "Call") -> None:
+    def issuing(self, call: "Call") -> None:
         if not self._active(call, "cpu_tensors"):
             return
         cpu = [t for t in tensors_of(call.inputs, call.outputs) if t.device.type == "cpu"]
@@ -149,7 +151,7 @@ class NcclHazards:
         self._warn_once("cpu_tensors", text)
 
     # -- order: after a collective is issued; a wait ends its overlap -------------------
-    def collective_issued(self, call: "Call") -> None:
+    def issued(self, call: "Call") -> None:
         if call.spec.p2p or call.hidden_wait or not self._active(call, "order"):
             return
         me = (_group_key(call), call.record.seq)
@@ -185,7 +187,7 @@ class NcclHazards:
         self._warn_once(("order", here[0].record.group, here[1].record.group), text)
 
     # -- p2p: unbatched send/recv in issue order per pair's stream -----------------------
-    def defers(self, call: "Call") -> bool:
+    def holds(self, call: "Call") -> bool:
         """Track ``call`` on its stream; True when it must wait behind an earlier unmatched op
         of that stream (then the cluster matches it later, from :meth:`released`)."""
         if call.peer is None or not self._active(call, "p2p") or _in_batch():

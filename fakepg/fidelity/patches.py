@@ -24,7 +24,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from . import backends, ddp_checks
 from ..world.binding import current_cluster
-from .gloo_hazards import running_callback_of
+from ..world.checks import running_callback_of
 from ..world.process_group import BACKEND_NAME, FakeFuture, FakeProcessGroup, requested_backend
 from ..world.python_group import marking_join_shadow
 from ..sites import user_site
@@ -74,7 +74,7 @@ def _callbacks_marked(then: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(then)
     def marked_then(self: Any, callback: Callable[..., Any]) -> Any:
         binding = current_cluster()
-        call = binding[0].gloo_hazards.call_of(self, binding[1]) if binding is not None else None
+        call = binding[0].checkers.call_of(self, binding[1]) if binding is not None else None
         if call is None:
             return then(self, callback)
 
@@ -82,7 +82,7 @@ def _callbacks_marked(then: Callable[..., Any]) -> Callable[..., Any]:
             with running_callback_of(call):
                 return callback(fut)
         child = then(self, run)
-        binding[0].gloo_hazards.note_future(child, call)
+        binding[0].checkers.future_made(child, call)
         return child
     return marked_then
 

@@ -22,11 +22,10 @@ Outside a world nothing is changed.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import threading
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import torch
 import torch.autograd as _autograd
@@ -40,7 +39,6 @@ _USER_SCOPE = 7  # at::RecordScope::USER_SCOPE: record_function ranges
 _KINETO_STATES = {s for n, s in ProfilerState.__members__.items() if n.startswith("KINETO")}
 
 _local = threading.local()  # per rank thread: .settings (pending), .session (open)
-_NULL = contextlib.nullcontext()
 
 
 class _Session:
@@ -293,37 +291,3 @@ class _Patches:
 def world_profilers() -> _Patches:
     """Context manager: per-rank profiler sessions for the world it surrounds."""
     return _Patches()
-
-
-@contextlib.contextmanager
-def _collective_range(name: str, tensors: Iterable[Any]) -> Iterator[None]:
-    handle = torch.autograd._record_function_with_args_enter(
-        name, *[t for t in tensors if isinstance(t, torch.Tensor)])
-    try:
-        yield
-    finally:
-        torch.autograd._record_function_with_args_exit(handle)
-
-
-@contextlib.contextmanager
-def _unrecorded_range() -> Iterator[None]:
-    torch.autograd._enable_record_function(False)
-    try:
-        yield
-    finally:
-        torch.autograd._enable_record_function(True)
-
-
-def unrecorded():
-    """Context: ops run inside are not recorded by a profiler of the calling thread (the
-    emulated network's data movement runs on whichever rank completes a collective, and is
-    none of that rank's own work)."""
-    return _unrecorded_range() if torch.autograd._profiler_enabled() else _NULL
-
-
-def collective_event(op: str, tensors: Iterable[Any] = (), backend: str = "gloo"):
-    """A profiler range named as ``backend`` names the collective (``gloo:all_reduce``),
-    recording the input shapes; a shared no-op context when no profiler is recording."""
-    if not torch.autograd._profiler_enabled():
-        return _NULL
-    return _collective_range(f"{backend}:{op}", tensors)

@@ -20,6 +20,7 @@ from ..world import liveness
 from ..choices import faults as _faults
 from ..arguments import integer, number
 from ..world.binding import bind_thread, current_cluster
+from ..world.checks import Checkers
 from ..world.cluster import Cluster
 from ..errors import FakePGError, RankFailedError, SpawnTimeoutError
 from ..world.hooks import WorldHooks
@@ -145,10 +146,12 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_e
     t0 = time.perf_counter()
     cluster = Cluster(nprocs, seed, hooks)
     cluster.backend = backend
+    cluster.personalities = backends.PERSONALITIES
     cluster.faults = faults
-    cluster.hazards = NcclHazards(hazard_modes)
-    if gloo_hazards is not None:
-        cluster.gloo_hazards = gloo_hazards
+    # every check the world runs, in the order it runs them: torch looks at the devices before
+    # the backend sees the call, so NCCL's device check comes before the refusals
+    cluster.checkers = Checkers([NcclHazards(hazard_modes), backends.Refusals(),
+                                 gloo_hazards if gloo_hazards is not None else GlooHazards()])
     extra = extra_env if callable(extra_env) else (lambda r: extra_env or {})  # noqa: E731
     processes = [ProcessState.for_rank(r, nprocs, seed,
                                        {**_rank_env(r, nprocs, master_port), **_str_env(extra(r))})

@@ -14,11 +14,10 @@ from ..ops.p2p import SEND
 from ..errors import (CollectiveMismatchError, FakePGError, InvalidCollectiveError, PeerCrashedError,
                      copy_to_raise)
 from .hang_report import hang_report, waiting_text
+from .checks import Checkers
 from .hooks import WorldHooks
 from .liveness import TimedWait, collective_wait
-from ..fidelity.gloo_hazards import GlooHazards
-from ..fidelity.nccl_hazards import NcclHazards
-from ..fidelity.profiling import unrecorded
+from .events import unrecorded
 from .scheduler import Scheduler
 from ..ops.trace import CollectiveRecord
 
@@ -43,8 +42,8 @@ class Cluster:
         self.faults: tuple[Any, ...] = ()  # fakepg.faults, set by spawn
         self.dead: set[int] = set()  # ranks an injected crash ended
         self._issued = [0] * nprocs  # collectives each rank issued (where faults fire)
-        self.hazards = NcclHazards()  # NCCL's hazards under that personality (spawn sets modes)
-        self.gloo_hazards = GlooHazards()  # gloo's, under that one
+        self.checkers = Checkers()  # refusals and hazards of the backends it emulates (spawn's)
+        self.personalities: dict[str, Any] = {}  # name -> fidelity.backends.Personality (spawn's)
         # per rank: the default group the program itself initialised (spawn's own does not
         # count), so a second init_process_group is refused as torch refuses it
         self.initialised_by_program: dict[int, Any] = {}
@@ -116,7 +115,7 @@ class Cluster:
         call.record.seq = group.next_p2p[me]
         group.next_p2p[me] += 1
         self.hooks.collective_issued(call)
-        if self.hazards.defers(call):  # NCCL: behind an unmatched op of its pair's stream
+        if self.checkers.holds(call):  # NCCL: behind an unmatched op of its pair's stream
             return self._p2p_coll(group, *((call, None) if call.op == "send" else (None, call)))
         return self._match_p2p(group, call)
 
@@ -187,7 +186,7 @@ class Cluster:
                 g.last_done[c.grank] = coll.seq
         self.hooks.collective_matched(coll)
         if coll.p2p:
-            for held in list(self.hazards.released(coll)):
+            for held in list(self.checkers.released(coll)):
                 self._release_p2p(g, held)
 
     def _release_p2p(self, group: GroupState, call: Call) -> None:
@@ -269,8 +268,7 @@ class Cluster:
             self.scheduler.block(call.rank, lambda: coll.settled, lambda: waiting_text(call),
                                  timed or collective_wait(self, call))
         self.complete_ready(call.rank)
-        self.hazards.waited(call)
-        self.gloo_hazards.waited(call)
+        self.checkers.waited(call)
         if coll.error is not None:
             raise copy_to_raise(coll.error)
         self.hooks.wait_finished(call.rank, coll)

@@ -61,7 +61,7 @@ def hang_report(cluster: "Cluster") -> str:
                                          len(members) > SPELL_OUT))
             lines.append(f"    pending #{coll.seq} {coll.op}: issued by {issued}; "
                          f"still waits for ranks {rank_list(coll.missing_ranks())}")
-    lines.extend(cluster.hazards.hang_notes())
+    lines.extend(cluster.checkers.hang_notes())
     lines.append("Typical causes: ranks with different numbers of batches (use "
                  "torch.distributed.algorithms.Join), a rank that skipped backward or "
                  "returned early, or collectives issued in different orders.")

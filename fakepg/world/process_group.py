@@ -12,20 +12,19 @@ from __future__ import annotations
 import contextlib
 import datetime
 import threading
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 import torch.distributed as dist
 
-from ..fidelity import backends
 from .. import ops
 from .binding import current_cluster
 from .cluster import Cluster
 from .liveness import collective_wait
 from ..ops.matching import Call, GroupState
-from ..errors import FakePGError, InvalidCollectiveError
+from ..errors import FakePGError
 from ..ops.base import dtype_name, tensors_of
-from ..fidelity.profiling import collective_event
+from .events import collective_event
 # re-exported: the names other modules (and programs) import from here
 from .python_group import (BACKEND_NAME, PythonProcessGroup, creating_backend,  # noqa: F401
                            gloo_backend_for_logging, in_join_shadow, requested_backend)
@@ -33,6 +32,9 @@ from ..ops.reductions import op_name
 from ..sites import user_site
 from ..ops.trace import CollectiveRecord
 from .work import CoalescedWork, FakeFuture, FakeWork  # noqa: F401
+
+if TYPE_CHECKING:
+    from ..fidelity.backends import Personality
 
 _forced = threading.local()  # process mode: the call's site and backward state, from the rank's process
 
@@ -82,8 +84,9 @@ class FakeProcessGroup(PythonProcessGroup):
                                gloo_backend_for_logging())
 
     @property
-    def personality(self) -> backends.Personality:
-        return backends.get(self._requested or self._cluster.backend)
+    def personality(self) -> "Personality":
+        # the world's table of backends it can emulate (fidelity.backends, given by spawn)
+        return self._cluster.personalities[self._requested or self._cluster.backend]
 
     @property
     def backend_name(self) -> str:  # type: ignore[override]  # what name() and c10d report
@@ -140,17 +143,13 @@ class FakeProcessGroup(PythonProcessGroup):
         defer = self._when_settled(call, forced)
         personality = self.personality
         call.personality = personality.name
-        self._cluster.hazards.check_devices(call)  # torch dispatches on the device first
-        refusal = personality.refuse(call)
-        if refusal is not None:
-            raise InvalidCollectiveError(backends.refusal_text(call, refusal))
+        self._cluster.checkers.issuing(call)  # the backend's refusals, NCCL's device check
         event = "recvAnySource" if op.p2p and peer is None else op.name  # gloo's event names
         with collective_event(event, shown, personality.event_prefix):
             coll = self._cluster.issue(g, call, block=call.hidden_wait and not defer)
         if defer and not coll.settled:
             self._cluster.settle_before_backward_ends(call)
-        self._cluster.hazards.collective_issued(call)
-        self._cluster.gloo_hazards.collective_issued(call)
+        self._cluster.checkers.issued(call)
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from ..errors import copy_to_raise
 from .binding import current_cluster
 from ..errors import FakePGError
-from ..fidelity.gloo_hazards import running_callback_of
+from .checks import running_callback_of
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -210,7 +210,7 @@ class FakeWork(WorkBase):
         return (self._cluster.hooks, call) if call is not None else (None, None)
 
     def _note_future(self, fut: torch.futures.Future) -> None:
-        self._cluster.gloo_hazards.note_future(fut, self._call)
+        self._cluster.checkers.future_made(fut, self._call)
 
     def _complete(self, error: BaseException | None) -> None:
         self._done = True
