@@ -22,7 +22,7 @@ CHILD = r"""
 import json, resource, sys, time, warnings
 warnings.simplefilter("ignore")
 import torch, fakepg
-from fakepg import ddp_checks
+from fakepg.fidelity import ddp_checks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 n, mode = int(sys.argv[1]), sys.argv[2]

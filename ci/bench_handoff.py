@@ -14,7 +14,7 @@ import timeit
 import numpy
 import torch
 
-from fakepg.isolation import ProcessState, capture_switches
+from fakepg.world.isolation import ProcessState, capture_switches
 
 
 def per_call_us(fn, number: int = 2000, repeat: int = 7) -> float:

@@ -17,19 +17,27 @@ from .errors import (BackendTimeoutError, CollectiveHangError, CollectiveMismatc
                      CollectiveTimeoutError, FakePGError, InvalidCollectiveError, PeerCrashedError,
                      RankFailedError, RealProcessesWarning, SpawnTimeoutError, StoreTimeoutError,
                      WorldAbortedError)
-from .exploration import ExplorationError, ExplorationSummary, explore
-from .gloo_hazards import GlooHazardError, GlooHazardWarning
-from .nccl_hazards import NcclHazardError, NcclHazardWarning
-from .hooks import WorldHooks
-from .process_group import BACKEND_NAME, FakeProcessGroup, FakeWork, register_backend
-from .world import SpawnResult, spawn
-from .process_mode import RankProcessDiedError
-from .store import FakeStore
-from . import compat  # fakepg.compat.cuda_synchronize_noop() and other CPU shims
-from . import faults  # fakepg.faults.crash / raise_in for spawn(faults=[...])
-from .trace import CollectiveRecord, dump_flight_recorder, flight_recorder_dump, from_json, to_json
+from .launch.explore import ExplorationError, ExplorationSummary, explore
+from .fidelity.gloo_hazards import GlooHazardError, GlooHazardWarning
+from .fidelity.nccl_hazards import NcclHazardError, NcclHazardWarning
+from .world.hooks import WorldHooks
+from .world.process_group import BACKEND_NAME, FakeProcessGroup, FakeWork, register_backend
+from .launch.spawn import SpawnResult, spawn
+from .process.process_mode import RankProcessDiedError
+from .fidelity.store import FakeStore
+from .fidelity import compat  # fakepg.compat.cuda_synchronize_noop() and other CPU shims
+from .choices import faults  # fakepg.faults.crash / raise_in for spawn(faults=[...])
+from .ops.trace import CollectiveRecord, dump_flight_recorder, flight_recorder_dump, from_json, to_json
 
 register_backend()
+
+
+def __getattr__(name: str):
+    # ``fakepg.strategies`` (hypothesis strategies) loads hypothesis, so it is imported when first used
+    if name == "strategies":
+        from .choices import strategies
+        return strategies
+    raise AttributeError(f"module 'fakepg' has no attribute {name!r}")
 
 __all__ = [
     "spawn", "SpawnResult", "explore", "ExplorationError", "ExplorationSummary", "CollectiveRecord", "BACKEND_NAME",

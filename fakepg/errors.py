@@ -62,7 +62,7 @@ class CollectiveTimeoutError(FakePGError):
     """A wait outlived the group's timeout (raised by simulators that keep time)."""
 
 
-class _TimedOut(CollectiveHangError):
+class TimedOutError(CollectiveHangError):
     """A wait with a timeout that failed: its message starts with the real backend's (or
     store's) wording, then fakepg's report. ``expired`` is True when the deadline passed
     while another rank was still running (the world goes on; the rank may handle it),
@@ -79,14 +79,14 @@ class _TimedOut(CollectiveHangError):
         return self.expired
 
 
-class BackendTimeoutError(_TimedOut, DistBackendError):
+class BackendTimeoutError(TimedOutError, DistBackendError):
     """A collective's wait outlived its timeout (the group's, or monitored_barrier's).
 
     Both a :class:`CollectiveHangError` and torch's ``DistBackendError`` (a RuntimeError,
     which is what gloo raises), so programs' own timeout handlers and fakepg's both see it."""
 
 
-class StoreTimeoutError(_TimedOut, DistStoreError):
+class StoreTimeoutError(TimedOutError, DistStoreError):
     """A store ``get``/``wait`` outlived the store's timeout; also torch's ``DistStoreError``."""
 
 
@@ -97,3 +97,15 @@ class SpawnTimeoutError(FakePGError):
     def __init__(self, report: str):
         super().__init__(report)
         self.report = report
+
+
+def copy_to_raise(error: FakePGError) -> FakePGError:
+    """A copy of ``error`` to raise in another thread (tracebacks are per raise); a rank that
+    failed is, to the others, a world that was aborted."""
+    if isinstance(error, CollectiveHangError):
+        new: FakePGError = CollectiveHangError(error.report)
+    elif isinstance(error, RankFailedError):
+        new = WorldAbortedError(str(error))
+    else:
+        new = type(error)(*error.args)
+    return new

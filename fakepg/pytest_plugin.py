@@ -26,8 +26,8 @@ from typing import Any, Callable, Sequence
 import pytest
 
 from .errors import FakePGError
-from .exploration import ExplorationSummary, explore
-from .world import SpawnResult, spawn
+from .launch.explore import ExplorationSummary, explore
+from .launch.spawn import SpawnResult, spawn
 
 _CLUSTER = pytest.StashKey["FakeCluster"]()
 

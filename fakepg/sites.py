@@ -80,11 +80,11 @@ def user_site(depth: int = 1) -> str:
         if kind is None:
             kind = _kind(fn)
         if kind == _USER:
-            return f"{_short(fn)}:{frame.f_lineno}"
+            return f"{short_path(fn)}:{frame.f_lineno}"
         if kind == _LIBRARY:
             return _via_library(frame)
         frame = frame.f_back
-    return f"{_short(start.f_code.co_filename)}:{start.f_lineno}"
+    return f"{short_path(start.f_code.co_filename)}:{start.f_lineno}"
 
 
 def _via_library(lib: FrameType) -> str:
@@ -95,7 +95,7 @@ def _via_library(lib: FrameType) -> str:
         fn = frame.f_code.co_filename
         kind = kinds.get(fn)
         if (kind if kind is not None else _kind(fn)) == _USER:
-            return f"{_short(fn)}:{frame.f_lineno} (via {via})"
+            return f"{short_path(fn)}:{frame.f_lineno} (via {via})"
         frame = frame.f_back
     return via  # launched from an installed tool: no user frame to name
 
@@ -104,11 +104,12 @@ def _via_library(lib: FrameType) -> str:
 def _library_name(path: str) -> str:
     """``lightning/fabric/strategies/ddp.py`` for ``.../site-packages/lightning/...``."""
     cut = max(path.rfind(d) + len(d) if d in path else -1 for d in _PACKAGE_DIRS)
-    return path[cut:] if cut > 0 else _short(path)
+    return path[cut:] if cut > 0 else short_path(path)
 
 
 @functools.lru_cache(maxsize=4096)
-def _short(path: str) -> str:
+def short_path(path: str) -> str:
+    """``path`` relative to the working directory when it lies below it, else as given."""
     try:
         rel = os.path.relpath(path)
     except ValueError:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from fakepg.errors import CollectiveTimeoutError as _FakePGTimeout
 from fakepg.errors import FakePGError
-from fakepg.exploration import ExplorationError as _FakeExplorationError
+from fakepg.launch.explore import ExplorationError as _FakeExplorationError
 
 __all__ = ["CollectiveRaceError", "CollectiveTimeoutError", "ExplorationError"]
 

@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from fakepg.reductions import GLOO, gloo_chunk
+from fakepg.ops.reductions import GLOO, gloo_chunk
 
 
 def gloo_fold(xs: list[torch.Tensor], fold=torch.add, algorithm: str = GLOO) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 import fakepg
-from fakepg.launcher import main
+from fakepg.launch.fakerun import main
 
 _ENV_SCRIPT = """
     import json, os, torch.distributed as dist
@@ -53,7 +53,7 @@ def test_a_script_imports_its_sibling_modules_as_under_python_script(tmp_path):
         dist.all_reduce(t)
         print(sys.argv, t.tolist(), flush=True)
     """)
-    proc = subprocess.run([sys.executable, "-m", "fakepg.launcher", "--nproc-per-node", "2", script,
+    proc = subprocess.run([sys.executable, "-m", "fakepg.launch.fakerun", "--nproc-per-node", "2", script,
                            "--epochs", "2"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     expected = f"{[script, '--epochs', '2']} [2.0, 2.0, 2.0]"
@@ -101,7 +101,7 @@ def test_torch_detects_a_torchelastic_launch_in_every_rank(tmp_path, capsys):
 def test_every_torchrun_flag_is_accepted():
     from torch.distributed.run import get_args_parser
 
-    from fakepg.launcher import _parser
+    from fakepg.launch.fakerun import _parser
 
     ours = set(_parser()._option_string_actions)
     assert set(get_args_parser()._option_string_actions) <= ours and "--seed" in ours

@@ -124,14 +124,14 @@ def launch(launcher: list[str], script: str, tmp_path) -> list[list[str]]:
 
 
 def test_accelerate_ranks_under_fakerun_have_their_own_index_and_data_shard(tmp_path):
-    (r0, r1) = launch(["fakepg.launcher"], ACCELERATE, tmp_path)
+    (r0, r1) = launch(["fakepg.launch.fakerun"], ACCELERATE, tmp_path)
     assert r0[:2] == ["0", "True"] and r1[:2] == ["1", "False"]
     assert r0[2] != r1[2]  # each rank reads its own shard of the data
     assert r0[3] == r1[3]  # and the replicas agree
 
 
 def test_lightning_ranks_under_fakerun_each_have_their_rank_zero_only_rank(tmp_path):
-    (r0, r1) = launch(["fakepg.launcher"], LIGHTNING, tmp_path)
+    (r0, r1) = launch(["fakepg.launch.fakerun"], LIGHTNING, tmp_path)
     assert [r0[:4], r1[:4]] == [["0", "0", "TorchElasticEnvironment", "8"],
                                 ["1", "1", "TorchElasticEnvironment", "8"]]
     assert r0[4] == r1[4]
@@ -142,8 +142,8 @@ def test_lightning_ranks_under_fakerun_each_have_their_rank_zero_only_rank(tmp_p
                          ids=["accelerate", "lightning", "transformers-trainer"])
 def test_fakerun_gives_each_rank_what_torchrun_with_real_gloo_gives_it(script, tmp_path):
     real = launch(["torch.distributed.run"], script, tmp_path)
-    assert launch(["fakepg.launcher"], script, tmp_path) == real
-    assert launch(["fakepg.launcher", "--isolation", "process"], script, tmp_path) == real
+    assert launch(["fakepg.launch.fakerun"], script, tmp_path) == real
+    assert launch(["fakepg.launch.fakerun", "--isolation", "process"], script, tmp_path) == real
 
 
 LIGHTNING_SPAWN = LIGHTNING.replace('strategy="ddp"', 'strategy="ddp_spawn"')
@@ -157,7 +157,7 @@ def test_lightning_ddp_spawn_under_fakerun_isolation_process_trains_as_real_spaw
     path.write_text(LIGHTNING_SPAWN)
     results = []
     for cmd, real in (([sys.executable, str(path)], True),
-                      ([sys.executable, "-m", "fakepg.launcher", "--isolation", "process",
+                      ([sys.executable, "-m", "fakepg.launch.fakerun", "--isolation", "process",
                         "--nproc-per-node", "1", str(path)], False)):
         run(cmd, tmp_path, real)
         results.append((tmp_path / "result-main.txt").read_text().split())

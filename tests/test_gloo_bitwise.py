@@ -24,8 +24,8 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 import fakepg
-from fakepg.reductions import GLOO, GLOO_REDUCE, gloo_chunk
-from fakepg.schedule import Schedule
+from fakepg.ops.reductions import GLOO, GLOO_REDUCE, gloo_chunk
+from fakepg.choices.schedule import Schedule
 from gloo_order import gloo_fold as gloo_ring, rank_order
 from test_collectives_vs_gloo import run_gloo
 
@@ -261,6 +261,6 @@ def test_huggingface_trainer_at_4_ranks_under_fakerun_ends_with_torchruns_weight
             (tmp_path / f"result-{r}.txt").unlink()
         return rows  # per rank: process index, is world process zero, loss, md5 of the weights
 
-    real, fake = launch("torch.distributed.run"), launch("fakepg.launcher")
+    real, fake = launch("torch.distributed.run"), launch("fakepg.launch.fakerun")
     assert fake == real
     assert len({row[3] for row in real}) == 1  # every replica ends with the same weights

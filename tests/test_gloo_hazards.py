@@ -11,7 +11,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import fakepg
-from fakepg.gloo_hazards import GlooHazardError, GlooHazardWarning
+from fakepg.fidelity.gloo_hazards import GlooHazardError, GlooHazardWarning
 from gloo_processes import gloo_results
 
 

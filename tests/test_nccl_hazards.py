@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 import fakepg
-from fakepg.nccl_hazards import NcclHazardError, NcclHazardWarning, parse_modes
+from fakepg.fidelity.nccl_hazards import NcclHazardError, NcclHazards, NcclHazardWarning, parse_modes
 
 
 def _inverted_order(rank):
@@ -143,7 +143,7 @@ def test_cpu_tensors_can_be_warned_about_or_allowed_and_gloo_takes_them():
 
 def test_cpu_tensors_default_to_an_error_only_where_cuda_could_have_been_used():
     expected = "error" if torch.cuda.is_available() else "off"
-    assert fakepg.nccl_hazards.NcclHazards().modes["cpu_tensors"] == expected
+    assert NcclHazards().modes["cpu_tensors"] == expected
 
 
 @pytest.mark.parametrize("setting, error", [("loud", ValueError), ({"order": "maybe"}, ValueError),

@@ -13,7 +13,7 @@ import torch.distributed.distributed_c10d as c10d
 
 import fakepg
 from fakepg import ops
-from fakepg.process_group import FakeProcessGroup
+from fakepg.world.process_group import FakeProcessGroup
 
 # ProcessGroup attributes (torch 2.13) that are not collectives: identity, configuration,
 # lifecycle, coalescing brackets, enum values and pybind plumbing.

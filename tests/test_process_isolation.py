@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 import fakepg
-from fakepg.isolation import ProcessState, capture_switches
+from fakepg.world.isolation import ProcessState, capture_switches
 
 
 def test_a_variable_one_rank_sets_is_seen_by_no_other_rank_nor_the_caller():

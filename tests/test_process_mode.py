@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import fakepg
-from fakepg.process_mode import RankProcessDiedError
+from fakepg.process.process_mode import RankProcessDiedError
 
 pytest_plugins = ["pytester"]
 
@@ -353,7 +353,7 @@ print("", flush=True)
 
 
 def test_fakerun_isolation_process_runs_each_rank_in_its_own_process_with_prefixed_output(tmp_path, capfd):
-    from fakepg.launcher import main
+    from fakepg.launch.fakerun import main
 
     script = tmp_path / "train.py"
     script.write_text(_FAKERUN_SCRIPT)
@@ -365,7 +365,7 @@ def test_fakerun_isolation_process_runs_each_rank_in_its_own_process_with_prefix
 
 
 def test_fakerun_isolation_process_reports_a_dead_rank_and_exits_1(tmp_path, capfd):
-    from fakepg.launcher import main
+    from fakepg.launch.fakerun import main
 
     script = tmp_path / "train.py"
     script.write_text("import os, torch.distributed as dist\n"
@@ -481,7 +481,7 @@ def test_world_hooks_which_watch_ranks_on_their_threads_are_refused_in_process_m
 def test_accelerate_under_fakerun_isolation_process_gives_each_rank_its_index_and_shard(tmp_path):
     from test_foreign_libraries import ACCELERATE, launch
 
-    r0, r1 = launch(["fakepg.launcher", "--isolation", "process"], ACCELERATE, tmp_path)
+    r0, r1 = launch(["fakepg.launch.fakerun", "--isolation", "process"], ACCELERATE, tmp_path)
     assert r0[:2] == ["0", "True"] and r1[:2] == ["1", "False"]  # accelerate's singleton per process
     assert r0[2] != r1[2]  # each rank reads its own shard
     assert r0[3] == r1[3]  # and the replicas agree

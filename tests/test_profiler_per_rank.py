@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fakepg.profiling import collective_event
+from fakepg.world.events import collective_event
 
 SCENARIOS = textwrap.dedent(r'''
     import json, os, sys, tempfile

@@ -119,7 +119,7 @@ def test_a_hanging_test_fails_with_the_hang_report_once_and_the_command_that_rep
     # c10d's debug log and the short summary (untruncated where $CI is set) quote it again
     shown = [line for line in out.splitlines() if not line.startswith(("DEBUG ", "FAILED "))]
     assert sum("hang detected: no rank can make progress" in line for line in shown) == 1
-    assert "fakepg/world.py" not in out and "fakepg/outcome.py" not in out
+    assert "fakepg/launch/spawn.py" not in out and "fakepg/world/outcome.py" not in out
     assert "raise_outcome" not in out and "sched = " not in out
 
 

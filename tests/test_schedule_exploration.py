@@ -11,7 +11,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import fakepg
-from fakepg.schedule import Schedule, decode, encode
+from fakepg.choices.schedule import Schedule, decode, encode
 
 pytest_plugins = ["pytester"]
 

@@ -25,7 +25,7 @@ from torch import nn
 
 import fakepg
 from gloo_processes import gloo_results
-from fakepg.compat import cuda_synchronize_noop
+from fakepg.fidelity.compat import cuda_synchronize_noop
 
 try:
     from fairscale.experimental.nn.data_parallel import SlowMoDistributedDataParallel

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 import fakepg
+from fakepg.fidelity import store as _store
 
 SHORT = datetime.timedelta(seconds=0.05)
 
@@ -186,12 +187,12 @@ def test_nonblocking_store_operations_answer_as_torchs_tcpstore_does():
         return out
 
     real = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=5))
-    fake = fakepg.FakeStore(fakepg.store._Data("test"))
+    fake = fakepg.FakeStore(_store._Data("test"))
     assert script(fake) == script(real)
 
 
 def test_outside_a_world_a_fake_store_wait_times_out_at_once():
-    fake = fakepg.FakeStore(fakepg.store._Data("test"), "hash")
+    fake = fakepg.FakeStore(_store._Data("test"), "hash")
     with pytest.raises(dist.DistStoreError, match="^Wait timeout"):
         fake.get("missing")
 

@@ -79,7 +79,7 @@ def test_fakerun_runs_an_unmodified_torchrun_script(tmp_path):
         print(f"ok rank {rank} of {world}", flush=True)
         dist.destroy_process_group()
     """))
-    proc = subprocess.run([sys.executable, "-m", "fakepg.launcher", "--standalone", "--nnodes", "1",
+    proc = subprocess.run([sys.executable, "-m", "fakepg.launch.fakerun", "--standalone", "--nnodes", "1",
                            "--nproc-per-node", "3", str(script)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert sorted(proc.stdout.splitlines()) == [f"[rank{r}]:ok rank {r} of 3" for r in range(3)]
@@ -93,7 +93,7 @@ def test_fakerun_exits_nonzero_with_the_hang_report_on_stderr(tmp_path):
         if int(os.environ["RANK"]) == 0:
             dist.all_reduce(torch.ones(1))
     """))
-    proc = subprocess.run([sys.executable, "-m", "fakepg.launcher", "--nproc_per_node=2", str(script)],
+    proc = subprocess.run([sys.executable, "-m", "fakepg.launch.fakerun", "--nproc_per_node=2", str(script)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert "CollectiveHangError" in proc.stderr and "hang.py:5" in proc.stderr
@@ -109,7 +109,7 @@ def test_fakerun_runs_modules_with_dash_m_and_passes_script_args(tmp_path):
         if dist.get_rank() == 0:
             print("args", sys.argv[1:], flush=True)
     """))
-    proc = subprocess.run([sys.executable, "-m", "fakepg.launcher", "--nproc-per-node", "2", "-m",
+    proc = subprocess.run([sys.executable, "-m", "fakepg.launch.fakerun", "--nproc-per-node", "2", "-m",
                            "mypkg.job", "--lr", "0.1"], capture_output=True, text=True, timeout=120,
                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr
@@ -117,7 +117,7 @@ def test_fakerun_runs_modules_with_dash_m_and_passes_script_args(tmp_path):
 
 
 def test_fakerun_refuses_several_nodes_with_advice():
-    from fakepg.launcher import main
+    from fakepg.launch.fakerun import main
 
     assert main(["--nnodes", "2", "--nproc-per-node", "2", "x.py"]) == 2
 

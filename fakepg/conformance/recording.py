@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ..ops.base import dtype_name, flatten
-from ..process_group import PythonProcessGroup
+from ..world.process_group import PythonProcessGroup
 from .outcome import RecordedCollective
 
 __all__ = ["RecordingProcessGroup", "RECORDING_BACKENDS", "register_recording_backends", "RECORDS"]

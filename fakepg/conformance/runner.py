@@ -18,8 +18,8 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from ..arguments import integer
-from ..isolation import ProcessState
-from ..world import spawn
+from ..world.isolation import ProcessState
+from ..launch.spawn import spawn
 from .outcome import RecordedCollective, ScenarioOutcome
 from .programs import DEFAULT_TRAIN
 from .recording import RECORDING_BACKENDS, RECORDS, register_recording_backends

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from .base import Op, c10d_method, register
 
 if TYPE_CHECKING:
-    from ..collectives import Call
+    from .matching import Call
 
 
 class Barrier(Op):
@@ -30,6 +30,7 @@ def _barrier(pg, opts=None):
 
 @c10d_method("monitored_barrier")
 def _monitored_barrier(pg, timeout=None, wait_all_ranks=False):
-    from ..liveness import monitored_barrier  # late: liveness sits above the registry
-
-    monitored_barrier(pg, timeout, wait_all_ranks)  # returns None, as gloo's does
+    # a barrier whose wait has the call's own timeout: the group times it (its world keeps the
+    # clocks and words the backend's timeout), so the registry needs nothing above it
+    pg.wait_timed(pg.issue(MONITORED_BARRIER, []), timeout, wait_all_ranks)
+    return None  # as gloo's

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from ..reductions import check_supported
+from .reductions import check_supported
 
 if TYPE_CHECKING:
-    from ..collectives import Call
+    from .matching import Call
 
 COST_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "gather",
               "scatter", "all_to_all", "barrier", "p2p")

@@ -12,7 +12,7 @@ from .base import (Op, as_list, c10d_method, copy_into, flatten, gloo_future_val
                    signature, tensor_bytes)
 
 if TYPE_CHECKING:
-    from ..collectives import Call
+    from .matching import Call
 
 
 class Broadcast(Op):

@@ -9,7 +9,7 @@ import torch
 from .base import Op, c10d_method, copy_into, register
 
 if TYPE_CHECKING:
-    from ..collectives import Call
+    from .matching import Call
 
 
 class PointToPoint(Op):

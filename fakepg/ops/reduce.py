@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..reductions import GLOO_REDUCE, gloo_all_reduce, order_of, reduce_tensors
+from .reductions import GLOO_REDUCE, gloo_all_reduce, order_of, reduce_tensors
 from .base import (Op, as_list, c10d_method, copy_into, flatten, reduce_op_of, register,
                    signature, tensor_bytes)
 
 if TYPE_CHECKING:
-    from ..collectives import Call
+    from .matching import Call
 
 
 class AllReduce(Op):

@@ -86,7 +86,7 @@ import torch.optim.optimizer as _optim
 import fakepg
 from fakepg.arguments import integer
 from fakepg.errors import RankFailedError
-from fakepg.hooks import WorldHooks
+from fakepg.world.hooks import WorldHooks
 
 from ..analysis import CommSpan, Lane, SimResult, Timeline
 from ..errors import CollectiveRaceError, CollectiveTimeoutError

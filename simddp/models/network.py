@@ -287,9 +287,8 @@ class Network:
 
     @classmethod
     def preset(cls, preset: str, /, **kw: Any) -> Network:
-        """A named fabric: "nvlink", "ib-hdr", "ib-ndr", "100gbe", "400gbe", "gloo-loopback",
-        and whole DGX nodes "dgx1-v100", "dgx-a100", "dgx-h100", "dgx-b200" (their sources:
-        :mod:`simddp.models.presets`).
+        """A named fabric from the one preset table, :data:`simddp.models.presets.PRESETS` (each
+        with its source): links such as "ib-ndr" or "100gbe", whole DGX nodes such as "dgx-h100".
 
         Keyword arguments override fields, e.g. ``Network.preset("ib-ndr", gpus_per_node=8)``
         (NVLink inside each node, NDR InfiniBand between nodes, one NIC per GPU),
@@ -301,56 +300,6 @@ class Network:
         from .presets import preset as _preset
 
         return _preset(preset, **kw)
-
-    @classmethod
-    def nvlink(cls, **kw: Any) -> Network:
-        """The "nvlink" preset (:func:`simddp.models.presets.nvlink`)."""
-        return cls.preset("nvlink", **kw)
-
-    @classmethod
-    def infiniband_hdr(cls, **kw: Any) -> Network:
-        """The "ib-hdr" preset (:func:`simddp.models.presets.infiniband_hdr`)."""
-        return cls.preset("ib-hdr", **kw)
-
-    @classmethod
-    def infiniband_ndr(cls, **kw: Any) -> Network:
-        """The "ib-ndr" preset (:func:`simddp.models.presets.infiniband_ndr`)."""
-        return cls.preset("ib-ndr", **kw)
-
-    @classmethod
-    def ethernet_100g(cls, **kw: Any) -> Network:
-        """The "100gbe" preset (:func:`simddp.models.presets.ethernet_100g`)."""
-        return cls.preset("100gbe", **kw)
-
-    @classmethod
-    def ethernet_400g(cls, **kw: Any) -> Network:
-        """The "400gbe" preset (:func:`simddp.models.presets.ethernet_400g`)."""
-        return cls.preset("400gbe", **kw)
-
-    @classmethod
-    def gloo_loopback(cls, **kw: Any) -> Network:
-        """The "gloo-loopback" preset (:func:`simddp.models.presets.gloo_loopback`)."""
-        return cls.preset("gloo-loopback", **kw)
-
-    @classmethod
-    def dgx1_v100(cls, **kw: Any) -> Network:
-        """The "dgx1-v100" preset (:func:`simddp.models.presets.dgx1_v100`)."""
-        return cls.preset("dgx1-v100", **kw)
-
-    @classmethod
-    def dgx_a100(cls, **kw: Any) -> Network:
-        """The "dgx-a100" preset (:func:`simddp.models.presets.dgx_a100`)."""
-        return cls.preset("dgx-a100", **kw)
-
-    @classmethod
-    def dgx_h100(cls, **kw: Any) -> Network:
-        """The "dgx-h100" preset (:func:`simddp.models.presets.dgx_h100`)."""
-        return cls.preset("dgx-h100", **kw)
-
-    @classmethod
-    def dgx_b200(cls, **kw: Any) -> Network:
-        """The "dgx-b200" preset (:func:`simddp.models.presets.dgx_b200`)."""
-        return cls.preset("dgx-b200", **kw)
 
     def with_(self, **changes: Any) -> Network:
         """A copy with some fields changed, e.g. ``net.with_(bandwidth_GBps=net.bandwidth_GBps/2)``

@@ -1,0 +1,290 @@
+"""In-process c10d stores whose blocking calls pass the baton.
+
+A real multi-process job shares a key-value store (TCPStore on MASTER_ADDR:MASTER_PORT, a
+FileStore on one path) and waits on it inside C++, where fakepg could not see a hang. Here
+every such store is a :class:`FakeStore` handle over shared, in-process data: a ``get`` of a
+missing key, ``wait``, ``multi_get`` or a blocking ``queue_pop`` block the calling rank
+through the scheduler, so a key nobody will ever set is an immediate hang verdict naming the
+key and the waiting ranks, and a wait outliving the store's timeout (while another rank
+still runs) raises :class:`~fakepg.errors.StoreTimeoutError`, a ``DistStoreError`` worded
+as the real store words it.
+
+While a world runs, ``TCPStore``/``FileStore``/``HashStore`` constructed on a rank thread
+resolve here: TCPStore on the world's master port is the world's default store, others are
+shared per address or per path; a HashStore stays private to its rank, as it is per process.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import datetime
+import itertools
+import os
+import sys
+from typing import Any, Callable, Iterator, Sequence
+
+import torch.distributed as dist
+
+from ..errors import StoreTimeoutError
+
+_ACTIVE: "WorldStores | None" = None  # the running world's stores (one world at a time)
+_private = itertools.count()
+
+
+class _Data:
+    """The shared contents of one logical store."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.kv: dict[str, bytes] = {}
+        self.queues: dict[str, collections.deque[bytes]] = collections.defaultdict(collections.deque)
+
+
+def _bytes(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    return bytes(value)  # bytearray, list of ints (as pybind accepts)
+
+
+def _expired_message(flavour: str, op: str, keys: Sequence[str], seconds: float) -> str:
+    """The store's own words for a timed-out wait (captured from torch 2.13)."""
+    ms = int(seconds * 1000)
+    if flavour == "tcp":
+        return f"wait timeout after {ms}ms, keys: " + ", ".join("/" + k for k in keys)
+    if flavour == "file" and op == "get":
+        return f"Timeout waiting for key: {keys[0]} after {ms} ms"
+    return "Wait timeout"  # HashStore; FileStore.wait
+
+
+class FakeStore(dist.Store):
+    """One handle on an in-process store (each handle has its own timeout, like torch's)."""
+
+    def __init__(self, data: _Data, flavour: str = "tcp",
+                 timeout: datetime.timedelta | None = None, host: str = "127.0.0.1", port: int = 0):
+        super().__init__()
+        self._data, self._flavour = data, flavour
+        self.host, self.port = host, port
+        if timeout is not None:
+            self.set_timeout(timeout)
+        if _ACTIVE is not None:
+            # C++ (c10d's PrefixStore, the process group) may hold only the C++ half of this
+            # object; its Python half must live as long as the world, or calls reach no method.
+            _ACTIVE.handles.append(self)
+
+    def __repr__(self) -> str:
+        return f"<fakepg.FakeStore {self._data.name}>"
+
+    # -- blocking, through the scheduler ----------------------------------------------
+    def _block(self, op: str, keys: Sequence[str], ready: Callable[[], bool],
+               timeout: datetime.timedelta | None = None) -> None:
+        if ready():
+            return
+        seconds = (self.timeout if timeout is None else timeout).total_seconds()
+        from ..world.binding import current_cluster
+        from ..world.liveness import TimedWait
+        binding = current_cluster()
+        if binding is None:  # outside a world nobody else can set it: time out now
+            raise StoreTimeoutError(_expired_message(self._flavour, op, keys, seconds),
+                                    f"fakepg: {op} of {list(keys)} on {self._data.name} outside "
+                                    f"a running world; no rank can set it", expired=True)
+        cluster, rank = binding
+        timed = None
+        if seconds > 0:  # c10d: a zero timeout means no timeout
+            timed = TimedWait(cluster.scheduler, rank, seconds,
+                              lambda: _expired_message(self._flavour, op, keys, seconds),
+                              StoreTimeoutError)
+        missing = lambda: [k for k in keys if k not in self._data.kv]  # noqa: E731
+        cluster.scheduler.block(
+            rank, ready,
+            lambda: f"store {op} on {self._data.name}: key(s) {missing() or list(keys)} "
+                    f"that no rank has set", timed)
+
+    def _yield(self) -> None:
+        """A poll that found nothing: let the others run once (a real poll runs beside them)."""
+        from ..world.binding import current_cluster
+        binding = current_cluster()
+        if binding is not None:
+            binding[0].scheduler.sleep(binding[1], 0.0)
+
+    def _preempt(self) -> None:
+        """Another process could have reached the store first: a schedule's choice."""
+        from ..world.binding import current_cluster
+        binding = current_cluster()
+        if binding is not None:
+            binding[0].scheduler.preempt(binding[1])
+
+    # -- the Store API -------------------------------------------------------------------
+    def set(self, key: str, value: Any) -> None:
+        self._preempt()
+        self._data.kv[key] = _bytes(value)
+
+    def get(self, key: str) -> bytes:
+        self._preempt()
+        self._block("get", [key], lambda: key in self._data.kv)
+        return self._data.kv[key]
+
+    def add(self, key: str, value: int) -> int:
+        self._preempt()
+        new = int(self._data.kv.get(key, b"0")) + int(value)
+        self._data.kv[key] = str(new).encode()
+        if int(value) == 0:
+            self._yield()  # add(key, 0) is how counters are polled
+        return new
+
+    def append(self, key: str, value: Any) -> None:
+        self._data.kv[key] = self._data.kv.get(key, b"") + _bytes(value)
+
+    def check(self, keys: list[str]) -> bool:
+        found = all(k in self._data.kv for k in keys)
+        if not found:
+            self._yield()
+        return found
+
+    def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
+        keys = list(keys)
+        self._block("wait", keys, lambda: all(k in self._data.kv for k in keys), timeout)
+
+    def compare_set(self, key: str, expected_value: Any, desired_value: Any) -> bytes:
+        self._preempt()
+        expected, desired = _bytes(expected_value), _bytes(desired_value)
+        current = self._data.kv.get(key)
+        if current is None:
+            if expected:  # as TCPStore: a missing key only matches an empty expected value
+                self._yield()
+                return expected
+            self._data.kv[key] = desired
+            return desired
+        if current == expected:
+            self._data.kv[key] = desired
+            return desired
+        self._yield()  # a lost compare-and-set is usually retried in a loop
+        return current
+
+    def delete_key(self, key: str) -> bool:
+        return self._data.kv.pop(key, None) is not None
+
+    def num_keys(self) -> int:
+        return len(self._data.kv)
+
+    def list_keys(self) -> list[str]:
+        return list(self._data.kv)
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        keys = list(keys)
+        self._block("multi_get", keys, lambda: all(k in self._data.kv for k in keys))
+        return [self._data.kv[k] for k in keys]
+
+    def multi_set(self, keys: list[str], values: list[Any]) -> None:
+        for k, v in zip(keys, values, strict=True):
+            self._data.kv[k] = _bytes(v)
+
+    def has_extended_api(self) -> bool:
+        return True
+
+    def queue_push(self, key: str, value: Any) -> None:
+        self._data.queues[key].append(_bytes(value))
+
+    def queue_pop(self, key: str, block: bool = True) -> bytes:
+        q = self._data.queues[key]
+        if not q and not block:
+            raise dist.QueueEmptyError("queue is empty")
+        self._block("queue_pop", [key], lambda: bool(q))
+        return q.popleft()
+
+    def queue_len(self, key: str) -> int:
+        return len(self._data.queues[key])
+
+    def clone(self) -> "FakeStore":
+        return FakeStore(self._data, self._flavour, self.timeout, self.host, self.port)
+
+
+class WorldStores:
+    """The stores of one world: the default one and those its ranks construct."""
+
+    def __init__(self, master_addr: str, master_port: int):
+        self.master_addr, self.master_port = master_addr, master_port
+        self.default = _Data(f"the world store (TCPStore {master_addr}:{master_port})")
+        self._shared: dict[tuple[str, Any], _Data] = {}
+        self.handles: list[FakeStore] = []
+
+    def world_store(self, timeout: datetime.timedelta | None = None) -> FakeStore:
+        return FakeStore(self.default, "tcp", timeout, self.master_addr, self.master_port)
+
+    def tcp(self, host_name: str, port: int, world_size: int | None = None, is_master: bool = False,
+            timeout: datetime.timedelta = datetime.timedelta(seconds=300), *args: Any,
+            **kwargs: Any) -> FakeStore:
+        if int(port) == self.master_port:
+            data = self.default
+        elif int(port) == 0:  # the server would pick a free port: a store of its own
+            data = _Data(f"TCPStore {host_name}:0 #{next(_private)}")
+        else:
+            data = self._shared.setdefault(("tcp", int(port)), _Data(f"TCPStore {host_name}:{port}"))
+        return FakeStore(data, "tcp", timeout, host_name, int(port))
+
+    def file(self, file_name: str, world_size: int = -1) -> FakeStore:
+        path = os.path.abspath(os.fspath(file_name))
+        data = self._shared.setdefault(("file", path), _Data(f"FileStore {path}"))
+        return FakeStore(data, "file")
+
+    def hash(self) -> FakeStore:
+        return FakeStore(_Data(f"HashStore #{next(_private)} (private to its rank)"), "hash")
+
+
+def active_stores() -> WorldStores:
+    """The running world's stores."""
+    assert _ACTIVE is not None, "no fake world is running"
+    return _ACTIVE
+
+
+def world_store(timeout: datetime.timedelta | None = None) -> FakeStore:
+    """A new handle on the running world's default store."""
+    return active_stores().world_store(timeout)
+
+
+class _Constructor:
+    """Stands in for a store class: on a rank thread of a running world it builds a
+    :class:`FakeStore`, elsewhere the real store; ``isinstance`` accepts both."""
+
+    def __init__(self, original: type, make: Callable[["WorldStores"], Callable[..., FakeStore]]):
+        self._original, self._make = original, make
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from ..world.binding import current_cluster
+        if _ACTIVE is None or current_cluster() is None:
+            return self._original(*args, **kwargs)
+        return self._make(_ACTIVE)(*args, **kwargs)
+
+    def __instancecheck__(self, obj: Any) -> bool:
+        return isinstance(obj, (self._original, FakeStore))
+
+    def __subclasscheck__(self, cls: type) -> bool:
+        return issubclass(cls, (self._original, FakeStore))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._original, name)
+
+
+_MAKERS = {"TCPStore": lambda w: w.tcp, "FileStore": lambda w: w.file, "HashStore": lambda w: w.hash}
+
+
+@contextlib.contextmanager
+def world_stores(master_addr: str, master_port: int) -> Iterator[WorldStores]:
+    """Make this world's stores the ones rank threads get; restore torch's afterwards."""
+    global _ACTIVE
+    stores = WorldStores(master_addr, master_port)
+    modules = [dist, sys.modules["torch.distributed.distributed_c10d"],
+               sys.modules.get("torch.distributed.rendezvous")]
+    saved = [(m, name, m.__dict__[name]) for m in modules if m is not None
+             for name in _MAKERS if name in m.__dict__]
+    for m, name, original in saved:
+        setattr(m, name, _Constructor(original, _MAKERS[name]))
+    outer, _ACTIVE = _ACTIVE, stores  # a world nested in a rank (torch.multiprocessing.spawn)
+    try:
+        yield stores
+    finally:
+        _ACTIVE = outer
+        for m, name, original in saved:
+            setattr(m, name, original)

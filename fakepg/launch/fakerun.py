@@ -1,0 +1,391 @@
+"""``fakerun``: torchrun for one process, with the fake cluster underneath.
+
+Usage::
+
+    fakerun --nproc-per-node 4 train.py --epochs 2
+    fakerun --standalone --nproc_per_node=4 -m mypkg.train
+    fakerun --nproc-per-node 8 --local-ranks-filter 0 --seed 3 train.py
+    fakerun --nproc-per-node 2 --log-dir logs --tee 3 train.py
+
+``fakerun`` takes torchrun's own command line (its parser is
+``torch.distributed.run.get_args_parser()``, so every torchrun flag, and the ``PET_*``
+variables that set them, are accepted) plus ``--seed N``, the fake cluster's seed for each
+rank's initial RNG state. The script runs unmodified, as ``__main__``, once per rank, each
+rank on its own thread of this one process (``--isolation process``: each rank in its own OS
+process forked from this one, on the same fake world):
+
+- each rank sees the environment torchrun's agent gives a worker: ``RANK``, ``LOCAL_RANK``,
+  ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``GROUP_WORLD_SIZE``, ``ROLE_RANK``,
+  ``ROLE_NAME``, ``ROLE_WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` (``--master-addr``,
+  ``--master-port``; default 127.0.0.1:29500), ``TORCHELASTIC_RUN_ID`` (``--rdzv-id``,
+  default ``none`` so that runs repeat exactly), ``TORCHELASTIC_RESTART_COUNT``,
+  ``TORCHELASTIC_MAX_RESTARTS``, ``TORCHELASTIC_USE_AGENT_STORE`` (``False``: no agent
+  store exists), ``TORCH_NCCL_ASYNC_ERROR_HANDLING``, ``OMP_NUM_THREADS`` (1 with several
+  ranks unless set) and, with a log directory, ``TORCHELASTIC_ERROR_FILE``;
+- ``sys.argv`` is ``[script, *args]`` and ``sys.path[0]`` the script's directory, as under
+  ``python script.py``; with ``-m`` the module's file and the current directory, as under
+  ``python -m``;
+- every line a rank writes to stdout/stderr is prefixed ``[rank<N>]:`` (or by the template in
+  ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``, with ``${rank}``, ``${local_rank}``,
+  ``${role_name}``); ``--local-ranks-filter 0,1`` shows only those ranks; ``--redirects``/
+  ``--tee`` write ``<log-dir>/<run-id>_*/attempt_0/<rank>/std{out,err}.log`` as torchrun does.
+
+``dist.init_process_group("nccl"/"gloo"/...)`` joins the fake world, which answers as gloo
+(torchrun's workers on a CPU) until the program asks for another backend. Exit status: 0 on
+success; 1, with the hang, mismatch or failure report on stderr, when the run fails; 2 for a
+command line that cannot run here (``--nnodes`` above 1, ``--node-rank`` other than 0,
+``--no-python``, ``${local_rank}`` in the script's arguments, a bad ``--nproc-per-node``).
+Flags about processes, rendezvous and signals (``--standalone``, ``--rdzv-*``,
+``--start-method``, ``--monitor-interval``, ``--numa-binding``, ...) are accepted and have
+nothing to act on; a failed run is not restarted (it would fail the same way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import os
+import runpy
+import sys
+import tempfile
+import traceback
+from dataclasses import dataclass, field
+from string import Template
+from typing import Iterator, Sequence, TextIO
+
+from ..world.binding import current_cluster
+from ..process.remote import child_rank
+from ..errors import FakePGError, RankFailedError
+from .spawn import spawn
+
+__all__ = ["main"]
+
+
+class _UsageError(Exception):
+    """A command line fakerun cannot run; printed as one line, exit status 2."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    from torch.distributed.run import get_args_parser
+
+    p = get_args_parser()
+    p.prog = "fakerun"
+    p.description = ("torchrun on an in-process fake cluster (fakepg): every rank is a thread "
+                     "of this process; torchrun's flags plus --seed.")
+    p.add_argument("--seed", type=int, default=0,
+                   help="fakepg seed: fixes each rank's initial torch/Python/numpy RNG state")
+    p.add_argument("--isolation", choices=("thread", "process"), default="thread",
+                   help="thread: every rank a thread of this process (fastest); process: every "
+                        "rank its own OS process forked from this one (module globals, pid, cwd, "
+                        "signal handlers per rank), on the same deterministic fake world")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="wall-clock limit for the whole world; at expiry every rank's state and "
+                        "Python stack is reported and fakerun exits 1")
+    return p
+
+
+@dataclass
+class _Plan:
+    """What one fakerun invocation runs, derived from the command line."""
+
+    nproc: int
+    target: str
+    module: bool
+    argv: list[str]
+    path0: str
+    master_port: int
+    seed: int
+    timeout: float | None
+    env: list[dict[str, str]]
+    prefixes: list[str]
+    show_out: list[bool]
+    show_err: list[bool]
+    files: list[tuple[str | None, str | None]] = field(default_factory=list)
+    isolation: str = "thread"
+
+
+def _nproc(value: str) -> int:
+    from torch.distributed.run import determine_local_world_size
+
+    try:
+        n = determine_local_world_size(value)
+    except ValueError:
+        raise _UsageError(f"--nproc-per-node {value}: expected an integer >= 1 or one of "
+                          f"auto, cpu, gpu, xpu") from None
+    if n < 1:
+        raise _UsageError(f"--nproc-per-node {value}: expected an integer >= 1")
+    return n
+
+
+def _check_single_node(args: argparse.Namespace) -> None:
+    from torch.distributed.run import parse_min_max_nnodes
+
+    try:
+        low, high = parse_min_max_nnodes(args.nnodes)
+    except (ValueError, RuntimeError):
+        raise _UsageError(f"--nnodes {args.nnodes}: expected N or MIN:MAX") from None
+    if (low, high) != (1, 1):
+        raise _UsageError(f"--nnodes {args.nnodes}: the fake cluster is a single node in one "
+                          f"process; use --nnodes 1 and set --nproc-per-node to the total world size")
+    if args.node_rank != 0:
+        raise _UsageError(f"--node-rank {args.node_rank}: the fake cluster is one node, rank 0")
+    if args.no_python:
+        raise _UsageError("--no-python: fakerun runs Python scripts and modules in this interpreter")
+    if args.max_restarts < 0:
+        raise _UsageError(f"--max-restarts {args.max_restarts}: expected an integer >= 0")
+    if args.isolation == "thread" and any("${local_rank}" in a for a in args.training_script_args):
+        raise _UsageError("${local_rank} in the script's arguments would give each rank its own "
+                          "sys.argv, which ranks sharing one interpreter cannot have; read "
+                          "LOCAL_RANK from the environment instead (or use --isolation process)")
+
+
+def _plan(args: argparse.Namespace) -> _Plan:
+    _check_single_node(args)
+    n = _nproc(args.nproc_per_node)
+    target = args.training_script
+    if args.module:
+        path0 = os.getcwd()
+        argv0 = _module_file(target, path0)
+    else:
+        if not os.path.isfile(target):
+            raise _UsageError(f"can't open file {os.path.abspath(target)!r}: no such file")
+        path0 = os.path.dirname(os.path.realpath(target))
+        argv0 = target
+    port = 29500 if args.master_port is None else args.master_port
+    local = [0 if args.virtual_local_rank else r for r in range(n)]
+    env = [_rank_env(args, r, local[r], n, port) for r in range(n)]
+    template = os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
+    prefixes = [f"[rank{r}]:" if not template else
+                Template(template).safe_substitute(role_name=args.role, rank=r, local_rank=local[r])
+                for r in range(n)]
+    if args.timeout is not None and not args.timeout > 0:
+        raise _UsageError(f"--timeout {args.timeout}: expected a number of seconds > 0")
+    plan = _Plan(n, target, bool(args.module), [argv0, *args.training_script_args], path0, port,
+                 args.seed, args.timeout, env, prefixes, [True] * n, [True] * n)
+    plan.isolation = args.isolation
+    _plan_logs(args, plan)
+    return plan
+
+
+def _module_file(name: str, path0: str) -> str:
+    """The file ``python -m name`` puts in sys.argv[0] (a package runs its __main__)."""
+    saved = sys.path[:]
+    sys.path.insert(0, path0)
+    try:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations is not None:
+            spec = importlib.util.find_spec(name + ".__main__")
+    except ImportError:
+        spec = None
+    finally:
+        sys.path[:] = saved
+    if spec is None or not spec.origin:
+        raise _UsageError(f"No module named {name}")
+    return spec.origin
+
+
+def _rank_env(args: argparse.Namespace, rank: int, local_rank: int, n: int, port: int) -> dict[str, str]:
+    """What torchrun's LocalElasticAgent._start_workers puts in a worker's environment."""
+    env = {"RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(n),
+           "LOCAL_WORLD_SIZE": str(n), "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1",
+           "ROLE_RANK": str(rank), "ROLE_NAME": args.role, "ROLE_WORLD_SIZE": str(n),
+           "MASTER_ADDR": args.master_addr, "MASTER_PORT": str(port),
+           "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": str(args.max_restarts),
+           "TORCHELASTIC_RUN_ID": args.rdzv_id, "TORCHELASTIC_USE_AGENT_STORE": "False",
+           "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")}
+    omp = os.environ.get("OMP_NUM_THREADS", "1" if n > 1 else None)
+    if omp is not None:
+        env["OMP_NUM_THREADS"] = omp
+    return env
+
+
+def _plan_logs(args: argparse.Namespace, plan: _Plan) -> None:
+    """torchrun's --redirects/--tee/--log-dir/--local-ranks-filter, per rank."""
+    from torch.distributed.elastic.multiprocessing.api import Std, to_map
+
+    def streams(flag: str, value: str) -> dict:
+        try:
+            return to_map(Std.from_str(value), plan.nproc)
+        except ValueError:
+            raise _UsageError(f"{flag} {value}: expected 0-3 or LOCAL_RANK:0-3,... (1 stdout, "
+                              f"2 stderr, 3 both)") from None
+
+    redirects, tees = streams("--redirects", args.redirects), streams("--tee", args.tee)
+    shown: set[int] | None = None
+    if args.local_ranks_filter:
+        try:
+            shown = set(map(int, args.local_ranks_filter.split(",")))
+        except ValueError:
+            raise _UsageError(f"--local-ranks-filter {args.local_ranks_filter}: expected a "
+                              f"comma-separated list of integers, e.g. 0,1,2") from None
+    to_file = [redirects.get(r, Std.NONE) | tees.get(r, Std.NONE) for r in range(plan.nproc)]
+    attempt = None
+    if args.log_dir or any(to_file):
+        base = args.log_dir or tempfile.mkdtemp(prefix="torchelastic_")
+        os.makedirs(base, exist_ok=True)
+        attempt = os.path.join(tempfile.mkdtemp(prefix=f"{args.rdzv_id}_", dir=base), "attempt_0")
+    for r in range(plan.nproc):
+        visible = shown is None or r in shown  # one node: local rank r is global rank r
+        paths: list[str | None] = [None, None]
+        for i, (std, name) in enumerate(((Std.OUT, "stdout"), (Std.ERR, "stderr"))):
+            redirected = to_file[r] & std == std
+            teed = tees.get(r, Std.NONE) & std == std
+            if redirected and attempt is not None:
+                paths[i] = os.path.join(attempt, str(r), f"{name}.log")
+            (plan.show_out if i == 0 else plan.show_err)[r] = visible and (teed or not redirected)
+        if attempt is not None:
+            os.makedirs(os.path.join(attempt, str(r)), exist_ok=True)
+            plan.env[r]["TORCHELASTIC_ERROR_FILE"] = os.path.join(attempt, str(r), "error.json")
+        plan.files.append((paths[0], paths[1]))
+
+
+class _Sink:
+    """One rank's stdout or stderr: whole lines to the console with the rank's prefix, and
+    everything as written to its log file."""
+
+    def __init__(self, console: TextIO | None, prefix: str, path: str | None):
+        self.console, self.prefix, self.partial = console, prefix, ""
+        self.file = open(path, "w", buffering=1) if path else None  # noqa: SIM115 - closed by close()
+
+    def write(self, s: str) -> None:
+        if self.file is not None:
+            self.file.write(s)
+        if self.console is None:
+            return
+        head, newline, self.partial = (self.partial + s).rpartition("\n")
+        if newline:
+            p = self.prefix
+            self.console.write("".join(f"{p}{line}\n" for line in head.split("\n")))
+            self.console.flush()  # torchrun runs workers unbuffered (python -u)
+
+    def close(self) -> None:
+        if self.partial and self.console is not None:
+            self.console.write(f"{self.prefix}{self.partial}\n")
+            self.console.flush()
+        self.partial = ""
+        if self.file is not None:
+            self.file.close()
+
+
+def _rank_of_this_run() -> int | None:
+    """The rank of fakerun's world writing here (a rank thread or rank process); None for any
+    other thread, and for the ranks of worlds a rank started (torch.multiprocessing.spawn),
+    whose output goes, unprefixed, where their launching rank's would."""
+    me = child_rank()
+    if me is not None:
+        return me if current_cluster() is None else None
+    binding = current_cluster()
+    if binding is None:
+        return None
+    from .spawn import outermost_cluster
+    return binding[1] if binding[0] is outermost_cluster() else None
+
+
+class _RankStream:
+    """Stands in for sys.stdout/sys.stderr during the run: a rank thread's writes go to its
+    sink, any other thread's straight to the original stream."""
+
+    def __init__(self, original: TextIO, sinks: list[_Sink]):
+        self._original, self._sinks = original, sinks
+
+    def write(self, s: str) -> int:
+        rank = _rank_of_this_run()
+        if rank is None:
+            return self._original.write(s)
+        self._sinks[rank].write(s)
+        return len(s)
+
+    def close_rank(self, rank: int) -> None:
+        """A rank process ends: write out its last partial line and close its log."""
+        self._sinks[rank].close()
+
+    def writelines(self, lines: Sequence[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        self._original.flush()
+
+    def __getattr__(self, name: str):
+        return getattr(self._original, name)
+
+
+@contextlib.contextmanager
+def _rank_output(plan: _Plan) -> Iterator[None]:
+    out, err = sys.stdout, sys.stderr
+    sinks_out = [_Sink(out if plan.show_out[r] else None, plan.prefixes[r], plan.files[r][0])
+                 for r in range(plan.nproc)]
+    sinks_err = [_Sink(err if plan.show_err[r] else None, plan.prefixes[r], plan.files[r][1])
+                 for r in range(plan.nproc)]
+    sys.stdout, sys.stderr = _RankStream(out, sinks_out), _RankStream(err, sinks_err)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = out, err
+        for sink in sinks_out + sinks_err:
+            sink.close()
+
+
+def _run(plan: _Plan) -> None:
+    def rank_main(rank: int) -> None:
+        if plan.isolation == "process":  # its own sys.argv: torchrun's ${local_rank} works
+            sys.argv = [a.replace("${local_rank}", plan.env[rank]["LOCAL_RANK"]) for a in plan.argv]
+        try:
+            if plan.module:
+                runpy.run_module(plan.target, run_name="__main__", alter_sys=False)
+            else:
+                runpy.run_path(plan.target, run_name="__main__")
+        except SystemExit as e:
+            if e.code not in (0, None):
+                raise RuntimeError(f"the script exited with status {e.code}") from e
+
+    # Shared by all ranks, set for the run and put back after it (runpy's own swaps of
+    # __main__ interleave across rank threads, so the host's is restored here too).
+    saved_argv, saved_path0, saved_main = sys.argv, sys.path[0], sys.modules.get("__main__")
+    sys.argv, sys.path[0] = list(plan.argv), plan.path0
+    try:
+        with _rank_output(plan):
+            # torchrun's workers on a CPU run on gloo (init_process_group() with no backend, or
+            # a library that skips its own init because the world is already up): the world
+            # starts with gloo's personality, and adds in gloo's order; ("nccl") still switches.
+            spawn(rank_main, nprocs=plan.nproc, seed=plan.seed, master_port=plan.master_port,
+                  env=lambda r: plan.env[r], timeout=plan.timeout, isolation=plan.isolation,
+                  backend="gloo")
+    finally:
+        sys.argv = saved_argv
+        if sys.path and sys.path[0] == plan.path0:
+            sys.path[0] = saved_path0
+        if saved_main is not None:
+            sys.modules["__main__"] = saved_main
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``fakerun`` with ``argv`` (default: the command line); returns the exit status."""
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as e:  # argparse's own usage errors (exit 2) and --help (exit 0)
+        return e.code if isinstance(e.code, int) else 2
+    try:
+        plan = _plan(args)
+    except _UsageError as e:
+        print(f"fakerun: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        _run(plan)
+    except RankFailedError as e:
+        print(f"fakerun: {e}", file=sys.stderr)
+        if e.__cause__ is not None:
+            prefix = plan.prefixes[e.rank] if 0 <= e.rank < plan.nproc else ""
+            for chunk in traceback.format_exception(e.__cause__):
+                for line in chunk.splitlines():
+                    print(f"{prefix}{line}", file=sys.stderr)
+        return 1
+    except FakePGError as e:
+        print(f"fakerun: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,287 @@
+"""``fakepg.spawn``: run ``fn(rank, *args)`` on N ranks of a fake cluster inside this process.
+
+This module starts a world (its cluster, scheduler, per-rank process state and rank threads)
+and ends it; :mod:`fakepg.watchdog` watches it run, :mod:`fakepg.outcome` says what it left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+import torch.distributed.distributed_c10d as c10d
+
+from ..fidelity import backends
+from ..world import liveness
+from ..choices import faults as _faults
+from ..arguments import integer, number
+from ..world.binding import bind_thread, current_cluster
+from ..world.checks import Checkers
+from ..world.cluster import Cluster
+from ..errors import FakePGError, RankFailedError, SpawnTimeoutError
+from ..world.hooks import WorldHooks
+from ..fidelity.gloo_hazards import GlooHazards
+from ..fidelity.nccl_hazards import NcclHazards, parse_modes
+from ..world.isolation import ProcessState
+from ..world.outcome import SpawnResult, exception_site, raise_outcome
+from ..fidelity.originals import PG_TIMEOUT, TORCH_INIT_PROCESS_GROUP
+from ..fidelity.patches import world_patches
+from ..process import mp_spawn
+from ..world.process_group import BACKEND_NAME, register_backend
+from ..fidelity.profiling import world_profilers
+from ..choices.schedule import Schedule, as_schedule
+from ..world.scheduler import Scheduler
+from ..fidelity.store import world_store, world_stores
+from ..world.watchdog import run_to_end
+
+try:  # numpy's global RNG is isolated per rank too; import it up front so all ranks see it
+    import numpy  # noqa: F401
+except ImportError:  # pragma: no cover
+    pass
+
+_SPAWN_LOCK = threading.Lock()
+_STOPPED = (SpawnTimeoutError, liveness.WorldInterrupted)  # the world was stopped from outside
+
+
+def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, seed: int = 0,
+          hooks: WorldHooks | None = None, hang_timeout: float = 1.0,
+          master_port: int = 29500,
+          env: Callable[[int], Mapping[str, str]] | Mapping[str, str] | None = None,
+          timeout: float | None = None, backend: str = "fakepg",
+          schedule: "Schedule | str | None" = None,
+          nccl_hazards: str | Mapping[str, str] | None = None,
+          faults: Sequence[Any] | None = None, isolation: str = "thread",
+          gloo_hazards: str = "error") -> SpawnResult:
+    """Run ``fn(rank, *args)`` on ``nprocs`` ranks of a deterministic in-process cluster.
+
+    Inside ``fn``, torch.distributed is already initialised with the ``"fakepg"`` backend
+    (``dist.init_process_group`` by unmodified code is accepted and returns the same
+    world). Ranks run one at a time, switching only where one must wait for another, so
+    the same program and ``seed`` give bitwise-identical results and traces.
+
+    ``seed`` fixes each rank's initial torch/Python/numpy RNG state (a function of seed
+    and rank). ``hang_timeout`` bounds the inactivity fallback for waits hidden in C++.
+    ``env`` adds environment variables for every rank (a mapping) or per rank (a function
+    of the rank), over the launcher's RANK/WORLD_SIZE/...; each rank sees its own values.
+    ``timeout`` (seconds of wall clock, default none) bounds the whole world: past it every
+    rank is stopped and :class:`SpawnTimeoutError` reports each rank's state and stack.
+    ``backend`` is the personality the world shows until the program asks for another with
+    ``init_process_group`` (see :mod:`fakepg.backends`): ``"fakepg"`` (permissive),
+    ``"gloo"`` or ``"nccl"`` (their names, refusals and timeout wording). ``nccl_hazards``
+    (``"error"``, ``"warn"``, ``"off"``, a mapping per hazard, or None for the defaults) says
+    what NCCL's hazards do under the nccl personality (:mod:`fakepg.nccl_hazards`:
+    inconsistent order across communicators, unbatched crossing isend/irecv, CPU tensors).
+    ``gloo_hazards`` (``"error"``, ``"warn"``, ``"off"``) does the same for gloo's: a
+    collective issued from a future callback racing the program's own on that group
+    (:mod:`fakepg.gloo_hazards`).
+    ``schedule`` (a token from :func:`fakepg.explore`, or a :class:`fakepg.schedule.Schedule`)
+    replays one alternative interleaving; None is the default schedule. ``faults`` (from
+    :mod:`fakepg.faults`) crash a rank or make it raise at a chosen collective.
+    ``isolation="process"`` runs each rank in its own OS process forked from this one
+    (:mod:`fakepg.process_mode`): the same world, results and reports, with everything a
+    process owns (module globals, pid, cwd, signal handlers) really per rank.
+
+    Example::
+
+        def train(rank):
+            t = torch.ones(2) * rank
+            dist.all_reduce(t)
+            return t
+
+        result = fakepg.spawn(train, nprocs=4)
+        assert result.returns[0].tolist() == [6.0, 6.0]
+    """
+    __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
+    if not callable(fn):
+        raise TypeError(f"fakepg.spawn: fn must be callable, got {type(fn).__name__} {fn!r}")
+    nprocs = integer("fakepg.spawn: nprocs", nprocs, minimum=1)
+    seed = integer("fakepg.spawn: seed", seed)
+    hang_timeout = number("fakepg.spawn: hang_timeout", hang_timeout, positive=True,
+                          hint="seconds of inactivity before a wait hidden in C++ counts as a hang")
+    if current_cluster() is not None:
+        raise FakePGError("fakepg.spawn cannot be nested inside a rank of another fake world")
+    if timeout is not None:
+        timeout = number("fakepg.spawn: timeout", timeout, positive=True, hint="seconds, or None")
+    backends.get(backend)  # a clear error for an unknown name
+    schedule = as_schedule(schedule)
+    hazard_modes = parse_modes(nccl_hazards)
+    gloo = GlooHazards(gloo_hazards)  # a clear error for an unknown mode
+    faults = _faults.check(faults, nprocs)
+    if isolation not in ("thread", "process"):
+        raise ValueError(f"fakepg.spawn: isolation must be 'thread' or 'process', got {isolation!r}")
+    if isolation == "process" and hooks is not None:
+        # World hooks (simddp's clocks) run on the rank's thread and watch its ops there; the
+        # ops of a rank process run elsewhere, so their timing would be silently wrong.
+        raise ValueError("fakepg.spawn: hooks (simddp's co-simulation) need isolation='thread': "
+                         "a rank process's ops run outside the world's threads")
+    if not _SPAWN_LOCK.acquire(blocking=False):
+        raise FakePGError("another fakepg world is running in this process; worlds run one "
+                          "after another (use pytest-xdist for parallelism)")
+    try:
+        return _run_world(fn, tuple(args), nprocs, seed, hooks, hang_timeout, master_port, env,
+                          timeout, backend, schedule, hazard_modes, faults, isolation, gloo)
+    finally:
+        _SPAWN_LOCK.release()
+
+
+def spawn_nested(fn: Callable[..., Any], args: Sequence[Any], nprocs: int, *, seed: int,
+                 isolation: str, master_port: int) -> SpawnResult:
+    """A whole new world run to its end from inside a rank (``torch.multiprocessing.spawn``
+    called by the program): the launching rank waits in it, as ``mp.spawn(join=True)`` waits."""
+    __tracebackhide__ = True
+    nprocs = integer("torch.multiprocessing.spawn: nprocs", nprocs, minimum=1)
+    return _run_world(fn, tuple(args), nprocs, seed, None, 1.0, master_port, None, None,
+                      "fakepg", as_schedule(None), parse_modes(None), (), isolation)
+
+
+def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_env,
+               timeout, backend, schedule, hazard_modes=None, faults=(),
+               isolation="thread", gloo_hazards=None) -> SpawnResult:
+    __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
+    register_backend()
+    t0 = time.perf_counter()
+    cluster = Cluster(nprocs, seed, hooks)
+    cluster.backend = backend
+    cluster.personalities = backends.PERSONALITIES
+    cluster.faults = faults
+    # every check the world runs, in the order it runs them: torch looks at the devices before
+    # the backend sees the call, so NCCL's device check comes before the refusals
+    cluster.checkers = Checkers([NcclHazards(hazard_modes), backends.Refusals(),
+                                 gloo_hazards if gloo_hazards is not None else GlooHazards()])
+    extra = extra_env if callable(extra_env) else (lambda r: extra_env or {})  # noqa: E731
+    processes = [ProcessState.for_rank(r, nprocs, seed,
+                                       {**_rank_env(r, nprocs, master_port), **_str_env(extra(r))})
+                 for r in range(nprocs)]
+    host = ProcessState()
+    host.save()
+    children = None
+    if isolation == "process":  # fork the ranks' processes before any rank thread exists
+        from ..process.process_mode import Children
+        children = Children(fn, args, processes, seed, ended_rank_thread_ids(), spawn_nested)
+        fn, args = children.serve, ()
+    try:
+        return _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backend,
+                          cluster, processes, host, schedule, t0)
+    finally:
+        if children is not None:
+            children.close()
+
+
+def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backend, cluster,
+               processes, host, schedule, t0) -> SpawnResult:
+    __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
+    sched = Scheduler(processes, cluster.hang_report)
+    sched.schedule = schedule
+    cluster.scheduler = sched
+    returns: list[Any] = [None] * nprocs
+    failures: dict[int, BaseException] = {}
+
+    def rank_main(rank: int) -> None:
+        bind_thread(cluster, rank)
+        sched.enter(rank)
+        outcome = "returned"
+        try:
+            if isinstance(sched.abort_error, _STOPPED):
+                raise sched.abort_error  # stopped before it ever ran
+            cluster.hooks.rank_started(rank)
+            TORCH_INIT_PROCESS_GROUP(backend=BACKEND_NAME, rank=rank, world_size=nprocs,
+                           store=world_store(PG_TIMEOUT), timeout=PG_TIMEOUT)
+            returns[rank] = fn(rank, *args)
+            cluster.complete_ready(rank)
+        except _faults.RankCrashed:
+            outcome = "crashed (fakepg.faults.crash)"
+        except BaseException as e:  # noqa: BLE001 - every rank failure is reported by spawn
+            failures[rank] = e
+            outcome = f"raised {type(e).__name__}"
+            ends_world = not isinstance(e, FakePGError) or getattr(e, "ends_world", False)
+            ends_world = ends_world and not isinstance(sched.abort_error, _STOPPED)
+            if ends_world and cluster.failed_rank is None:
+                cluster.failed_rank = rank
+                site = exception_site(e)
+                sched.abort(RankFailedError(rank, f"rank {rank} raised {type(e).__name__}: {e} (at {site})"))
+        finally:
+            try:
+                cluster.hooks.rank_finished(rank)
+                if c10d.is_initialized():
+                    _destroy_quietly()
+            finally:
+                bind_thread(None)
+                sched.finish(rank, outcome)
+
+    threads = [threading.Thread(target=rank_main, args=(r,), name=f"fakepg-rank{r}", daemon=True)
+               for r in range(nprocs)]
+    for r, t in enumerate(threads):
+        sched.slots[r].thread = t
+    try:
+        _run_threads(threads, sched, cluster, hang_timeout, host, master_port, timeout)
+    finally:
+        _ENDED_RANK_THREADS[:] = [t.native_id for t in threads if t.native_id is not None]
+    result = SpawnResult(returns, cluster.trace, nprocs, seed, time.perf_counter() - t0,
+                         sorted(cluster.dead))
+    if isinstance(sched.abort_error, SpawnTimeoutError):
+        raise SpawnTimeoutError(sched.abort_error.report)
+    raise_outcome(sched, cluster, failures)
+    return result
+
+
+_DEPTH: list[Cluster] = []  # the worlds running in this process, outermost first
+_ENDED_RANK_THREADS: list[int] = []  # OS thread ids of the last world's rank threads
+
+
+def outermost_cluster() -> Cluster | None:
+    """The world this process runs at top level (None when none runs)."""
+    return _DEPTH[0] if _DEPTH else None
+
+
+def ended_rank_thread_ids() -> list[int]:
+    """The OS thread ids of the last world's rank threads (a fork waits for them to be gone)."""
+    return list(_ENDED_RANK_THREADS)
+
+
+def _rank_env(rank: int, nprocs: int, master_port: int) -> dict[str, str]:
+    """The launcher's environment variables, as torchrun sets them for ``rank``."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nprocs),
+            "LOCAL_WORLD_SIZE": str(nprocs), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": str(nprocs), "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(master_port)}
+
+
+def _run_threads(threads: list[threading.Thread], sched: Scheduler, cluster: Cluster,
+                 hang_timeout: float, host: ProcessState, master_port: int,
+                 timeout: float | None) -> None:
+    """Run the rank threads to their end under the world's patches; restore the host."""
+    multithreading = torch.autograd.is_multithreading_enabled()
+    excepthook = sys.excepthook
+    with world_patches(len(threads)) as patched, world_profilers(), \
+            world_stores("127.0.0.1", master_port), liveness.cooperative_sleep():
+        mp_spawn.warn_in_threads(patched)  # a rank's torch.multiprocessing launch: real processes
+        torch.autograd.set_multithreading_enabled(False)  # backward runs on the rank's thread
+        torch._C._distributed_c10d._set_thread_isolation_mode(True)
+        _DEPTH.append(cluster)
+        try:
+            run_to_end(sched, cluster, threads, hang_timeout, timeout)
+        finally:
+            _DEPTH.pop()
+            if not _DEPTH:  # a world nested in a rank leaves its outer world's mode on
+                torch._C._distributed_c10d._set_thread_isolation_mode(False)
+            torch.autograd.set_multithreading_enabled(multithreading)
+            host.install()
+            sys.excepthook = excepthook  # init_process_group prefixes it with "[rankN]"
+
+
+def _str_env(env: Mapping[str, str]) -> dict[str, str]:
+    bad = {k: v for k, v in env.items() if not (isinstance(k, str) and isinstance(v, str))}
+    if bad:
+        raise TypeError(f"fakepg.spawn: env names and values must be strings, got {bad!r}")
+    return dict(env)
+
+
+
+
+def _destroy_quietly() -> None:
+    with contextlib.suppress(Exception):
+        c10d.destroy_process_group()

@@ -1,0 +1,224 @@
+"""``spawn(..., isolation="process")``: every rank is a real OS process, the world stays one.
+
+The parent runs the ordinary thread-mode world (scheduler, cluster, stores, hang detection,
+traces) with one change: each rank thread is a *proxy* (:mod:`fakepg.rank_proxy`) for a
+child process, forked from the warm parent before any rank thread starts. The child runs the
+user's function with :class:`fakepg.remote.RemoteProcessGroup` groups; everything that can make it wait on
+another rank -- collectives, p2p, barriers, the store, ``time.sleep`` -- is a request to its
+proxy, which performs it on the real :class:`~fakepg.process_group.FakeProcessGroup` from
+the rank's thread, where the scheduler sees it. A child only runs while its proxy holds
+the baton, so a process-mode run makes exactly the decisions a thread-mode run makes:
+same matching, same rank-order results, same hang verdicts and reports, same trace.
+
+What the child owns is really its own: module globals, ``os.environ``, cwd, pid, signal
+handlers, the profiler, ``sys.modules``. Tensors move through shared memory
+(:mod:`fakepg.wire`). A child that dies (``os._exit``, a signal) fails its rank with
+:class:`RankProcessDiedError` naming its exit status or signal. No child survives
+``spawn``: on return, on an exception, on Ctrl-C (each is SIGKILLed and reaped), and on
+the parent's own death (``PR_SET_PDEATHSIG``); shared-memory segments are unlinked as they
+are made, so none outlives its processes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import time
+import traceback
+from multiprocessing import Pipe
+from typing import Any, Callable, Sequence
+
+from ..errors import FakePGError
+from ..world.isolation import ProcessState
+from .mp_spawn import StartWorld
+from .rank_proxy import KILL_GRACE, Proxy
+from .wire import Channel
+
+ISOLATIONS = ("thread", "process")
+
+
+class RankProcessDiedError(FakePGError):
+    """A rank's process ended without returning (``os._exit``, a signal, the OOM killer).
+    ``.exitcode`` is its exit status or ``-signal``, as ``multiprocessing`` reports it."""
+
+    ends_world = True
+
+    def __init__(self, message: str, exitcode: int | None = None):
+        super().__init__(message)
+        self.exitcode = exitcode
+
+
+def _set_parent_death_signal() -> None:
+    """Linux: SIGKILL this process when the thread that forked it dies."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # pragma: no cover - not Linux: close() still reaps
+        pass
+
+
+def _describe_status(status: int) -> tuple[str, int]:
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        return f"was killed by signal {sig} ({name})", -sig
+    code = os.WEXITSTATUS(status)
+    return f"exited with status {code}", code
+
+
+def _wait_for_ended_rank_threads(thread_ids: Sequence[int], limit: float = 2.0) -> None:
+    """Wait until the rank threads of earlier worlds have left the OS, not only Python.
+
+    A joined thread still runs its native TLS destructors; MKL's frees its buffers under a
+    lock there. Forked at that moment, a child inherits the lock held and spins forever at its
+    first matmul (seen: ``mkl_serv_allocate``). fakepg waits for its own threads; a thread
+    the program itself ends just before ``spawn`` can still do this (rare)."""
+    deadline = time.monotonic() + limit
+    for tid in thread_ids:
+        while os.path.exists(f"/proc/self/task/{tid}") and time.monotonic() < deadline:
+            time.sleep(0.0005)
+
+
+class Children:
+    """The rank processes of one world, forked at construction; ``serve`` is each proxy.
+
+    ``ended_threads``: the OS ids of the last world's rank threads (waited for before forking);
+    ``start_world`` runs a world a rank process starts (``torch.multiprocessing.spawn``)."""
+
+    def __init__(self, fn: Callable[..., Any], args: Sequence[Any], processes: list[ProcessState],
+                 seed: int, ended_threads: Sequence[int], start_world: StartWorld):
+        self.nprocs = len(processes)
+        self.pids: list[int] = []
+        self.channels: list[Channel] = []
+        self.reaped: dict[int, int] = {}  # rank -> wait status
+        self.said_goodbye: set[int] = set()
+        for stream in (sys.stdout, sys.stderr):  # else buffered text is printed once per child
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        pipes = [Pipe() for _ in range(self.nprocs)]  # (parent end, child end): socket pairs
+        parent = os.getpid()
+        _wait_for_ended_rank_threads(ended_threads)
+        try:
+            for rank in range(self.nprocs):
+                pid = os.fork()
+                if pid == 0:  # pragma: no cover - runs in the child, which never returns
+                    _child_main(rank, self.nprocs, pipes, fn, tuple(args), processes[rank], parent,
+                                seed, start_world)
+                self.pids.append(pid)
+        except BaseException:
+            self.channels = [Channel(p) for p, _ in pipes]
+            self.close()
+            raise
+        finally:
+            for _, child_end in pipes:
+                child_end.close()
+        self.channels = [Channel(p) for p, _ in pipes]
+
+    def serve(self, rank: int) -> Any:
+        """The rank thread's body: serve the child until it returns (its value) or fails."""
+        return Proxy(self, rank).run()
+
+    def wait_status(self, rank: int, block: float) -> int | None:
+        """The child's wait status once it has ended (waiting up to ``block`` seconds)."""
+        if rank in self.reaped:
+            return self.reaped[rank]
+        give_up = time.monotonic() + block
+        while True:
+            try:
+                pid, status = os.waitpid(self.pids[rank], os.WNOHANG)
+            except ChildProcessError:
+                return self.reaped.setdefault(rank, 0)
+            if pid:
+                self.reaped[rank] = status
+                return status
+            if time.monotonic() >= give_up:
+                return None
+            time.sleep(0.001)
+
+    def kill(self, rank: int) -> None:
+        if rank not in self.reaped:
+            try:
+                os.kill(self.pids[rank], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.wait_status(rank, 10.0)
+
+    def died(self, rank: int) -> RankProcessDiedError:
+        """The error for rank ``rank``'s process, which closed its pipe (reaped, or killed)."""
+        status = self.wait_status(rank, 5.0)
+        if status is None:
+            self.kill(rank)
+            return RankProcessDiedError(f"rank {rank}'s process (pid {self.pids[rank]}) closed "
+                                        f"its pipe without exiting; it was killed")
+        text, code = _describe_status(status)
+        return RankProcessDiedError(f"rank {rank}'s process (pid {self.pids[rank]}) {text} "
+                                    f"before its function returned", code)
+
+    def close(self) -> None:
+        """End and reap every child (after a goodbye, give it a moment to exit by itself)."""
+        for rank in range(len(self.pids)):
+            if rank in self.said_goodbye:
+                self.wait_status(rank, KILL_GRACE)
+            self.kill(rank)
+        for ch in self.channels:
+            try:
+                ch.close()
+            except OSError:
+                pass
+
+
+def _child_main(rank: int, nprocs: int, pipes: list, fn: Callable[..., Any], args: tuple,
+                state: ProcessState, parent: int, seed: int,
+                start_world: StartWorld) -> None:  # pragma: no cover - in the child
+    """The forked child's whole life; never returns."""
+    code = 0
+    try:
+        _set_parent_death_signal()
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(1)
+        try:  # every storage in a collective keeps its shm fd open: allow as many as we may
+            import resource
+            _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ImportError, ValueError, OSError):
+            pass
+        for i, (parent_end, child_end) in enumerate(pipes):
+            parent_end.close()
+            if i != rank:
+                child_end.close()
+        from . import remote
+
+        state.install()
+        # forked from a rank process (a nested world): its groups are not this process's
+        import torch.distributed as dist
+        dist.distributed_c10d._unregister_all_process_groups() if hasattr(
+            dist.distributed_c10d, "_unregister_all_process_groups") else None
+        channel = Channel(pipes[rank][1])
+        remote.install(rank, nprocs, channel, seed, start_world)
+        channel.recv_reply()  # "go": the proxy holds the baton
+        ok, payload = remote.run(fn, args)
+        for stream in (sys.stdout, sys.stderr):
+            closer = getattr(stream, "close_rank", None)
+            try:
+                if closer is not None:
+                    closer(rank)
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        channel.send_request((("exit", ok, payload), []))
+    except BaseException:  # noqa: BLE001 - the harness itself failed in the child
+        try:
+            traceback.print_exc()
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001
+            pass
+        code = 70
+    finally:
+        os._exit(code)

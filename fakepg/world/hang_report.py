@@ -1,0 +1,68 @@
+"""The hang report: what each rank of a world that cannot progress waits on, in words."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..ops.matching import SPELL_OUT, rank_list, rank_runs
+from .scheduler import BLOCKED, DONE, NEW
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
+    from ..ops.matching import Call, PendingCollective
+
+
+def waiting_text(call: "Call") -> str:
+    """What ``call``'s rank waits for, in words (where it was issued, who has not joined)."""
+    coll: "PendingCollective" = call.collective
+    if coll.p2p:
+        peer = "any source" if call.peer is None else f"rank {coll.group.ranks[call.peer]}"
+        return (f"{call.op} with {peer} (tag {call.tag}) on group {coll.group.label}, "
+                f"issued at {call.site}; the peer never posted the matching "
+                f"{'recv' if call.op == 'send' else 'send'}")
+    return (f"{call.record.describe()} #{coll.seq} on group {coll.group.label}, issued at "
+            f"{call.site}; waits for ranks {rank_list(coll.missing_ranks())}")
+
+
+def hang_report(cluster: "Cluster") -> str:
+    """Why no rank can make progress: each rank's state and pending calls, and per group
+    the last completed collective and the pending ones with the ranks they wait for."""
+    sched = cluster.scheduler
+    lines = [f"fakepg: hang detected: no rank can make progress "
+             f"({cluster.nprocs} ranks, seed {cluster.seed}). Per rank:"]
+    states = []
+    for slot in sched.slots:
+        extra = cluster.hooks.describe_rank(slot.rank)
+        extra = f" [{extra}]" if extra else ""
+        if slot.state == BLOCKED:
+            text = f"blocked waiting on {slot.waiting_for()}{extra}"
+        elif slot.state == DONE:
+            text = f"finished ({slot.outcome}){extra}"
+        elif slot.state == NEW:
+            text = f"never started{extra}"
+        else:
+            text = f"running{extra}"
+        unmatched = [c for c in cluster.outstanding[slot.rank] if not c.collective.settled]
+        for c in unmatched:
+            if slot.state != BLOCKED or c is not unmatched[-1]:
+                text += f"\n      also pending: {waiting_text(c)}"
+        states.append(text)
+    for ranks, text in rank_runs(range(cluster.nprocs), states, cluster.nprocs > SPELL_OUT):
+        lines.append(f"  {ranks}: {text}")
+    lines.append("Last completed collective per group (sequence numbers start at 0):")
+    for g in cluster.groups.values():
+        done = ", ".join(f"{ranks}: #{s}" for ranks, s in
+                         rank_runs(g.ranks, g.last_done, len(g.ranks) > SPELL_OUT))
+        lines.append(f"  group {g.label}: {done}")
+        for coll in sorted(g.pending.values(), key=lambda c: c.seq):
+            members = coll.members()
+            issued = ", ".join(f"{ranks} at {site}" for ranks, site in
+                               rank_runs([c.rank for c in members], [c.site for c in members],
+                                         len(members) > SPELL_OUT))
+            lines.append(f"    pending #{coll.seq} {coll.op}: issued by {issued}; "
+                         f"still waits for ranks {rank_list(coll.missing_ranks())}")
+    lines.extend(cluster.checkers.hang_notes())
+    lines.append("Typical causes: ranks with different numbers of batches (use "
+                 "torch.distributed.algorithms.Join), a rank that skipped backward or "
+                 "returned early, or collectives issued in different orders.")
+    return "\n".join(lines)

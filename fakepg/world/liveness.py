@@ -1,0 +1,227 @@
+"""Wall-clock liveness of a fake world: timed waits, cooperative ``time.sleep``, stopping ranks.
+
+Everything here is about time the *program* asked for (a timeout, a sleep, a deadline for
+the whole world); the scheduler's own hang verdict needs none of it. Timeouts raise what
+the real backend raises, with its wording (kept in :data:`_WORDING`, keyed by backend name),
+followed by fakepg's report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable, Iterator
+
+from ..errors import BackendTimeoutError, FakePGError, WorldAbortedError, TimedOutError
+from .scheduler import BLOCKED, DONE, NEW, RUNNING, Scheduler
+
+_REAL_SLEEP = time.sleep
+
+# The failing wait's first line, as each backend words it ({ms}: the timeout in ms).
+_GLOO_RECV = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] "
+              "Timed out waiting {ms}ms for recv operation to complete")
+_WORDING: dict[str, dict[str, str]] = {
+    "gloo": {
+        "collective": _GLOO_RECV,
+        "monitored_root": "[Rank 0]: Rank {rank} failed to pass monitoredBarrier in {ms} ms\n"
+                          " Original exception: \n" + _GLOO_RECV,
+        "monitored_root_all": "[Rank 0]: Ranks {ranks} failed to pass monitoredBarrier in {ms} ms",
+        # A zero timeout expires before rank 0 has heard from anyone.
+        "monitored_root_expired": "[Rank 0]: Rank {rank} failed to pass monitoredBarrier in {ms} ms\n"
+                                  " Original exception: \nRank 0 timed out in monitoredBarrier "
+                                  "after {ms} ms.\nNo ranks successfully processed in "
+                                  "monitoredBarrier.",
+        "monitored_peer": "Rank {me} successfully reached monitoredBarrier, but received errors "
+                          "while waiting for send/recv from rank 0. Please check rank 0 logs for "
+                          "faulty rank.\n Original exception: \n" + _GLOO_RECV,
+    },
+}
+_WORDING["fakepg"] = _WORDING["gloo"]  # fakepg speaks gloo until told otherwise
+# ProcessGroupNCCL's watchdog (SeqNum counts from 1). monitored_barrier does not exist there.
+_WORDING["nccl"] = {"collective": "[Rank {rank}] Watchdog caught collective operation timeout: "
+                                  "WorkNCCL(SeqNum={seq}, OpType={optype}, NumelIn={numel}, "
+                                  "NumelOut={numel}, Timeout(ms)={ms}) ran for {ms} milliseconds "
+                                  "before timing out."}
+
+
+def timeout_message(backend: str, kind: str, **fields: Any) -> str:
+    """The backend's message for a timed-out wait of ``kind`` (gloo's where it has none)."""
+    table = _WORDING.get(backend, _WORDING["gloo"])
+    return table.get(kind, _WORDING["gloo"][kind]).format(**fields)
+
+
+def backend_of(cluster: Any) -> str:
+    """The backend whose personality the world shows (one place to change when it varies)."""
+    return getattr(cluster, "backend", "fakepg")
+
+
+class TimedWait:
+    """A scheduler wait's deadline and the errors it fails with (see ``Scheduler.block``)."""
+
+    __slots__ = ("sched", "rank", "seconds", "deadline", "message", "error")
+
+    def __init__(self, sched: Scheduler, rank: int, seconds: float, message: Callable[[], str],
+                 error: type[TimedOutError] = BackendTimeoutError):
+        self.sched, self.rank, self.seconds = sched, rank, seconds
+        self.deadline = time.monotonic() + seconds
+        self.message, self.error = message, error
+
+    def expired(self) -> TimedOutError:
+        """The deadline passed while another rank could still have satisfied the wait."""
+        head = (f"fakepg: rank {self.rank} gave up after its timeout of {self.seconds:g} s "
+                f"while other ranks were still running. Per rank at that moment:")
+        return self.error(self.message(), head + "\n" + rank_states(self.sched), expired=True)
+
+    def hung(self, report: str) -> TimedOutError:
+        """The hang verdict: no rank can ever satisfy the wait; fail now, not at the deadline."""
+        return self.error(self.message(), report + f"\n(rank {self.rank}'s wait had a timeout of "
+                          f"{self.seconds:g} s; it fails at once because no rank can satisfy it)")
+
+
+def collective_wait(cluster: Any, call: Any, seconds: float | None = None,
+                    wait_all_ranks: bool = False) -> TimedWait | None:
+    """The timed wait of ``call``'s collective: the group's timeout unless ``seconds`` is given
+    (a monitored barrier's zero timeout expires at once; elsewhere zero means none)."""
+    coll = call.collective
+    expired = call.op == "monitored_barrier" and seconds is not None and seconds <= 0
+    seconds = coll.group.timeout if seconds is None else seconds
+    if not expired and (not seconds or seconds <= 0):
+        return None
+    backend = backend_of(cluster)
+
+    def message() -> str:
+        ms = int(seconds * 1000)
+        if call.op != "monitored_barrier":
+            numel = sum(t.numel() for t in call.inputs if hasattr(t, "numel"))
+            return timeout_message(backend, "collective", ms=ms, rank=call.rank,
+                                   seq=call.record.seq + 1, optype=call.spec.nccl_optype,
+                                   numel=numel)
+        if call.grank != 0:
+            return timeout_message(backend, "monitored_peer", ms=ms, me=call.grank)
+        missing = [coll.group.ranks.index(r) for r in coll.missing_ranks()]
+        if wait_all_ranks:
+            return timeout_message(backend, "monitored_root_all", ms=ms,
+                                   ranks=", ".join(map(str, missing)))
+        if expired:
+            return timeout_message(backend, "monitored_root_expired", ms=0,
+                                   rank=missing[0] if missing else "?")
+        return timeout_message(backend, "monitored_root", ms=ms, rank=missing[0] if missing else "?")
+
+    return TimedWait(cluster.scheduler, call.rank, max(seconds, 1e-9), message)
+
+
+# -- time.sleep on rank threads --------------------------------------------------------------
+def _cooperative_sleep(seconds: float) -> None:
+    from .binding import current_cluster
+    binding = current_cluster()
+    if binding is None:
+        return _REAL_SLEEP(seconds)
+    seconds = float(seconds)
+    if seconds < 0:
+        raise ValueError("sleep length must be non-negative")
+    cluster, rank = binding
+    cluster.scheduler.sleep(rank, seconds)
+    return None
+
+
+@contextlib.contextmanager
+def cooperative_sleep() -> Iterator[None]:
+    """While a world runs, ``time.sleep`` on a rank thread lets the other ranks run."""
+    saved = time.sleep
+    time.sleep = _cooperative_sleep
+    try:
+        yield
+    finally:
+        time.sleep = saved
+
+
+# -- reports ---------------------------------------------------------------------------------
+def _state(slot: Any) -> str:
+    if slot.state == BLOCKED and slot.sleeping:
+        return f"sleeping in {slot.waiting_for()}"
+    if slot.state == BLOCKED:
+        return f"blocked waiting on {slot.waiting_for()}" if slot.waiting_for else "blocked"
+    if slot.state == DONE:
+        return f"finished ({slot.outcome})"
+    return "never started" if slot.state == NEW else "running"
+
+
+def rank_states(sched: Scheduler) -> str:
+    return "\n".join(f"  rank {s.rank}: {_state(s)}" for s in sched.slots)
+
+
+def rank_stacks(sched: Scheduler, limit: int = 12) -> dict[int, str]:
+    """Each live rank's current Python stack, formatted at once (no frame is kept)."""
+    frames = sys._current_frames()
+    try:
+        out = {}
+        for slot in sched.slots:
+            ident = slot.thread.ident if slot.thread is not None else None
+            frame = frames.get(ident) if ident is not None else None
+            if frame is not None and slot.state != DONE:
+                entries = [e for e in traceback.extract_stack(frame)
+                           if not e.filename.endswith("threading.py")]
+                out[slot.rank] = "".join(traceback.format_list(entries[-limit:]))
+            frame = None
+        return out
+    finally:
+        del frames
+
+
+def timeout_report(sched: Scheduler, seconds: float) -> str:
+    stacks = rank_stacks(sched)  # first: the moment of expiry, before anything else runs
+    lines = [f"fakepg: the world ran past its timeout of {seconds:g} s (spawn(timeout=...)); "
+             f"every rank was stopped. Per rank, its state and Python stack at that moment:"]
+    for slot in sched.slots:
+        lines.append(f"  rank {slot.rank}: {_state(slot)}")
+        if slot.rank in stacks:
+            lines.append("    " + stacks[slot.rank].rstrip().replace("\n", "\n    "))
+    lines.append("A rank in a busy loop or a long sleep never reaches a point where another "
+                 "rank can run; a hang between ranks is reported at once, without a timeout.")
+    return "\n".join(lines)
+
+
+# -- ending every rank thread ----------------------------------------------------------------
+class WorldInterrupted(WorldAbortedError):
+    """What the ranks' waits raise when the caller was interrupted (Ctrl-C) during spawn."""
+
+
+class RankInterrupt(BaseException):
+    """Injected into a running rank thread to end it (world timeout, Ctrl-C)."""
+
+
+def _inject(thread: threading.Thread) -> None:
+    if thread.ident is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
+                                                   ctypes.py_object(RankInterrupt))
+
+
+def end_ranks(sched: Scheduler, cluster: Any, error: FakePGError, grace: float = 10.0) -> list[int]:
+    """Abort the world with ``error`` and end every rank thread; returns ranks that would not end.
+
+    Blocked and sleeping ranks are released with ``error`` by the scheduler; the rank that
+    runs Python code is interrupted with :class:`RankInterrupt` (again, should it swallow
+    it); one stuck on a fakepg Work from C++ sees that Work fail."""
+    sched.abort(error)
+    threads = [s.thread for s in sched.slots if s.thread is not None]
+    last_shot: dict[int, float] = {}
+    give_up = time.monotonic() + grace
+    while any(t.is_alive() for t in threads) and time.monotonic() < give_up:
+        for slot in sched.slots:
+            t = slot.thread
+            if t is None or not t.is_alive() or slot.state != RUNNING:
+                continue
+            now = time.monotonic()
+            if now - last_shot.get(slot.rank, -1e9) > 0.5:
+                last_shot[slot.rank] = now
+                _inject(t)
+                for c in list(cluster.outstanding[slot.rank]):
+                    if c.work is not None and not c.work._done:
+                        c.work._complete(error)
+        for t in threads:
+            t.join(0.02)
+    return [s.rank for s in sched.slots if s.thread is not None and s.thread.is_alive()]

@@ -1,0 +1,79 @@
+"""What a fake world leaves behind: :class:`SpawnResult`, or the error ``spawn`` raises."""
+
+from __future__ import annotations
+
+import os
+import traceback
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..ops import trace as _trace
+from ..errors import CollectiveHangError, CollectiveMismatchError, RankFailedError
+from ..sites import short_path
+from ..ops.trace import CollectiveRecord
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
+    from .scheduler import Scheduler
+
+
+@dataclass
+class SpawnResult:
+    """What a fake world leaves behind."""
+
+    returns: list[Any]
+    trace: list[list[CollectiveRecord]]
+    nprocs: int
+    seed: int
+    wall_time: float = 0.0
+    crashed: list[int] = field(default_factory=list)  # ranks an injected crash ended
+
+    def to_json(self, path: str | os.PathLike | None = None) -> str:
+        """The collective trace as JSON (bitwise identical for identical runs)."""
+        return _trace.to_json(self.trace, path)
+
+    def dump_flight_recorder(self, directory: str | os.PathLike, prefix: str = "rank") -> list[str]:
+        """Write torch Flight Recorder dumps, one per rank, readable by ``fr_trace``."""
+        return _trace.dump_flight_recorder(self.trace, directory, prefix)
+
+    def summary(self) -> str:
+        """A per-rank table of collectives issued: op -> count, bytes."""
+        lines = []
+        for rank, recs in enumerate(self.trace):
+            counts: dict[str, list[int]] = {}
+            for r in recs:
+                c = counts.setdefault(r.op, [0, 0])
+                c[0] += 1
+                c[1] += r.bytes
+            parts = ", ".join(f"{op}×{n} ({b / 1e6:.2f} MB)" for op, (n, b) in sorted(counts.items()))
+            lines.append(f"rank {rank}: {len(recs)} collectives: {parts}")
+        return "\n".join(lines)
+
+
+def raise_outcome(sched: "Scheduler", cluster: "Cluster", failures: dict[int, BaseException]) -> None:
+    """Raise what the world's end means for the caller (nothing when every rank returned)."""
+    __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
+    if cluster.failed_rank is not None:
+        r = cluster.failed_rank
+        e = failures[r]
+        raise RankFailedError(r, f"rank {r} failed: {type(e).__name__}: {e}\n"
+                                 f"(raised at {exception_site(e)})") from e
+    if sched.hang is not None:
+        raise CollectiveHangError(sched.hang.report)
+    for e in failures.values():
+        if isinstance(e, CollectiveMismatchError):
+            raise CollectiveMismatchError(*e.args)
+    for r, e in failures.items():
+        raise RankFailedError(r, f"rank {r} failed: {type(e).__name__}: {e}") from e
+
+
+def exception_site(e: BaseException) -> str:
+    """The user's line that raised ``e`` (``file:line``)."""
+    remote = getattr(e, "_fakepg_site", None)  # raised in a rank's process (isolation="process")
+    if remote is not None:
+        return remote
+    frames = traceback.extract_tb(e.__traceback__)
+    for fr in reversed(frames):
+        if "/torch/" not in fr.filename and "/fakepg/" not in fr.filename:
+            return f"{short_path(fr.filename)}:{fr.lineno}"
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "<unknown>"

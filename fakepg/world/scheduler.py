@@ -1,0 +1,193 @@
+"""One rank runs at a time: a baton passed between rank threads at blocking points.
+
+A rank runs until it has to wait for something (a collective other ranks have not
+issued yet, a point-to-point peer). It then saves its process state and hands the
+baton to the next rank, in round-robin order, whose wait can be satisfied. Because
+every choice depends only on program order, runs are deterministic, and "no rank can
+take the baton" is an exact, immediate hang verdict -- no wall-clock timeout needed.
+
+Wall-clock time enters only where the program asks for it: a rank in ``time.sleep`` or
+in a wait with a timeout (a :class:`~fakepg.liveness.TimedWait`) is runnable again at its
+deadline. While some rank sleeps, nobody is hung: when no rank can run, the scheduler
+really sleeps until the earliest deadline. Without sleepers, timed waits do not delay the
+verdict -- a wait nobody can ever satisfy fails at once, with its timeout's error.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+from ..errors import CollectiveHangError, FakePGError
+from .isolation import ProcessState
+from ..choices.schedule import Schedule
+
+NEW, RUNNING, BLOCKED, DONE = "new", "running", "blocked", "done"
+
+
+class RankSlot:
+    __slots__ = ("rank", "sem", "state", "ready", "waiting_for", "process", "thread", "outcome",
+                 "deadline", "timed", "sleeping")
+
+    def __init__(self, rank: int, process: ProcessState) -> None:
+        self.rank = rank
+        self.sem = threading.Lock()
+        self.sem.acquire()  # released when this rank is given the baton
+        self.state = NEW
+        self.ready: Callable[[], bool] | None = None
+        self.waiting_for: Callable[[], str] | None = None
+        self.process = process
+        self.thread: threading.Thread | None = None
+        self.outcome = "running"  # "returned", "raised <Exc>" when done
+        self.deadline: float | None = None  # time.monotonic() at which a timed wait/sleep ends
+        self.timed: Any = None  # the TimedWait of the current wait, if it has a timeout
+        self.sleeping = False  # in time.sleep: runnable at its deadline, keeps the world live
+
+
+class Scheduler:
+    """Passes the baton among ``len(processes)`` rank threads."""
+
+    def __init__(self, processes: list[ProcessState], describe_world: Callable[[], str]):
+        self.slots = [RankSlot(r, p) for r, p in enumerate(processes)]
+        self.n = len(processes)
+        self.current: int | None = None
+        self.abort_error: FakePGError | None = None  # set once: every later wait raises it
+        self.hang: CollectiveHangError | None = None
+        self.finished = threading.Event()
+        self.last_progress_time = time.monotonic()
+        self._describe_world = describe_world
+        self._mu = threading.Lock()
+        self._wake = threading.Event()  # set by abort: ends a real sleep until a deadline
+        self.schedule = Schedule()  # the controlled choices (fakepg.schedule); default: none
+
+    # -- called on rank threads, by the baton holder ------------------------------
+    def enter(self, rank: int) -> None:
+        """Block until ``rank`` first gets the baton, then install its process state."""
+        slot = self.slots[rank]
+        slot.sem.acquire()
+        slot.process.install()
+        slot.state = RUNNING
+        self.current = rank
+        self._tick()
+
+    def block(self, rank: int, ready: Callable[[], bool], waiting_for: Callable[[], str],
+              timed: Any = None) -> None:
+        """Yield until ``ready()`` holds (evaluated by whichever rank hands over).
+
+        ``timed`` (a :class:`~fakepg.liveness.TimedWait`) gives the wait a deadline: past
+        it, while ``ready()`` still fails, ``timed.expired()`` is raised; when the hang
+        verdict ends the world, ``timed.hung(report)`` is raised instead of the plain
+        hang error, so the rank sees its backend's timeout error at once.
+        """
+        if self.abort_error is not None:
+            raise self._abort_error_for(timed)
+        if ready():
+            return
+        self._park(rank, ready, waiting_for, timed, None if timed is None else timed.deadline)
+        if self.abort_error is not None:
+            raise self._abort_error_for(timed)
+        if timed is not None and not ready():
+            raise timed.expired()
+
+    def sleep(self, rank: int, seconds: float) -> None:
+        """``time.sleep`` on a rank thread: let the others run; runnable again at the deadline."""
+        if self.abort_error is not None:
+            raise self.abort_error
+        until = time.monotonic() + max(0.0, seconds)
+        self._park(rank, lambda: False, lambda: f"time.sleep({seconds:g})",
+                   None, until, sleeping=True)
+        if self.abort_error is not None:
+            raise self.abort_error
+
+    def preempt(self, rank: int) -> None:
+        """A point where another process could have run first (a store operation): under an
+        active schedule, the choice ``"preempt"`` may hand the baton on before going on."""
+        if not self.schedule.active or self.abort_error is not None:
+            return
+        if not any(s.rank != rank and self._runnable(s) for s in self.slots):
+            return
+        if self.schedule.choose("preempt", 2):
+            self.sleep(rank, 0.0)
+
+    def _park(self, rank: int, ready: Callable[[], bool], waiting_for: Callable[[], str],
+              timed: Any, deadline: float | None, sleeping: bool = False) -> None:
+        slot = self.slots[rank]
+        slot.ready, slot.waiting_for = ready, waiting_for
+        slot.timed, slot.deadline, slot.sleeping = timed, deadline, sleeping
+        slot.state = BLOCKED
+        slot.process.save()
+        self._hand_over(rank)
+        slot.sem.acquire()
+        slot.process.install()
+        slot.state = RUNNING
+        slot.ready = slot.waiting_for = slot.timed = slot.deadline = None
+        slot.sleeping = False
+        self.current = rank
+        self._tick()
+
+    def _abort_error_for(self, timed: Any) -> BaseException:
+        err = self.abort_error
+        if timed is not None and err is self.hang and err is not None:
+            return timed.hung(err.report)
+        return err  # type: ignore[return-value]
+
+    def finish(self, rank: int, outcome: str) -> None:
+        slot = self.slots[rank]
+        slot.state = DONE
+        slot.outcome = outcome
+        slot.process.save()
+        self._hand_over(rank)
+
+    def abort(self, error: FakePGError) -> None:
+        """End the world: every blocked wait, and every later one, raises ``error``."""
+        if self.abort_error is None:
+            self.abort_error = error
+        self._wake.set()
+
+    # -- internals --------------------------------------------------------------
+    def _tick(self) -> None:
+        self.last_progress_time = time.monotonic()
+
+    def _runnable(self, slot: RankSlot) -> bool:
+        if slot.state == NEW:
+            return True
+        if slot.state == BLOCKED:
+            return (self.abort_error is not None or bool(slot.ready())
+                    or (slot.deadline is not None and time.monotonic() >= slot.deadline))
+        return False
+
+    def _hand_over(self, rank: int) -> None:
+        with self._mu:
+            nxt = self._pick(rank)
+            while nxt is None and self.abort_error is None and any(
+                    s.state == BLOCKED and s.sleeping for s in self.slots):
+                # Nobody can run now, but a sleeper will: wait (really) for the first deadline.
+                self.current = None
+                wake_at = min(s.deadline for s in self.slots
+                              if s.state == BLOCKED and s.deadline is not None)
+                self._wake.wait(max(0.0, wake_at - time.monotonic()))
+                nxt = self._pick(rank)
+            if nxt is None and any(s.state == BLOCKED for s in self.slots):
+                # Nobody can run, somebody waits: a hang, decided exactly.
+                report = self._describe_world()
+                self.hang = CollectiveHangError(report)
+                self.abort(self.hang)
+                nxt = self._pick(rank)
+            if nxt is None:
+                self.current = None
+                self.finished.set()
+                return
+            self.current = nxt
+            self.slots[nxt].sem.release()
+
+    def _pick(self, rank: int) -> int | None:
+        if self.schedule.active:  # every runnable rank is an option, round-robin order first
+            options = [(rank + i) % self.n for i in range(1, self.n + 1)
+                       if self._runnable(self.slots[(rank + i) % self.n])]
+            return options[self.schedule.choose("run", len(options))] if options else None
+        for i in range(1, self.n + 1):
+            r = (rank + i) % self.n
+            if self._runnable(self.slots[r]):
+                return r
+        return None
