@@ -21,7 +21,7 @@ from fakepg.arguments import integer
 
 from ..models import Network
 from ..timing import Timing
-from .meta import DEVICES, MetaDataMode, fsdp_on_meta
+from .meta import DEVICES, MetaDataMode, beneath_clock, fsdp_on_meta
 from .plan import CapturedIteration, ParamInfo, RankProfile, parse_indices
 from .simulate import Observer, SimResult, now, simulate
 
@@ -176,13 +176,14 @@ def _rank_run(scenario: Any, kwargs: Mapping[str, Any], iterations: int,
     """The function each fake rank runs: train, timing the last iteration's phases and each
     parameter's grad-ready time (DDP's Reducer parameters; none under FSDP2)."""
     last = iterations - 1
+    meta_cache: dict = {}  # shared by the ranks (see MetaDataMode)
 
     def run(rank: int) -> dict[str, Any]:
         import torch.distributed as dist
 
         with contextlib.ExitStack() as stack:
             if device == "meta":
-                stack.enter_context(MetaDataMode())
+                stack.enter_context(beneath_clock(MetaDataMode(meta_cache)))
             with torch.device(device):  # on meta: parameters without storage
                 module = scenario.build_model()
             model = _wrap(module, parallel, kwargs, device)

@@ -33,20 +33,138 @@ from typing import Any, Iterator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["MetaDataMode", "fsdp_on_meta", "DEVICES"]
+__all__ = ["MetaDataMode", "beneath_clock", "fsdp_on_meta", "DEVICES"]
 
 DEVICES = ("cpu", "meta")
 _COPY = torch.ops.aten.copy_.default
 
 
+_Tensor = torch.Tensor
+_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
+_UNCACHED = object()
+
+
+def _meta_key(func: Any, args: tuple, kwargs: dict) -> Any:
+    """What a meta kernel's output metadata depends on: the op, each tensor argument's shape,
+    strides, dtype and device, the other arguments. None: not cacheable (tensor subclasses,
+    lists of tensors, tensors in kwargs)."""
+    key: list[Any] = [func]
+    for a in args:
+        if isinstance(a, _Tensor):
+            if a.__class__ not in _PLAIN:  # a subclass (DTensor) dispatches on its own
+                return None
+            key.append((a.shape, a.stride(), a.dtype, a.device.type))
+        elif isinstance(a, (list, tuple)) and any(isinstance(x, _Tensor) for x in a):
+            return None
+        else:
+            key.append(a)
+    for k, v in kwargs.items():
+        if isinstance(v, _Tensor):
+            return None
+        key.append((k, v))
+    return tuple(key)
+
+
+def _cacheable(func: Any) -> Any:
+    """How an op's result can come from the cache: "new" (one fresh tensor), "self" (an
+    in-place op returning its first argument), or None (views, aliases, several outputs,
+    ``out=`` forms, ops that change metadata)."""
+    schema = func._schema
+    if func.is_view or len(schema.returns) != 1 or str(schema.returns[0].type) != "Tensor":
+        return None
+    if func._overloadpacket in _META_CHANGING:
+        return None
+    alias = schema.returns[0].alias_info
+    if alias is None:
+        return "new" if not any(a.alias_info is not None and a.alias_info.is_write
+                                for a in schema.arguments) else None
+    first = schema.arguments[0].alias_info if schema.arguments else None
+    if alias.is_write and first is not None and first.is_write \
+            and func._overloadpacket.__name__.endswith("_"):
+        return "self"
+    return None
+
+
+_aten = torch.ops.aten
+_META_CHANGING = {_aten.resize_, _aten.set_, _aten.as_strided_, _aten.copy_,
+                  _aten._local_scalar_dense, _aten.resize_as_, _aten.squeeze_,
+                  _aten.unsqueeze_, _aten.transpose_, _aten.t_, _aten.swapdims_,
+                  _aten.swapaxes_, _aten.detach_}
+
+
 class MetaDataMode(TorchDispatchMode):
-    """On a rank's thread while it runs on meta: a ``copy_`` from a meta tensor into a real
-    one leaves the real one as it was (see the module docstring for why)."""
+    """On a rank's thread while it runs on meta, beneath the rank's clock (which charges each
+    op before it gets here):
+
+    * a ``copy_`` from a meta tensor into a real one leaves the real one as it was (see the
+      module docstring for why);
+    * ops on meta tensors whose meta kernel torch writes in Python (elementwise ops through
+      ``torch._refs``: about a millisecond each) get their output's metadata from a cache
+      keyed by their inputs' metadata — every rank and iteration repeats the same ops, so
+      only the first of each kind runs the kernel. Outputs are fresh meta tensors of the
+      cached shape, strides and dtype (in-place ops return their first argument), exactly
+      what the kernel returns, since meta kernels see nothing but metadata.
+
+    ``cache`` may be shared by the ranks of one world (they run one at a time).
+    """
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:  # no torch._disable_dynamo wrapper per call
+        return False
+
+    def __init__(self, cache: dict | None = None) -> None:
+        super().__init__()
+        self.cache: dict = {} if cache is None else cache
+        self.kinds: dict = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
         if func is _COPY and args[1].is_meta and not args[0].is_meta:
             return args[0]
-        return func(*args, **(kwargs or {}))
+        kind = self.kinds.get(func, _UNCACHED)
+        if kind is _UNCACHED:
+            kind = self.kinds[func] = _cacheable(func)
+        if kind is None or not args or not isinstance(args[0], _Tensor) or not args[0].is_meta:
+            return func(*args, **kwargs)
+        key = _meta_key(func, args, kwargs)
+        if key is None:
+            return func(*args, **kwargs)
+        try:
+            hit = self.cache.get(key)
+        except TypeError:  # an argument that does not hash
+            return func(*args, **kwargs)
+        if hit is not None:
+            if kind == "self":
+                return args[0]
+            shape, stride, dtype = hit
+            return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+        out = func(*args, **kwargs)
+        if isinstance(out, _Tensor) and out.is_meta and (kind == "new" or out is args[0]):
+            self.cache[key] = (out.shape, out.stride(), out.dtype)
+        return out
+
+
+@contextlib.contextmanager
+def beneath_clock(mode: TorchDispatchMode) -> Iterator[None]:
+    """Enter ``mode`` under the dispatch mode on top of this thread's stack (the rank's
+    clock, pushed when the rank started), so that the clock sees — and charges — every op
+    before ``mode`` handles it."""
+    from torch.utils._python_dispatch import _pop_mode, _push_mode
+
+    if not torch._C._len_torch_dispatch_stack():
+        with mode:
+            yield
+        return
+    top = _pop_mode()
+    try:
+        with mode:
+            _push_mode(top)
+            try:
+                yield
+            finally:
+                _pop_mode()
+    finally:
+        _push_mode(top)
 
 
 _FSDP = "torch.distributed.fsdp._fully_shard."
