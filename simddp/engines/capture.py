@@ -239,14 +239,15 @@ PARALLEL = ("ddp", "fsdp")
 
 
 def capture(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None,
-            iterations: int = 3, seed: int = 0,
+            iterations: int | None = None, seed: int = 0,
             ddp_kwargs: Mapping[str, Any] | None = None, device: str = "cpu",
             parallel: str = "ddp",
             fsdp_kwargs: Mapping[str, Any] | None = None) -> CapturedIteration:
     """Run ``scenario`` (a ``models.Scenario``, or any object with its attributes) on
     ``nprocs`` fake ranks under :func:`simddp.simulate` with ``timing`` and record its last
-    iteration (of ``iterations`` ≥ 3, so that DDP has rebuilt its buckets). ``ddp_kwargs``
-    update the scenario's. See :mod:`simddp.replay`.
+    iteration (of ``iterations`` ≥ 3, default 3, so that DDP has rebuilt its buckets; FSDP2:
+    ≥ 2, default 2, its lazy initialisation done). ``ddp_kwargs`` update the scenario's. See
+    :mod:`simddp.replay`.
 
     ``device="meta"``: capture at real size without arithmetic — the model is built on the
     meta device and the batches moved there (``scenario.inputs(rank, world_size,
@@ -258,14 +259,19 @@ def capture(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None,
     (``fsdp_groups``) and every collective in issue order (``RankProfile.collectives``), and no
     DDP buckets.
     """
-    iterations = integer("capture: iterations", iterations, minimum=3,
-                         hint="DDP rebuilds its buckets after the first iteration; the second "
-                              "still broadcasts the new layout")
     if device not in DEVICES:
         raise ValueError(f"capture: device must be one of {', '.join(DEVICES)}, got {device!r}")
     if parallel not in PARALLEL:
         raise ValueError(f"capture: parallel must be one of {', '.join(PARALLEL)}, "
                          f"got {parallel!r}")
+    if parallel == "ddp":
+        iterations = integer("capture: iterations", 3 if iterations is None else iterations,
+                             minimum=3, hint="DDP rebuilds its buckets after the first "
+                                             "iteration; the second still broadcasts the new "
+                                             "layout")
+    else:
+        iterations = integer("capture: iterations", 2 if iterations is None else iterations,
+                             minimum=2, hint="FSDP2 initialises lazily in the first iteration")
     timing = Timing() if timing is None else timing
     if parallel == "ddp":
         if fsdp_kwargs:
