@@ -3,8 +3,9 @@
 Each capture runs torch's real DDP or FSDP2 step (three iterations: forward, backward, AdamW
 step) on the fake cluster with every tensor on the meta device, under co-simulation with an
 H100 roofline (``simddp.engines.capture.capture_workload``), and records the last iteration.
-Each row is one capture in a fresh subprocess: its wall time (seconds, the goal), the child's
-peak RSS (getrusage(RUSAGE_CHILDREN) in a small launcher whose only child it is), and what it
+Each row is one capture in a fresh subprocess: its wall time (seconds, the goal) and the CPU
+time it used (on a shared machine the fairer figure: wall time there includes waiting for a
+core), the child's peak RSS (getrusage(RUSAGE_CHILDREN) in a small launcher whose only child it is), and what it
 captured (parameters, collectives per rank, the co-simulated iteration time). A first row
 ("import") is a child that only loads simddp and torch: the floor of every RSS figure. For
 scale: the same step on real tensors would hold about 16 bytes per parameter per rank (fp32
@@ -30,10 +31,10 @@ from simddp.engines.capture import capture_workload
 if name == "import":
     print(json.dumps({}))
     raise SystemExit
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 cap = capture_workload(name, ws, parallel=parallel, seq_len=seq)
-wall = time.perf_counter() - t0
-print(json.dumps({"wall": wall, "params": sum(p.numel for p in cap.params),
+wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+print(json.dumps({"wall": wall, "cpu": cpu, "params": sum(p.numel for p in cap.params),
                   "collectives": len(cap.profiles[0].collectives),
                   "iteration": cap.cosim_iteration_time}))
 """
@@ -69,7 +70,8 @@ def main() -> None:
     a = ap.parse_args()
     base = _run("import", "ddp", 1, a.seq_len)
     print(f"import only (simddp + torch): peak RSS {base['rss_mb']} MB")
-    print(f"{'workload':<12} {'parallel':<8} {'ranks':>5} {'seconds':>8} {'peak RSS MB':>11} "
+    print(f"{'workload':<12} {'parallel':<8} {'ranks':>5} {'seconds':>8} {'cpu s':>6} "
+          f"{'peak RSS MB':>11} "
           f"{'parameters':>15} {'colls/rank':>10} {'cosim iter s':>12}")
     worst = 0.0
     for name in a.models.split(","):
@@ -77,7 +79,8 @@ def main() -> None:
             for ws in (int(w) for w in a.world_sizes.split(",")):
                 r = _run(name, parallel, ws, a.seq_len)
                 worst = max(worst, r["wall"])
-                print(f"{name:<12} {parallel:<8} {ws:>5} {r['wall']:>8.1f} {r['rss_mb']:>11} "
+                print(f"{name:<12} {parallel:<8} {ws:>5} {r['wall']:>8.1f} {r['cpu']:>6.1f} "
+                      f"{r['rss_mb']:>11} "
                       f"{r['params']:>15,} {r['collectives']:>10} {r['iteration']:>12.3f}",
                       flush=True)
     print(f"goal: seconds per capture on this machine; slowest here {worst:.1f} s "
