@@ -54,8 +54,10 @@ def _meta_key(func: Any, args: tuple, kwargs: dict) -> Any:
             if a.__class__ not in _PLAIN:  # a subclass (DTensor) dispatches on its own
                 return None
             key.append((a.shape, a.stride(), a.dtype, a.device.type))
-        elif isinstance(a, (list, tuple)) and any(isinstance(x, _Tensor) for x in a):
-            return None
+        elif isinstance(a, (list, tuple)):  # sizes, dims: hashable as a tuple
+            if any(isinstance(x, _Tensor) for x in a):
+                return None
+            key.append(("seq", *a))
         else:
             key.append(a)
     for k, v in kwargs.items():
