@@ -151,3 +151,25 @@ def test_capture_options_are_checked():
         capture(sc, 2, device="meta", ddp_kwargs={"find_unused_parameters": True})
     with pytest.raises(ValueError, match="fsdp_kwargs"):
         capture(sc, 2, parallel="fsdp", ddp_kwargs={"bucket_cap_mb": 1})
+
+
+def test_fsdp_knobs_change_the_captured_program_as_torch_does():
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    sc = zoo.get("llama3-tiny")
+    plain = capture(sc, 2, timing=TIMING, parallel="fsdp", device="meta")
+    knobs = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                               reduce_dtype=torch.float32),
+             "reshard_after_forward": False}
+    meta = capture(sc, 2, timing=TIMING, parallel="fsdp", device="meta", fsdp_kwargs=knobs)
+    real = capture(sc, 2, timing=TIMING, parallel="fsdp", fsdp_kwargs=knobs)
+    assert _program(meta, 0) == _program(real, 0)
+    ag = lambda cap, phase: [c["bytes"] for c in cap.profiles[0].collectives  # noqa: E731
+                             if c["op"] == "all_gather_into_tensor" and c["phase"] == phase]
+    assert ag(meta, "forward") == [b // 2 for b in ag(plain, "forward")]  # bf16 parameters
+    assert ag(meta, "backward") == []  # not resharded after forward: nothing to re-gather
+    rs = lambda cap: [c["bytes"] for c in cap.profiles[0].collectives  # noqa: E731
+                      if c["op"] == "reduce_scatter_tensor"]
+    assert rs(meta) == rs(plain)  # gradients reduced in float32
+    assert {g["param_dtype"] for g in meta.fsdp_groups} == {"bfloat16"}
+    assert not any(g["reshard_after_forward"] for g in meta.fsdp_groups)
