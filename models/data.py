@@ -13,7 +13,8 @@ from torch import Tensor
 
 from .scenario import rank_generator
 
-__all__ = ["regression", "uneven", "routed", "permuted", "tokens", "bags", "images"]
+__all__ = ["regression", "uneven", "routed", "permuted", "tokens", "token_sequences", "bags",
+           "images"]
 
 
 def regression(
@@ -66,6 +67,20 @@ def tokens(
     for _ in range(iterations):
         tokens = torch.randint(vocab, (batch_size,), generator=g)
         out.append((tokens, (tokens * 7 + 3) % vocab))  # a learnable next-token map
+    return out
+
+
+def token_sequences(
+    seed: int, rank: int, world_size: int, *, iterations: int, batch_size: int, seq_len: int,
+    vocab: int,
+) -> list[tuple[Tensor, Tensor]]:
+    """Language-model batches: ``(tokens, targets)`` of shape (batch_size, seq_len), the targets
+    the tokens shifted by one."""
+    g = rank_generator(seed, rank, "token_sequences")
+    out = []
+    for _ in range(iterations):
+        seq = torch.randint(vocab, (batch_size, seq_len + 1), generator=g)
+        out.append((seq[:, :-1].contiguous(), seq[:, 1:].contiguous()))
     return out
 
 

@@ -71,6 +71,14 @@ class RankProfile:
     before_step: float = 0.0
     optimizer: float = 0.0
     forward_collectives: list[dict[str, Any]] = field(default_factory=list)
+    # The whole iteration as a program (any parallelism): every collective this rank issued,
+    # in issue order, ``{"offset", "op", "bytes", "group", "group_size", "seq", "phase",
+    # "wait_at"}`` — offset and wait_at in compute seconds since the iteration's start, waits
+    # excluded, as for forward_collectives; phase "forward", "backward" or "optimizer" — and
+    # ``marks``, the compute offsets where backward starts ("backward"), backward() returns
+    # ("backward_done") and the step ends ("end", the iteration's total compute).
+    collectives: list[dict[str, Any]] = field(default_factory=list)
+    marks: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -102,6 +110,11 @@ class CapturedIteration:
     logging_data: dict[str, Any] = field(default_factory=dict)
     optimizer_state_bytes: int = 0  # rank 0's optimizer state after the recorded step
     activation_bytes: int = 0  # what autograd saved for backward in the recorded forward
+    device: str = "cpu"  # where the capture ran: "cpu", or "meta" (shapes only, no data)
+    parallel: str = "ddp"  # "ddp", or "fsdp" (FSDP2: no buckets; see fsdp_groups)
+    # FSDP2's parameter groups in module order: {"module", "params": [{"name", "shape",
+    # "dtype", "padded_shard_numel"}], "reshard_after_forward", "param_dtype", "reduce_dtype"}
+    fsdp_groups: list[dict[str, Any]] = field(default_factory=list)
 
     # -- derived ---------------------------------------------------------------------------
     @property

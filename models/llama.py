@@ -1,0 +1,219 @@
+"""A Llama-3-style decoder (torch only): Meta's reference ``llama3`` ``model.py`` architecture.
+
+RMSNorm → grouped-query attention with rotary embeddings → RMSNorm → SwiGLU feed-forward, per
+block; token embedding in, RMSNorm and a linear head out. Parameter names, shapes and the
+SwiGLU hidden size follow the reference (and torchtitan's ``llama3`` model), so the published
+configurations have their published parameter counts:
+
+>>> LLAMA3_8B.num_params(), LLAMA3_70B.num_params()
+(8030261248, 70553706496)
+
+Attention is written out (``matmul``, causal mask, ``softmax``, ``matmul``) as in the
+reference, not ``F.scaled_dot_product_attention``: SDPA picks a different kernel on the meta
+device (its math decomposition) than on CPU (a fused one), so the ops a step runs — and what a
+compute model charges for them — would depend on the device. Written out, a step runs the same
+ops on the meta device as on real tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["LlamaArgs", "Llama", "LLAMA3_8B", "LLAMA3_70B", "LLAMA3_TINY", "LLAMA3_CONFIGS",
+           "lm_loss"]
+
+
+@dataclass(frozen=True)
+class LlamaArgs:
+    """A Llama-3-style decoder's shape (the fields of Meta's ``ModelArgs``)."""
+
+    dim: int = 4096
+    n_layers: int = 32
+    n_heads: int = 32
+    n_kv_heads: int | None = None  # None: n_heads (no grouping)
+    vocab_size: int = 128256
+    multiple_of: int = 256  # the SwiGLU hidden size is rounded up to a multiple of this
+    ffn_dim_multiplier: float | None = None
+    norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    max_seq_len: int = 8192  # rotary tables are built for this many positions
+    tie_embeddings: bool = False  # output head shares the token embedding's weight
+
+    def __post_init__(self) -> None:
+        for name in ("dim", "n_layers", "n_heads", "vocab_size", "multiple_of", "max_seq_len"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"LlamaArgs.{name} must be a positive int, got {v!r}")
+        if self.dim % self.n_heads:
+            raise ValueError(f"LlamaArgs: dim {self.dim} is not divisible by n_heads "
+                             f"{self.n_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"LlamaArgs: head_dim {self.head_dim} must be even for rotary "
+                             f"embeddings")
+        if self.kv_heads < 1 or self.n_heads % self.kv_heads:
+            raise ValueError(f"LlamaArgs: n_heads {self.n_heads} must be a multiple of "
+                             f"n_kv_heads {self.n_kv_heads}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def ffn_hidden_dim(self) -> int:
+        """The SwiGLU hidden size as the reference ``FeedForward`` computes it."""
+        hidden = int(2 * (4 * self.dim) / 3)
+        if self.ffn_dim_multiplier is not None:
+            hidden = int(self.ffn_dim_multiplier * hidden)
+        return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
+
+    def num_params(self) -> int:
+        """Parameters of :class:`Llama` with these arguments, in closed form."""
+        d, kv = self.dim, self.kv_heads * self.head_dim
+        attention = 2 * d * d + 2 * d * kv
+        block = attention + 3 * d * self.ffn_hidden_dim + 2 * d
+        embeddings = self.vocab_size * d * (1 if self.tie_embeddings else 2)
+        return self.n_layers * block + d + embeddings
+
+
+# Meta's published Llama 3 configurations (params.json of Meta-Llama-3-8B / -70B; also
+# torchtitan's torchtitan/models/llama3 "8B" and "70B", which give 70B multiple_of=4096 —
+# 1024 yields the same hidden size, 28672).
+LLAMA3_8B = LlamaArgs(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128256,
+                      multiple_of=1024, ffn_dim_multiplier=1.3, rope_theta=500000.0)
+LLAMA3_70B = LlamaArgs(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, vocab_size=128256,
+                       multiple_of=4096, ffn_dim_multiplier=1.3, rope_theta=500000.0)
+# A test-sized one with the same structure (grouped-query attention, SwiGLU rounding).
+LLAMA3_TINY = LlamaArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=256,
+                        multiple_of=32, ffn_dim_multiplier=1.3, rope_theta=500000.0,
+                        max_seq_len=64)
+LLAMA3_CONFIGS = {"8b": LLAMA3_8B, "70b": LLAMA3_70B, "tiny": LLAMA3_TINY}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) \
+            * self.weight
+
+
+def rope_tables(args: LlamaArgs, device: torch.device | str | None = None
+                ) -> tuple[Tensor, Tensor]:
+    """cos and sin of the rotary angles, ``(max_seq_len, head_dim // 2)`` each (the real and
+    imaginary parts of the reference's ``freqs_cis``)."""
+    half = args.head_dim // 2
+    freqs = 1.0 / (args.rope_theta ** (torch.arange(0, half, device=device).float() / half))
+    angles = torch.outer(torch.arange(args.max_seq_len, device=device).float(), freqs)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate consecutive pairs of ``x`` (batch, seq, heads, head_dim) as the reference's
+    complex multiplication by ``freqs_cis`` does."""
+    xf = x.float().unflatten(-1, (-1, 2))
+    re, im = xf[..., 0], xf[..., 1]
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    return torch.stack((re * c - im * s, re * s + im * c), dim=-1).flatten(-2).type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: LlamaArgs) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.kv_heads, args.head_dim
+        self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, self.n_kv_heads * args.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, self.n_kv_heads * args.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor) -> Tensor:
+        b, s, _ = x.shape
+        q = apply_rope(self.wq(x).view(b, s, self.n_heads, self.head_dim), cos, sin)
+        k = apply_rope(self.wk(x).view(b, s, self.n_kv_heads, self.head_dim), cos, sin)
+        v = self.wv(x).view(b, s, self.n_kv_heads, self.head_dim)
+        rep = self.n_heads // self.n_kv_heads  # grouped-query attention: share k/v heads
+        if rep > 1:
+            k = k.repeat_interleave(rep, dim=2)
+            v = v.repeat_interleave(rep, dim=2)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.head_dim) + mask
+        probs = F.softmax(scores.float(), dim=-1).type_as(q)
+        out = torch.matmul(probs, v).transpose(1, 2).reshape(b, s, -1)
+        return self.wo(out)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, args: LlamaArgs) -> None:
+        super().__init__()
+        hidden = args.ffn_hidden_dim
+        self.w1 = nn.Linear(args.dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, args.dim, bias=False)
+        self.w3 = nn.Linear(args.dim, hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, args: LlamaArgs) -> None:
+        super().__init__()
+        self.attention = Attention(args)
+        self.feed_forward = FeedForward(args)
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor) -> Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin, mask)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Llama(nn.Module):
+    """The decoder: ``forward(tokens)`` (batch, seq) int64 → logits (batch, seq, vocab).
+
+    Its blocks are ``self.layers`` (a ``ModuleList``), the unit FSDP2 shards one by one.
+    The rotary tables are plain attributes, not buffers (as in the reference), so DDP has no
+    buffers to broadcast; they follow the tokens' device.
+    """
+
+    def __init__(self, args: LlamaArgs = LLAMA3_TINY) -> None:
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(TransformerBlock(args) for _ in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        if args.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        self.rope = rope_tables(args, self.tok_embeddings.weight.device)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        s = tokens.shape[1]
+        if s > self.args.max_seq_len:
+            raise ValueError(f"Llama: sequence of {s} tokens exceeds max_seq_len "
+                             f"{self.args.max_seq_len}")
+        if self.rope[0].device != tokens.device:
+            self.rope = tuple(t.to(tokens.device) for t in self.rope)
+        cos, sin = (t[:s] for t in self.rope)
+        mask = torch.full((s, s), float("-inf"), device=tokens.device).triu(1)
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h, cos, sin, mask)
+        return self.output(self.norm(h))
+
+
+def lm_loss(logits: Tensor, batch: tuple[Tensor, Tensor]) -> Tensor:
+    """Next-token cross entropy: ``logits`` (batch, seq, vocab) against ``batch[1]`` (batch,
+    seq), the targets."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), batch[1].flatten())

@@ -1,0 +1,202 @@
+"""Running a training step on the meta device: shapes, dtypes and collectives real, no data.
+
+What :func:`~simddp.cosim.capture.capture` needs to run torch's real DDP and FSDP2 on meta
+tensors on the fake cluster (``capture(..., device="meta")``). fakepg's collectives accept
+meta tensors as they are: they are validated and matched as usual, traced with their bytes
+from their shapes, and their ``execute`` runs torch's meta kernels, which move no data. What
+torch itself does with data on the way is handled here, each for a stated reason:
+
+* **DDP** is built with ``init_sync=False``: its constructor's parameter-shape check reads the
+  all-gathered shapes back with ``.item()``, which a meta tensor cannot give. The capture
+  records a later iteration, so nothing it records changes.
+* **Copies from meta into real tensors are skipped** (:class:`MetaDataMode`): the Reducer's
+  bucket rebuild broadcasts its bucket indices through a tensor on the parameters' device
+  and copies them back to CPU. On meta nothing arrives, so each rank keeps the indices it
+  computed itself — the same on every rank of an SPMD program, which is what rank 0's
+  broadcast would have given.
+* **FSDP2** (:func:`fsdp_on_meta`): ``fully_shard`` takes its device from the mesh (CPU) and
+  refuses to train parameters still on meta. While capturing, FSDP2's device is the meta
+  device (its unsharded parameters, all-gather and reduce-scatter buffers are meta; its
+  stream and event handles are CPU's no-ops) and its meta-parameter check is off.
+
+Not supported on meta: ``find_unused_parameters`` (the Reducer copies its used-parameter map
+to CPU and reads it), and anything the program itself reads from data (``.item()``,
+``.tolist()``, printing values).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from typing import Any, Iterator
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = ["MetaDataMode", "beneath_clock", "fsdp_on_meta", "DEVICES"]
+
+DEVICES = ("cpu", "meta")
+_COPY = torch.ops.aten.copy_.default
+
+
+_Tensor = torch.Tensor
+_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
+_UNCACHED = object()
+
+
+def _meta_key(func: Any, args: tuple, kwargs: dict) -> Any:
+    """What a meta kernel's output metadata depends on: the op, each tensor argument's shape,
+    strides, dtype and device, the other arguments. None: not cacheable (tensor subclasses,
+    lists of tensors, tensors in kwargs)."""
+    key: list[Any] = [func]
+    for a in args:
+        if isinstance(a, _Tensor):
+            if a.__class__ not in _PLAIN:  # a subclass (DTensor) dispatches on its own
+                return None
+            key.append((a.shape, a.stride(), a.dtype, a.device.type))
+        elif isinstance(a, (list, tuple)):  # sizes, dims: hashable as a tuple
+            if any(isinstance(x, _Tensor) for x in a):
+                return None
+            key.append(("seq", *a))
+        else:
+            key.append(a)
+    for k, v in kwargs.items():
+        if isinstance(v, _Tensor):
+            return None
+        key.append((k, v))
+    return tuple(key)
+
+
+def _cacheable(func: Any) -> Any:
+    """How an op's result can come from the cache: "new" (one fresh tensor), "self" (an
+    in-place op returning its first argument), or None (views, aliases, several outputs,
+    ``out=`` forms, ops that change metadata)."""
+    schema = func._schema
+    if func.is_view or len(schema.returns) != 1 or str(schema.returns[0].type) != "Tensor":
+        return None
+    if func._overloadpacket in _META_CHANGING:
+        return None
+    alias = schema.returns[0].alias_info
+    if alias is None:
+        return "new" if not any(a.alias_info is not None and a.alias_info.is_write
+                                for a in schema.arguments) else None
+    first = schema.arguments[0].alias_info if schema.arguments else None
+    if alias.is_write and first is not None and first.is_write \
+            and func._overloadpacket.__name__.endswith("_"):
+        return "self"
+    return None
+
+
+_aten = torch.ops.aten
+_META_CHANGING = {_aten.resize_, _aten.set_, _aten.as_strided_, _aten.copy_,
+                  _aten._local_scalar_dense, _aten.resize_as_, _aten.squeeze_,
+                  _aten.unsqueeze_, _aten.transpose_, _aten.t_, _aten.swapdims_,
+                  _aten.swapaxes_, _aten.detach_}
+
+
+class MetaDataMode(TorchDispatchMode):
+    """On a rank's thread while it runs on meta, beneath the rank's clock (which charges each
+    op before it gets here):
+
+    * a ``copy_`` from a meta tensor into a real one leaves the real one as it was (see the
+      module docstring for why);
+    * ops on meta tensors whose meta kernel torch writes in Python (elementwise ops through
+      ``torch._refs``: about a millisecond each) get their output's metadata from a cache
+      keyed by their inputs' metadata — every rank and iteration repeats the same ops, so
+      only the first of each kind runs the kernel. Outputs are fresh meta tensors of the
+      cached shape, strides and dtype (in-place ops return their first argument), exactly
+      what the kernel returns, since meta kernels see nothing but metadata.
+
+    ``cache`` may be shared by the ranks of one world (they run one at a time).
+    """
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:  # no torch._disable_dynamo wrapper per call
+        return False
+
+    def __init__(self, cache: dict | None = None) -> None:
+        super().__init__()
+        self.cache: dict = {} if cache is None else cache
+        self.kinds: dict = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is _COPY and args[1].is_meta and not args[0].is_meta:
+            return args[0]
+        kind = self.kinds.get(func, _UNCACHED)
+        if kind is _UNCACHED:
+            kind = self.kinds[func] = _cacheable(func)
+        if kind is None or not args or not isinstance(args[0], _Tensor) or not args[0].is_meta:
+            return func(*args, **kwargs)
+        key = _meta_key(func, args, kwargs)
+        if key is None:
+            return func(*args, **kwargs)
+        try:
+            hit = self.cache.get(key)
+        except TypeError:  # an argument that does not hash
+            return func(*args, **kwargs)
+        if hit is not None:
+            if kind == "self":
+                return args[0]
+            shape, stride, dtype = hit
+            return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+        out = func(*args, **kwargs)
+        if isinstance(out, _Tensor) and out.is_meta and (kind == "new" or out is args[0]):
+            self.cache[key] = (out.shape, out.stride(), out.dtype)
+        return out
+
+
+@contextlib.contextmanager
+def beneath_clock(mode: TorchDispatchMode) -> Iterator[None]:
+    """Enter ``mode`` under the dispatch mode on top of this thread's stack (the rank's
+    clock, pushed when the rank started), so that the clock sees — and charges — every op
+    before ``mode`` handles it."""
+    from torch.utils._python_dispatch import _pop_mode, _push_mode
+
+    if not torch._C._len_torch_dispatch_stack():
+        with mode:
+            yield
+        return
+    top = _pop_mode()
+    try:
+        with mode:
+            _push_mode(top)
+            try:
+                yield
+            finally:
+                _pop_mode()
+    finally:
+        _push_mode(top)
+
+
+_FSDP = "torch.distributed.fsdp._fully_shard."
+
+
+def _meta_device_handle(device_type: str = "cuda") -> Any:
+    # FSDP2 asks torch.<device_type> for streams and events; the meta device has none, and
+    # CPU's are no-ops: the order of the program is the order of its ops.
+    return torch.cpu if device_type in ("meta", "cpu") else getattr(torch, device_type, None)
+
+
+@contextlib.contextmanager
+def fsdp_on_meta() -> Iterator[None]:
+    """While active, FSDP2 (``fully_shard``) runs on meta parameters: its device is the meta
+    device and it does not insist that parameters be materialised. Process-wide (FSDP2's
+    module functions are patched), undone on exit."""
+    patches: list[tuple[Any, str, Any]] = []
+    fully_shard = importlib.import_module(_FSDP + "_fully_shard")
+    param_group = importlib.import_module(_FSDP + "_fsdp_param_group")
+    patches.append((fully_shard, "_get_device_from_mesh", lambda mesh: torch.device("meta")))
+    for name in ("_fsdp_param_group", "_fsdp_collectives", "_fsdp_state"):
+        mod = importlib.import_module(_FSDP + name)
+        if hasattr(mod, "_get_device_handle"):
+            patches.append((mod, "_get_device_handle", _meta_device_handle))
+    patches.append((param_group.FSDPParamGroup, "_validate_no_meta_params", lambda self: None))
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
+    try:
+        for obj, name, value in patches:
+            setattr(obj, name, value)
+        yield
+    finally:
+        for obj, name, value in saved:
+            setattr(obj, name, value)
