@@ -69,11 +69,14 @@ class SavedBytes(torch.autograd.graph.saved_tensors_hooks):
         super().__init__(self._pack, lambda t: t)
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        if self.counting and not isinstance(t, torch.nn.Parameter) and t.device.type != "meta":
+        if not self.counting or isinstance(t, torch.nn.Parameter):
+            return t
+        if t.device.type == "meta":  # no storage to tell apart: a view counts as its base
+            base = t if t._base is None else t._base
+            self._storages[id(base)] = base.numel() * base.element_size()
+        else:
             st = t.untyped_storage()
             self._storages[st.data_ptr() or id(st)] = st.nbytes()
-        elif self.counting and t.device.type == "meta" and not isinstance(t, torch.nn.Parameter):
-            self._storages[id(t)] = t.numel() * t.element_size()
         return t
 
     @property
@@ -81,12 +84,16 @@ class SavedBytes(torch.autograd.graph.saved_tensors_hooks):
         return sum(self._storages.values())
 
 
-def activation_bytes(scenario: Any, device: str = "cpu") -> int:
+def activation_bytes(scenario: Any, device: str = "cpu",
+                     dtype: torch.dtype | None = None) -> int:
     """Bytes autograd saves for backward in one forward (and loss) of ``scenario``'s model on
     rank 0's first batch, run plainly (no ranks, no virtual time; on the meta device for a
-    real-size capture)."""
+    real-size capture; ``dtype``: the parameters' compute dtype, e.g. FSDP2's
+    ``MixedPrecisionPolicy.param_dtype``)."""
     with torch.device(device):
         model = scenario.build_model()
+    if dtype is not None:
+        model = model.to(dtype)
     batch = _batches(scenario, 0, 1, 1, device)[0]
     saved = SavedBytes()
     saved.counting = True
@@ -180,7 +187,8 @@ def _ddp_config(model: Any) -> dict[str, Any]:
 def _wrap(module: torch.nn.Module, parallel: str, kwargs: Mapping[str, Any],
           device: str) -> Any:
     """``module`` under DDP, or sharded with FSDP2 as torchtitan shards a decoder: each
-    block of its ``layers`` (if it has any), then the root, on a 1-D mesh of the world."""
+    block (:func:`~simddp.cosim.capture_fsdp.fsdp_units`), then the root, on a 1-D mesh of
+    the world."""
     if parallel == "ddp":
         if device == "meta":
             kwargs = {**kwargs, "init_sync": False}  # see simddp.cosim.meta
@@ -190,8 +198,10 @@ def _wrap(module: torch.nn.Module, parallel: str, kwargs: Mapping[str, Any],
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    from .capture_fsdp import fsdp_units
+
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    for block in getattr(module, "layers", ()):
+    for block in fsdp_units(module):
         fully_shard(block, mesh=mesh, **kwargs)
     return fully_shard(module, mesh=mesh, **kwargs)
 

@@ -14,6 +14,7 @@ the optimizer state per rank, and the activations autograd saved for backward (a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any, Mapping
 
@@ -25,6 +26,7 @@ from ..models import Network
 from ..program.captured import CapturedStep
 from ..timing import Timing
 from .capture import _batches, _probe_costs, _train, activation_bytes, state_bytes
+from .meta import DEVICES, MetaDataMode, beneath_clock, fsdp_on_meta
 from .simulate import SimResult, now, simulate
 
 __all__ = ["capture_fsdp", "fsdp_units", "PHASES"]
@@ -54,17 +56,25 @@ def _dtype(name: str | None) -> torch.dtype | None:
 
 
 def _rank_run(scenario: Any, mesh_dims: Mapping[str, int], iterations: int,
-              reshard_after_forward: bool, mp: tuple[str | None, str | None]):
+              reshard_after_forward: bool, mp: tuple[str | None, str | None], device: str):
     last = iterations - 1
+    meta_cache: dict = {}  # shared by the ranks (see MetaDataMode)
 
     def run(rank: int) -> dict[str, Any]:
+        with contextlib.ExitStack() as stack:
+            if device == "meta":
+                stack.enter_context(beneath_clock(MetaDataMode(meta_cache)))
+            return _run(rank)
+
+    def _run(rank: int) -> dict[str, Any]:
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         mesh = init_device_mesh("cpu", tuple(mesh_dims.values()),
                                 mesh_dim_names=tuple(mesh_dims))
-        model = scenario.build_model()
+        with torch.device(device):  # on meta: parameters without storage
+            model = scenario.build_model()
         param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         policy = MixedPrecisionPolicy(param_dtype=_dtype(mp[0]), reduce_dtype=_dtype(mp[1]))
         for unit in fsdp_units(model):
@@ -80,7 +90,7 @@ def _rank_run(scenario: Any, mesh_dims: Mapping[str, int], iterations: int,
                 marks[phase] = now()
 
         _train(scenario, model, opt, _batches(scenario, rank, dist.get_world_size(),
-                                              iterations), mark)
+                                              iterations, device), mark)
         return {"marks": marks, "param_bytes": param_bytes,
                 "optimizer_state_bytes": state_bytes(opt)}
 
@@ -135,11 +145,16 @@ def _phase_profile(res: SimResult, rank: int, marks: Mapping[str, float],
 def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None,
                  mesh: Mapping[str, int] | None = None, reshard_after_forward: bool = True,
                  param_dtype: str | None = None, reduce_dtype: str | None = None,
-                 iterations: int = 2, seed: int = 0) -> CapturedStep:
+                 iterations: int = 2, seed: int = 0, device: str = "cpu") -> CapturedStep:
     """Run ``scenario`` with FSDP2 on ``nprocs`` fake ranks under :func:`simddp.simulate` and
     record its last step (see the module docstring). ``mesh``: ``{"shard": n}`` (FSDP, the
     default) or ``{"replicate": r, "shard": s}`` (HSDP); ``param_dtype`` / ``reduce_dtype``:
-    the ``MixedPrecisionPolicy`` ("bf16", "fp16", "fp32"; None: the parameters' own)."""
+    the ``MixedPrecisionPolicy`` ("bf16", "fp16", "fp32"; None: the parameters' own).
+    ``device="meta"``: at real size without arithmetic (see :mod:`simddp.cosim.meta`): shapes,
+    dtypes and collectives are real, the compute model costs each op from its shapes."""
+    if device not in DEVICES:
+        raise ValueError(f"capture_fsdp: device must be one of {', '.join(DEVICES)}, "
+                         f"got {device!r}")
     iterations = integer("capture_fsdp: iterations", iterations, minimum=2,
                          hint="the last step is recorded once the optimizer has its state")
     mesh_dims = dict(mesh or {"shard": nprocs})
@@ -151,9 +166,10 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
                          f"{{'replicate': r, 'shard': s}} with r × s = {nprocs}")
     _dtype(param_dtype), _dtype(reduce_dtype)
     timing = Timing() if timing is None else timing
-    res = simulate(_rank_run(scenario, mesh_dims, iterations, bool(reshard_after_forward),
-                             (param_dtype, reduce_dtype)), (), nprocs, timing=timing,
-                   seed=seed)
+    with fsdp_on_meta() if device == "meta" else contextlib.nullcontext():
+        res = simulate(_rank_run(scenario, mesh_dims, iterations, bool(reshard_after_forward),
+                                 (param_dtype, reduce_dtype), device), (), nprocs,
+                       timing=timing, seed=seed)
     r0 = res.returns[0]
     last = iterations - 1
     return CapturedStep(
@@ -165,7 +181,7 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
                   for r, o in enumerate(res.returns)],
         param_bytes=int(r0["param_bytes"]),
         optimizer_state_bytes=int(r0["optimizer_state_bytes"]),
-        activation_bytes=activation_bytes(scenario),
+        activation_bytes=activation_bytes(scenario, device, _dtype(param_dtype)),
         network=(dataclasses.asdict(timing.network)
                  if isinstance(timing.network, Network) else None),
         compute=repr(timing.compute), costs=_probe_costs(timing.compute),
