@@ -41,7 +41,14 @@ from .simulate import now, simulate
 from .sweep import Progress, run_configs
 
 __all__ = ["whatif", "replay_grid", "load_workload", "step_time", "calibrate_compute",
-           "network_for"]
+           "network_for", "PARALLEL_MODES"]
+
+# The parallel modes a what-if replays, with what each means (``simddp whatif --help`` lists
+# them): a mode the replay engine learns is registered here.
+PARALLEL_MODES: dict[str, str] = {
+    "ddp": "DistributedDataParallel: every rank holds the whole model; gradients are "
+           "all-reduced in buckets (the captured Reducer's layout)",
+}
 
 
 def load_workload(spec: Any, **overrides: Any) -> Any:
