@@ -194,14 +194,24 @@ def test_doc_links_to_files_of_the_repository_resolve(path: Path) -> None:
     text = "\n".join(_outside_code(path))
     missing = []
     for target in LINK.findall(text):
-        if re.match(r"^[a-z]+:", target) or target.startswith("#"):
+        if re.match(r"^[a-z]+:", target):
             continue
-        file = target.split("#", 1)[0]
-        resolved = (path.parent / file).resolve()
-        if not resolved.exists() and not (resolved.parent == ROOT / "docs"
-                                           and resolved.name in PAGES_IN_PROGRESS):
+        file, _, anchor = target.partition("#")
+        resolved = (path.parent / file).resolve() if file else path
+        if not resolved.exists():
+            if not (resolved.parent == ROOT / "docs" and resolved.name in PAGES_IN_PROGRESS):
+                missing.append(target)
+        elif anchor and resolved.suffix == ".md" and anchor not in _anchors(resolved):
             missing.append(target)
-    assert not missing, f"{path.relative_to(ROOT)} links to files that do not exist: {missing}"
+    assert not missing, (f"{path.relative_to(ROOT)} links to files or headings that do not "
+                         f"exist: {missing}")
+
+
+def _anchors(path: Path) -> set[str]:
+    """The anchors GitHub gives a Markdown file's headings (lower case, punctuation dropped,
+    spaces as hyphens)."""
+    return {re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            for line in _outside_code(path) if (m := re.match(r"^#{1,6} (.+)$", line))}
 
 
 def _outside_code(path: Path) -> list[str]:
@@ -229,3 +239,17 @@ def test_every_skipped_block_gives_its_reason() -> None:
     bad = [b.id for b in ALL_BLOCKS if b.directive is not None
            and not (SKIP_REASON.match(b.directive) and SKIP_REASON.match(b.directive).group(1).strip())]
     assert not bad, f"'<!-- doc-test: skip (reason) -->' without a reason before: {bad}"
+
+
+def test_readme_is_a_front_page_of_at_most_250_lines() -> None:
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines; move detail into docs/"
+
+
+@pytest.mark.parametrize("path", DOC_FILES, ids=[str(p.relative_to(ROOT)) for p in DOC_FILES])
+def test_doc_headings_start_at_one_title_and_skip_no_level(path: Path) -> None:
+    levels = [len(m.group(1)) for line in _outside_code(path)
+              if (m := re.match(r"^(#{1,6}) \S", line))]
+    assert levels[:1] == [1] and levels.count(1) == 1, f"{path.name}: one '# title' first"
+    skipped = [(a, b) for a, b in zip(levels, levels[1:]) if b > a + 1]
+    assert not skipped, f"{path.name}: heading levels skipped: {skipped}"
