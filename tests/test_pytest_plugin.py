@@ -8,13 +8,8 @@ import subprocess
 import sys
 
 import pytest
-# pytester's in-process runs drop the modules a run imported when it ends; torch cannot be
-# imported twice in one process, nor fakepg (its backend registers with torch once): import
-# both here, before any run, as the plugin no longer does at load.
-import torch  # noqa: F401
 
-import fakepg  # noqa: F401
-
+# tests/conftest.py imports torch and fakepg before any of pytester's in-process runs
 pytest_plugins = ["pytester"]
 
 DDP_TEST = '''
