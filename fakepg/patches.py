@@ -75,7 +75,9 @@ def world_patches(nprocs: int) -> contextlib.ExitStack:
     for name, original in (("wait_all", torch.futures.wait_all),
                            ("collect_all", torch.futures.collect_all)):
         stack.enter_context(mock.patch.object(torch.futures, name, _settling(original)))
-    c10d_log = logging.getLogger("c10d-NullHandler-default")  # torch.distributed.c10d_logger's
+    from torch.distributed import c10d_logger
+
+    c10d_log = getattr(c10d_logger, "_c10d_logger", None) or logging.getLogger("c10d-NullHandler-default")
     c10d_log.addFilter(_no_fakepg_errors)
     stack.callback(c10d_log.removeFilter, _no_fakepg_errors)
     return stack
