@@ -5,7 +5,7 @@
 The workload is a small DDP MLP (3 ranks, 3 iterations, a bucket per parameter so there are
 hand-offs to choose at). ``explore`` runs it under drawn schedules; the plain side spawns it
 with no schedule the same number of times. Rounds alternate; best and median are printed, as
-ratios measured side by side. Shrinking is timed on the store-counter race of the README.
+ratios measured side by side. Shrinking is timed on the store-counter race of docs/races.md.
 """
 
 from __future__ import annotations

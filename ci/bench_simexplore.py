@@ -5,7 +5,7 @@
    ``simddp.explore`` of the same program for the same number of runs (all pass): the ratio
    is explore's overhead per run (hypothesis's draws, bookkeeping, the faults' checks).
    Also prints runs per second on that workload.
-2. Shrinking: the straggler-induced barrier timeout of the README, found and shrunk to one
+2. Shrinking: the straggler-induced barrier timeout of docs/simddp.md, found and shrunk to one
    slowed rank; prints runs and seconds to the first failure and to the shrunk one.
 
     python ci/bench_simexplore.py [--runs 20] [--iters 10]

@@ -14,7 +14,7 @@ What runs (all on the machine at hand, gloo over loopback, one intra-op thread p
    (round-robin over configurations, ``--rounds`` times) and each cell reports the median of
    the per-round medians and the min–max spread, so the noise is visible;
 3. predictions with the public what-if path (:func:`simddp.whatif.whatif`):
-   * ``solo``: compute scaled to the one-process step time (``--step-time``, the README path);
+   * ``solo``: compute scaled to the one-process step time (``--step-time``, the path of ``simddp whatif``);
    * ``shared``: compute scaled to the ``nodp`` step time at that world size (ranks sharing the
      machine's cores, measured without any communication);
    * ``+cont.``: ``shared`` on the same measured network carrying the measured contention

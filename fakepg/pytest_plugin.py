@@ -1,21 +1,13 @@
-"""pytest plugin (entry point ``pytest11``): run test bodies on a fake cluster.
+"""The fake_cluster fixture's cluster: what ``fakepg``'s pytest plugin does once a test uses it.
 
-    import pytest, torch, torch.distributed as dist
-
-    @pytest.mark.world_size(4)
-    def test_allreduce_sums(fake_cluster):
-        def body(rank):
-            t = torch.tensor([float(rank)])
-            dist.all_reduce(t)
-            return t.item()
-        assert fake_cluster.run(body).returns == [6.0] * 4
-
-A failing run adds the hang/mismatch report and the command that replays it to the
-test's failure output. ``--fakepg-seed N`` changes the seed of every fake world;
-``--fakepg-timeout S`` (or ``@pytest.mark.fakepg_timeout(S)`` on a test) bounds each of the
-test's worlds to S seconds of wall clock (``fakepg.spawn(timeout=S)``).
-``--fakepg-isolation process`` (or ``@pytest.mark.fakepg_isolation("process")``) runs the
-fixture's worlds with every rank in its own OS process (``fakepg.spawn(isolation=...)``).
+pytest loads the plugin's light half, ``_fakepg_pytestplugin`` (options, markers, the fixture),
+without torch; the fixture imports this module on first use. A failing run adds the hang or
+mismatch report and the command that replays it to the test's failure output.
+``--fakepg-seed N`` changes the seed of every fake world; ``--fakepg-timeout S`` (or
+``@pytest.mark.fakepg_timeout(S)`` on a test) bounds each of the test's worlds to S seconds of
+wall clock (``fakepg.spawn(timeout=S)``). ``--fakepg-isolation process`` (or
+``@pytest.mark.fakepg_isolation("process")``) runs the fixture's worlds with every rank in its
+own OS process (``fakepg.spawn(isolation=...)``); ``--fakepg-schedule TOKEN`` replays a schedule.
 """
 
 from __future__ import annotations
@@ -28,32 +20,6 @@ import pytest
 from .errors import FakePGError
 from .launch.explore import ExplorationSummary, explore
 from .launch.spawn import SpawnResult, spawn
-
-_CLUSTER = pytest.StashKey["FakeCluster"]()
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("fakepg")
-    group.addoption("--fakepg-seed", type=int, default=None,
-                    help="seed for every fake cluster run through the fake_cluster fixture")
-    group.addoption("--fakepg-timeout", type=float, default=None,
-                    help="wall-clock limit in seconds for every fake cluster run through the "
-                         "fake_cluster fixture (a fakepg_timeout marker overrides it)")
-    group.addoption("--fakepg-isolation", choices=("thread", "process"), default=None,
-                    help="run every fake cluster of the fake_cluster fixture with ranks as "
-                         "threads (default) or as OS processes (a fakepg_isolation marker "
-                         "overrides it)")
-    group.addoption("--fakepg-schedule", default=None, metavar="TOKEN",
-                    help="replay one schedule (a token fakepg.explore printed) in every fake "
-                         "cluster run through the fake_cluster fixture")
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "world_size(n): number of ranks for the fake_cluster fixture")
-    config.addinivalue_line("markers", "fakepg_timeout(seconds): wall-clock limit of each world "
-                                       "the fake_cluster fixture runs")
-    config.addinivalue_line("markers", "fakepg_isolation(mode): 'thread' or 'process' for the "
-                                       "worlds the fake_cluster fixture runs")
 
 
 class FakeCluster:
@@ -106,8 +72,8 @@ class FakeCluster:
         return f"{cmd} --fakepg-schedule {token}" if token else cmd
 
 
-@pytest.fixture
-def fake_cluster(request: pytest.FixtureRequest) -> FakeCluster:
+def cluster_for(request: pytest.FixtureRequest) -> FakeCluster:
+    """The ``fake_cluster`` fixture's value for one test, from its markers and the options."""
     marker = request.node.get_closest_marker("world_size")
     nprocs = int(marker.args[0]) if marker and marker.args else 2
     seed = request.config.getoption("--fakepg-seed")
@@ -116,18 +82,5 @@ def fake_cluster(request: pytest.FixtureRequest) -> FakeCluster:
     mode = request.node.get_closest_marker("fakepg_isolation")
     isolation = (str(mode.args[0]) if mode and mode.args
                  else request.config.getoption("--fakepg-isolation") or "thread")
-    cluster = FakeCluster(nprocs, 0 if seed is None else seed, request.node.nodeid, timeout,
-                          request.config.getoption("--fakepg-schedule"), isolation)
-    request.node.stash[_CLUSTER] = cluster
-    return cluster
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
-    report = yield
-    cluster = item.stash.get(_CLUSTER, None)
-    if cluster is None or report.when != "call" or not report.failed:
-        return report
-    # The failure's own message already carries fakepg's report: add only how to replay it.
-    report.sections.append(("fakepg", f"replay: {cluster.replay_command}"))
-    return report
+    return FakeCluster(nprocs, 0 if seed is None else seed, request.node.nodeid, timeout,
+                       request.config.getoption("--fakepg-schedule"), isolation)

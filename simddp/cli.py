@@ -130,16 +130,62 @@ def _grid_flags(p: argparse.ArgumentParser, *, world_default: str | None) -> Non
     o.add_argument("--no-progress", action="store_true", help="no progress display")
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose epilog may be a function, called only when help is printed:
+    listing the registries imports torch and the zoo, which parsing arguments must not."""
+
+    def __init__(self, *args: Any, epilog_fn: Callable[[], str] | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._epilog_fn = epilog_fn
+
+    def format_help(self) -> str:
+        if self._epilog_fn is not None:
+            self.epilog = self._epilog_fn()
+        return super().format_help()
+
+
+def _listing(label: str, items: Sequence[str], width: int) -> str:
+    """``  label: a, b, c`` wrapped to ``width``, continuation lines indented."""
+    import textwrap
+
+    return textwrap.fill(", ".join(items), width, initial_indent=f"  {label}: ",
+                         subsequent_indent="    ", break_on_hyphens=False)
+
+
+def _whatif_epilog() -> str:
+    """What ``whatif`` accepts, read from the registries (a new entry shows up by itself)."""
+    import shutil
+
+    from fakepg import zoo
+
+    from .program.parallel import PARALLEL_MODES
+    from .models.compute import DEVICES
+    from .models.presets import PRESETS
+
+    width = max(40, shutil.get_terminal_size().columns - 2)  # as argparse wraps its own text
+    return "\n".join([
+        "workloads (WORKLOAD; or a .py script defining `scenario`):",
+        _listing("zoo scenarios", list(zoo.SCENARIOS), width),
+        _listing("benchmark workloads (--batch-size applies)", list(zoo.WORKLOADS), width),
+        "presets:",
+        _listing("networks (--network; or a `simddp calibrate --json` file)", list(PRESETS), width),
+        _listing("compute (--gpu, the roofline model)", list(DEVICES), width),
+        "parallel modes (how the captured step is replicated across ranks):",
+        *(_listing(name, [what], width) for name, what in PARALLEL_MODES.items()),
+    ])
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="simddp", description="What-if timing of PyTorch DDP: "
-                                "torch's real DDP on a fake cluster, replayed at any scale.")
+    p = _Parser(prog="simddp", description="What-if timing of PyTorch DDP: "
+                "torch's real DDP on a fake cluster, replayed at any scale.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     w = sub.add_parser("whatif", help="capture a workload once, replay it per configuration",
-                       description="One row per configuration of a zoo scenario or script.")
-    w.add_argument("workload", help="zoo scenario (mlp, resnet50, ...) or a .py script "
-                                    "defining `scenario`")
-    w.add_argument("--gpu", default="a100", help="compute preset for the roofline model: "
-                   "v100, a100, h100, cpu (default a100)")
+                       description="One row per configuration of a zoo scenario or script.",
+                       epilog_fn=_whatif_epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    w.add_argument("workload", help="zoo scenario or benchmark workload (listed below), or a "
+                                    ".py script defining `scenario`")
+    w.add_argument("--gpu", default="a100", help="compute preset for the roofline model "
+                   "(listed below; default a100)")
     w.add_argument("--step-time", type=float, default=None, metavar="SECONDS",
                    help="scale compute so one rank's step without DDP takes this long")
     w.add_argument("--batch-size", type=int, default=None, help="the workload's batch size")

@@ -44,7 +44,6 @@ from .sweep import Progress, run_configs
 __all__ = ["whatif", "replay_grid", "load_workload", "step_time", "calibrate_compute",
            "network_for"]
 
-
 def load_workload(spec: Any, **overrides: Any) -> Any:
     """The scenario ``spec`` names: a ``Scenario`` as is, a zoo name, or a ``.py`` script
     defining ``scenario``. ``overrides`` (e.g. ``batch_size=32``) go to the factory."""

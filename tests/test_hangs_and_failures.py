@@ -73,6 +73,16 @@ def test_a_rank_that_returns_early_is_reported_as_a_hang():
     assert "rank 0: #0, rank 1: #0, rank 2: #0" in err.report  # last completed per group
 
 
+def test_a_group_where_nothing_completed_says_so_in_words_not_as_sequence_number_minus_one():
+    def body(rank):
+        if rank == 0:
+            dist.all_reduce(torch.ones(2))  # rank 1 never joins: the group's first collective
+
+    err = _hang(body)
+    assert "group '0' (ranks [0, 1]): rank 0: none completed yet, rank 1: none completed yet" in err.report
+    assert "#-1" not in err.report
+
+
 def test_hang_report_names_blocked_point_to_point_peers():
     def body(rank):
         dist.recv(torch.zeros(1), src=1 - rank)  # both receive first: deadlock

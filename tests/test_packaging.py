@@ -51,6 +51,10 @@ def test_a_user_project_with_its_own_models_package_imports_both_it_and_the_zoo(
 def test_distribution_installs_only_fakepg_and_simddp_as_top_level_names() -> None:
     setuptools = PYPROJECT["tool"]["setuptools"]
     assert {p.split(".")[0] for p in setuptools["packages"]} == {"fakepg", "simddp"}
+    # ... and one private module: the pytest plugin's entry, which must load without torch,
+    # so it cannot live inside the fakepg package (whose __init__ imports torch).
+    assert setuptools["py-modules"] == ["_fakepg_pytestplugin"]
+    assert PYPROJECT["project"]["entry-points"]["pytest11"] == {"fakepg": "_fakepg_pytestplugin"}
     assert setuptools["package-dir"] == {"fakepg.zoo": "models"}
 
 

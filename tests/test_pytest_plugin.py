@@ -4,9 +4,12 @@ and failure output that carries the hang/mismatch report and a command that repl
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
+# tests/conftest.py imports torch and fakepg before any of pytester's in-process runs
 pytest_plugins = ["pytester"]
 
 DDP_TEST = '''
@@ -115,10 +118,12 @@ def test_a_hanging_test_fails_with_the_hang_report_once_and_the_command_that_rep
         "replay: python -m pytest test_hang.py::test_mismatch -p no:xdist --fakepg-seed 0",
     ])
     out = result.stdout.str()
-    # the report once (not again in the fakepg section), and no harness frame with its locals
-    # c10d's debug log and the short summary (untruncated where $CI is set) quote it again
-    shown = [line for line in out.splitlines() if not line.startswith(("DEBUG ", "FAILED "))]
+    # the report once (not again in the fakepg section, nor in c10d's debug log, whose echo
+    # led with the 30-minute group timeout), and no harness frame with its locals; the short
+    # summary (untruncated where $CI is set) quotes the error's first line
+    shown = [line for line in out.splitlines() if not line.startswith("FAILED ")]
     assert sum("hang detected: no rank can make progress" in line for line in shown) == 1
+    assert "c10d_logger" not in out and "1800000ms" not in out
     assert "fakepg/launch/spawn.py" not in out and "fakepg/world/outcome.py" not in out
     assert "raise_outcome" not in out and "sched = " not in out
 
@@ -137,3 +142,42 @@ def test_fakepg_seed_option_changes_the_seed_of_every_fake_world_and_the_replay_
     assert len({tuple(d) for d in default["draws"]}) == 2  # ... and by the rank
     # run(..., seed=) pins one world's seed whatever the option says
     assert default["pinned_seed"] == seeded["pinned_seed"] == 3 and default["pinned"] == seeded["pinned"]
+
+
+LIGHT_TEST = '''
+import sys
+
+
+def test_nothing_of_fakepg(request):
+    assert request.config.pluginmanager.has_plugin("fakepg")
+    heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "fakepg", "simddp"))
+    assert heavy == [], heavy
+
+
+def test_fakepg_options_and_markers_are_declared_without_loading_it(request):
+    assert request.config.getoption("--fakepg-seed") == 7
+    assert any(line.startswith("world_size(") for line in request.config.getini("markers"))
+    assert "torch" not in sys.modules
+'''
+
+USES_FIXTURE = '''
+import sys
+
+
+def test_the_fixture_loads_fakepg_on_first_use(fake_cluster):
+    assert "torch" in sys.modules and "fakepg.pytest_plugin" in sys.modules
+    assert fake_cluster.run(lambda rank: rank).returns == [0, 1]
+'''
+
+
+def test_loading_the_plugin_imports_neither_torch_nor_fakepg_until_a_test_uses_the_fixture(tmp_path):
+    # A fresh interpreter, as any pytest run in an environment where fakepg is installed starts.
+    (tmp_path / "test_light.py").write_text(LIGHT_TEST)
+    (tmp_path / "test_fixture.py").write_text(USES_FIXTURE)
+    light = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            "--fakepg-seed", "7", "test_light.py"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300)
+    assert light.returncode == 0, light.stdout + light.stderr
+    used = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "test_fixture.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert used.returncode == 0, used.stdout + used.stderr

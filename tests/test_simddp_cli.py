@@ -304,3 +304,27 @@ def test_zoo_resnets_match_torchvision_parameter_counts_and_names():
     model = sc.build_model()
     loss = sc.step(model, sc.inputs(0, 1)[0])
     assert loss.dim() == 0 and torch.isfinite(loss)
+
+
+def test_whatif_help_lists_the_workloads_presets_and_parallel_modes_the_registries_hold(
+        monkeypatch, capsys):
+    import re
+
+    from simddp import cli
+    from simddp.program import parallel as engine
+    from simddp.models.compute import DEVICES
+    from simddp.models.presets import PRESETS
+
+    # read from the registries: an entry added to one is listed without touching the CLI
+    monkeypatch.setitem(PRESETS, "my-fabric", PRESETS["100gbe"])
+    monkeypatch.setitem(engine.PARALLEL_MODES, "my-mode", "a mode a test registered")
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["whatif", "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    epilog = " ".join(out[out.index("workloads (WORKLOAD"):].split())
+    names = [*zoo.SCENARIOS, *zoo.WORKLOADS, *PRESETS, *DEVICES, *engine.PARALLEL_MODES]
+    missing = [n for n in names if not re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", epilog)]
+    assert not missing and "my-fabric" in names and "my-mode: a mode a test registered" in epilog

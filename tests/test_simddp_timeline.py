@@ -60,8 +60,11 @@ def test_plot_writes_a_real_png(result, tmp_path):
     assert len(data) > 20_000
 
 
-def test_summary_is_a_table_of_iteration_time_exposed_comm_and_overlap(result):
+def test_summary_is_a_table_of_iteration_time_exposed_comm_and_overlap(result, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)  # a piped CI log: 80 columns
     text = result.timeline.summary()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert max(len(line) for line in result.timeline.summary(width=100).splitlines()) > 80
     assert "time ms" in text and "exposed ms" in text and "overlap" in text
     first = f"{result.timeline.iteration_times()[0] * 1e3:.3f}"
     assert first in text

@@ -10,7 +10,7 @@ joined). A failure, hang or mismatch in the spawned world fails the launching ra
 fakepg's error and report.
 
 Not in thread mode: there a rank's ``mp.spawn`` still starts real processes (a Lightning
-``ddp_spawn`` run in a world nested in a rank *thread* was seen to hang; see README), with a
+``ddp_spawn`` run in a world nested in a rank *thread* was seen to hang; see docs/process-mode.md), with a
 :class:`~fakepg.RealProcessesWarning` that says so (:func:`warn_in_threads`).
 """
 

@@ -51,8 +51,9 @@ def hang_report(cluster: "Cluster") -> str:
         lines.append(f"  {ranks}: {text}")
     lines.append("Last completed collective per group (sequence numbers start at 0):")
     for g in cluster.groups.values():
-        done = ", ".join(f"{ranks}: #{s}" for ranks, s in
-                         rank_runs(g.ranks, g.last_done, len(g.ranks) > SPELL_OUT))
+        last = [f"#{s}" if s >= 0 else "none completed yet" for s in g.last_done]
+        done = ", ".join(f"{ranks}: {text}" for ranks, text in
+                         rank_runs(g.ranks, last, len(g.ranks) > SPELL_OUT))
         lines.append(f"  group {g.label}: {done}")
         for coll in sorted(g.pending.values(), key=lambda c: c.seq):
             members = coll.members()

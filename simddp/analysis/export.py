@@ -77,14 +77,18 @@ def breakdown_csv(tl: Timeline, path: str | os.PathLike | None = None) -> str:
     return text
 
 
-def summary(tl: Timeline, max_rows: int = 12) -> str:
-    """The per-iteration table of :meth:`Timeline.summary`."""
+def summary(tl: Timeline, max_rows: int = 12, width: int | None = None) -> str:
+    """The per-iteration table of :meth:`Timeline.summary`, ``width`` columns wide (default:
+    ``$COLUMNS``, else 80 — a piped CI log)."""
     from rich.console import Console
     from rich.table import Table
 
+    from .sweeps import terminal_width
+
     its = dict(enumerate(tl.iteration_figures()))
     table = Table(title=f"simddp: {tl.nranks} ranks, {len(its)} iterations, "
-                        f"makespan {tl.makespan * 1e3:.3f} ms (virtual)")
+                        f"makespan {tl.makespan * 1e3:.3f} ms (virtual)",
+                  box=None, pad_edge=False, padding=(0, 1), header_style="bold")
     for col in ("iter", "time ms", "compute ms", "comm ms", "exposed ms", "overlap",
                 "wait ms", "most compute"):
         table.add_column(col, justify="right")
@@ -113,7 +117,8 @@ def summary(tl: Timeline, max_rows: int = 12) -> str:
                       mean(lambda g: g["compute"]), mean(lambda g: g["comm"]),
                       mean(lambda g: g["exposed"]), "", mean(lambda g: g["wait"]), "")
     buf = io.StringIO()
-    Console(file=buf, width=110, color_system=None, force_terminal=False).print(table)
+    Console(file=buf, width=terminal_width() if width is None else width, color_system=None,
+            force_terminal=False, soft_wrap=False).print(table)
     return buf.getvalue()
 
 

@@ -43,6 +43,14 @@ _SHORT = {"world_size": "ranks", "bucket_cap_mb": "cap MB", "comm_hook": "hook",
           "backward_prefetch": "bwd pf"}
 
 
+def terminal_width() -> int:
+    """The width tables are printed at: ``$COLUMNS``, else 80 (a piped CI log has no terminal)."""
+    try:
+        return int(os.environ.get("COLUMNS", "80"))
+    except ValueError:
+        return 80
+
+
 def row_figures(tl: Timeline) -> dict[str, Any]:
     """The breakdown columns of a row, from a run's timeline: ``compute_s`` and ``wait_s``
     (per iteration the largest over ranks, averaged) and the last iteration's
@@ -156,10 +164,7 @@ class SweepResult(list):
         from rich.table import Table
 
         if width is None:
-            try:
-                width = int(os.environ.get("COLUMNS", "80"))
-            except ValueError:
-                width = 80
+            width = terminal_width()
         knobs = ["world_size"] + self.varying()
         t = Table(title=self.title, box=None, pad_edge=False, padding=(0, 1),
                   header_style="bold")

@@ -325,7 +325,8 @@ class Timeline:
         """:meth:`breakdown` as CSV (one row per iteration and rank, seconds)."""
         return export.breakdown_csv(self, path)
 
-    def summary(self, max_rows: int = 12) -> str:
+    def summary(self, max_rows: int = 12, width: int | None = None) -> str:
         """A text table per iteration: time (longest rank), compute, comm, exposed comm and
-        overlap (largest over ranks), waits, and the rank with the most compute."""
-        return export.summary(self, max_rows)
+        overlap (largest over ranks), waits, and the rank with the most compute; ``width``
+        columns wide (default: ``$COLUMNS``, else 80)."""
+        return export.summary(self, max_rows, width)
