@@ -141,11 +141,11 @@ and compute is replayed per segment, not per op. The test requires agreement wit
 """
 
 from .analysis import ReplayResult, SweepResult, write_csv
-from .engines.capture import capture
+from .engines.capture import capture, capture_workload
 from .engines.plan import (COMM_HOOKS, CapturedIteration, ParamInfo, RankProfile,
                            assign_buckets)
 from .engines.replaying import replay
 from .engines.sweep import sweep
 
-__all__ = ["capture", "replay", "sweep", "write_csv", "assign_buckets", "CapturedIteration",
+__all__ = ["capture", "capture_workload", "replay", "sweep", "write_csv", "assign_buckets", "CapturedIteration",
            "ParamInfo", "RankProfile", "ReplayResult", "SweepResult", "COMM_HOOKS"]

@@ -3,7 +3,8 @@
 * co-simulation of a live fake cluster: :mod:`~simddp.engines.clock` (a rank's virtual
   clock), :mod:`~simddp.engines.dispatch` (the per-op path), :mod:`~simddp.engines.checks`
   (races, timeouts), :mod:`~simddp.engines.simulate` (:func:`simulate`);
-* trace-driven replay: :mod:`~simddp.engines.capture`, :mod:`~simddp.engines.plan`,
+* trace-driven replay: :mod:`~simddp.engines.capture` (at real size on the meta device:
+  :mod:`~simddp.engines.meta`), :mod:`~simddp.engines.plan`,
   :mod:`~simddp.engines.run` (:func:`replay`), :mod:`~simddp.engines.sweep`.
 """
 
