@@ -173,3 +173,18 @@ def test_fsdp_knobs_change_the_captured_program_as_torch_does():
     assert rs(meta) == rs(plain)  # gradients reduced in float32
     assert {g["param_dtype"] for g in meta.fsdp_groups} == {"bfloat16"}
     assert not any(g["reshard_after_forward"] for g in meta.fsdp_groups)
+
+
+def test_fsdp_on_meta_patches_fsdp2_only_while_active():
+    import importlib
+
+    from simddp.engines.meta import fsdp_on_meta
+
+    fully_shard = importlib.import_module("torch.distributed.fsdp._fully_shard._fully_shard")
+    group = importlib.import_module("torch.distributed.fsdp._fully_shard._fsdp_param_group")
+    before = (fully_shard._get_device_from_mesh,
+              group.FSDPParamGroup._validate_no_meta_params)
+    with fsdp_on_meta():
+        assert fully_shard._get_device_from_mesh(None) == torch.device("meta")
+    assert (fully_shard._get_device_from_mesh,
+            group.FSDPParamGroup._validate_no_meta_params) == before

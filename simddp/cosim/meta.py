@@ -192,6 +192,7 @@ def fsdp_on_meta() -> Iterator[None]:
         if hasattr(mod, "_get_device_handle"):
             patches.append((mod, "_get_device_handle", _meta_device_handle))
     patches.append((param_group.FSDPParamGroup, "_validate_no_meta_params", lambda self: None))
+    patches = [(obj, name, value) for obj, name, value in patches if hasattr(obj, name)]
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
     try:
         for obj, name, value in patches:

@@ -141,12 +141,13 @@ and compute is replayed per segment, not per op. The test requires agreement wit
 """
 
 from ..analysis import ReplayResult, SweepResult, write_csv
-from ..cosim.capture import capture
+from ..cosim.capture import capture, capture_workload
 from ..program.knobs import COMM_HOOKS
 from ..program.captured import (CapturedIteration, ParamInfo, RankProfile,
                            assign_buckets)
 from .replaying import replay
 from ..sweep import sweep
 
-__all__ = ["capture", "replay", "sweep", "write_csv", "assign_buckets", "CapturedIteration",
-           "ParamInfo", "RankProfile", "ReplayResult", "SweepResult", "COMM_HOOKS"]
+__all__ = ["capture", "capture_workload", "replay", "sweep", "write_csv", "assign_buckets",
+           "CapturedIteration", "ParamInfo", "RankProfile", "ReplayResult", "SweepResult",
+           "COMM_HOOKS"]
