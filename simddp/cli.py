@@ -51,6 +51,20 @@ def _bool(text: str) -> bool:
     raise ValueError(f"{text!r} is not a boolean: give true or false")
 
 
+def _networks(text: str) -> list[str]:
+    """--network: presets, calibrate files, spec files and specs; a spec is checked here, so
+    a wrong field fails as a bad argument (exit 2) naming the field and the accepted ones."""
+    from .models.netspec import network_spec, split_networks
+
+    items = split_networks(text)
+    for item in items:
+        try:
+            network_spec(item)
+        except (ValueError, OSError) as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return items
+
+
 def _hook(text: str) -> str | None:
     return None if text.lower() in ("none", "no", "-") else text
 
@@ -84,9 +98,12 @@ def _grid_flags(p: argparse.ArgumentParser, *, world_default: str | None) -> Non
     g.add_argument("--world-size", type=_list(int), required=world_default is None,
                    default=None if world_default is None else _list(int)(world_default),
                    help="world sizes, e.g. 64,1024")
-    g.add_argument("--network", type=_list(str), default=["ib-ndr"],
-                   help="network presets (simddp.Network.preset), e.g. ib-ndr,100gbe, or a "
-                        "`simddp calibrate --json` file (this machine's measured costs)")
+    g.add_argument("--network", type=_networks, default=["ib-ndr"],
+                   help="networks: presets (simddp.Network.preset), e.g. ib-ndr,100gbe; a "
+                        "`simddp calibrate --json` file (this machine's measured costs); "
+                        "fields, alone or after a preset, e.g. 'nvlink:GBps=72,gpus-per-node=8,"
+                        "nic:Gbps=100,nics-per-node=4' or 'dgx-a100,nic:Gbps=100'; or a .toml/"
+                        ".json file of those fields (simddp.models.netspec)")
     g.add_argument("--gpus-per-node", type=int, default=None,
                    help="ranks per node (NVLink inside, the network between nodes)")
     g.add_argument("--bucket-cap-mb", type=_list(_cap), default=[None],
@@ -254,7 +271,10 @@ def _grid_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     speeds: dict[int, float] = {}
     for s in args.straggler:
         speeds.update(s)
-    return dict(world_size=args.world_size, network=args.network,
+    from .models.netspec import network_spec
+
+    networks = [network_spec(n, gpus_per_node=args.gpus_per_node) for n in args.network]
+    return dict(world_size=args.world_size, network=networks,
                 gpus_per_node=args.gpus_per_node, bucket_cap_mb=args.bucket_cap_mb,
                 comm_hook=args.comm_hook, rank_speed=speeds, contention=args.contention)
 

@@ -276,7 +276,8 @@ def test_presets_have_their_fabrics_line_rate(name, GBps):
     net = Network.preset(name)
     assert (net.name, net.bandwidth_GBps, net.gpus_per_node) == (name, GBps, None)
     assert set(PRESETS) == {"nvlink", "ib-hdr", "ib-ndr", "100gbe", "400gbe", "gloo-loopback",
-                            "dgx1-v100", "dgx-a100", "dgx-h100", "dgx-b200"}
+                            "dgx1-p100", "dgx1-v100", "dgx-a100", "dgx-h100", "dgx-b200",
+                            "pcie-server"}
 
 
 @pytest.mark.parametrize("factory", [Network.infiniband_hdr, Network.infiniband_ndr,

@@ -288,8 +288,10 @@ class Network:
     @classmethod
     def preset(cls, preset: str, /, **kw: Any) -> Network:
         """A named fabric: "nvlink", "ib-hdr", "ib-ndr", "100gbe", "400gbe", "gloo-loopback",
-        and whole DGX nodes "dgx1-v100", "dgx-a100", "dgx-h100", "dgx-b200" (their sources:
-        :mod:`simddp.models.presets`).
+        whole DGX nodes "dgx1-p100", "dgx1-v100", "dgx-a100", "dgx-h100", "dgx-b200", and
+        "pcie-server" (8 GPUs on PCIe 3.0, one 100 GbE NIC) (their sources:
+        :mod:`simddp.models.presets`; a network written out as fields:
+        :mod:`simddp.models.netspec`).
 
         Keyword arguments override fields, e.g. ``Network.preset("ib-ndr", gpus_per_node=8)``
         (NVLink inside each node, NDR InfiniBand between nodes, one NIC per GPU),
