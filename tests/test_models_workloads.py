@@ -189,3 +189,44 @@ def test_forward_equals_transformers_with_the_same_weights(kind: str) -> None:
         ref = theirs(ids)
         ref = ref.logits if hasattr(ref, "logits") else ref.last_hidden_state
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+# -- a user's scenario: the loss takes (output, batch) ---------------------------------------------
+
+
+def _script(tmp_path, loss: str) -> str:
+    path = tmp_path / "mine.py"
+    path.write_text(
+        "import torch\nimport torch.nn.functional as F\nfrom torch import nn\n"
+        "from fakepg.zoo import Scenario\n\n"
+        "def batches(rank, world_size):\n"
+        "    g = torch.Generator().manual_seed(rank)\n"
+        "    return [(torch.randn(4, 8, generator=g), torch.randn(4, 2, generator=g))]\n\n"
+        f"scenario = Scenario(name='mine', model=lambda: nn.Linear(8, 2), batches=batches, "
+        f"loss={loss}, iterations=1)\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("loss", ["F.mse_loss", "lambda out, y: F.mse_loss(out, y)"])
+def test_a_loss_written_for_the_target_fails_saying_it_gets_the_whole_batch(tmp_path, capsys,
+                                                                            loss: str) -> None:
+    from simddp.cli import main
+
+    assert main(["whatif", _script(tmp_path, loss), "--world-size", "2", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "Scenario 'mine': loss(output, batch) raised AttributeError" in err
+    assert "whole batch (here a tuple of Tensor[4, 8], Tensor[4, 2])" in err
+    assert "F.mse_loss(output, batch[1])" in err
+
+
+def test_a_loss_taking_the_batch_runs_and_a_tensor_batch_keeps_the_losss_own_error(
+        tmp_path, capsys) -> None:
+    from simddp.cli import main
+
+    path = _script(tmp_path, "lambda out, batch: F.mse_loss(out, batch[1])")
+    assert main(["whatif", path, "--world-size", "2", "--no-progress"]) == 0
+    assert "ranks" in capsys.readouterr().out
+    sc = zoo.Scenario("t", model=lambda: nn.Linear(2, 1), batches=lambda r, w: [torch.ones(3, 2)],
+                      loss=lambda out, batch: out.no_such_method())
+    with pytest.raises(AttributeError, match="no_such_method"):
+        sc.step(sc.build_model(), sc.inputs(0, 1)[0])

@@ -129,7 +129,7 @@ def _is_file(text: str) -> bool:
 
 def is_spec(text: str) -> bool:
     """Whether ``text`` is a spec (``KEY=VALUE`` items) or a spec file, rather than a preset
-    name or a ``simddp calibrate --json`` file (what :func:`~simddp.engines.whatif.whatif`
+    name or a ``simddp calibrate --json`` file (what :func:`~simddp.whatif.whatif`
     takes as they are)."""
     if "=" in text:
         return True
