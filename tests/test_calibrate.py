@@ -12,7 +12,7 @@ from torch import nn
 
 from fakepg import zoo
 from simddp.cli import main
-from simddp.measure import default_sizes, largest_bucket_bytes, measure, monotone
+from simddp.measure import _moved, default_sizes, largest_bucket_bytes, measure, monotone
 from simddp.models import MeasuredNetwork
 
 
@@ -81,6 +81,14 @@ def test_rounds_repeat_until_the_estimates_hold_still_or_say_they_did_not() -> N
     for r in strict:
         assert len(r["round_seconds"]) == 3 and r["spread"] >= 0 and r["moved"] > 0
     assert [r["seconds"] for r in strict] == sorted(r["seconds"] for r in strict)
+
+
+def test_a_point_settles_when_its_median_holds_still_not_when_every_round_agrees() -> None:
+    # one disturbed round among steady ones: the median over rounds barely moves
+    assert _moved([1.0, 1.0, 6.0, 1.02, 0.99, 1.01], 3) <= 0.02
+    # a drifting machine: each round slower than the last, so the median keeps moving
+    assert _moved([1.0, 1.2, 1.4, 1.6, 1.8, 2.0], 3) == pytest.approx((1.5 - 1.3) / 1.5)
+    assert _moved([2.5], 3) == 0.0
 
 
 def test_measure_refuses_rounds_it_cannot_run() -> None:
