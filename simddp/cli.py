@@ -378,6 +378,9 @@ def _calibrate_sizes(args: argparse.Namespace) -> list[int]:
     """--sizes as given; else 4K, 16K, ... up to --max-bytes or the workload's largest bucket."""
     from .measure import default_sizes, largest_bucket_bytes
 
+    if args.workload is None and args.bucket_cap_mb != [None]:
+        raise ValueError("--bucket-cap-mb says which buckets --workload NAME forms; give the "
+                         "workload too, or --max-bytes for the largest message")
     if args.sizes is not None:
         return args.sizes
     if args.workload is None:

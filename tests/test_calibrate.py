@@ -91,6 +91,11 @@ def test_a_point_settles_when_its_median_holds_still_not_when_every_round_agrees
     assert _moved([2.5], 3) == 0.0
 
 
+def test_calibrate_refuses_a_bucket_cap_without_a_workload(capsys) -> None:
+    assert main(["calibrate", "--bucket-cap-mb", "25"]) == 1
+    assert "--bucket-cap-mb says which buckets --workload NAME forms" in capsys.readouterr().err
+
+
 def test_measure_refuses_rounds_it_cannot_run() -> None:
     with pytest.raises(ValueError, match="min_rounds <= max_rounds"):
         measure(min_rounds=4, max_rounds=2)
