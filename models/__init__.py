@@ -12,14 +12,16 @@ single-process reference) can run the same scenarios::
 Scenarios: mlp, many_small_few_large, grad_order_differs, grad_order_differs_per_rank,
 rank_dependent_unused, tied_weights, buffers, sparse_embedding, mixed_dtypes, transformer_block,
 param_order, uneven_inputs. Benchmark workloads (``WORKLOADS``, also reached by ``get``; the
-feature suite does not train them): resnet50, resnet101 (torchvision-equal, :mod:`.resnet`),
-llama3-8b, llama3-70b, llama3-tiny (a Llama-3-style decoder, :mod:`.llama`).
+feature suite does not train them): resnet50, resnet101, resnext101_32x4d (:mod:`.resnet`), vgg16,
+alexnet, inception_v3 (:mod:`.vision`), all torchvision-equal; bert_base, bert_large, gpt2,
+gpt2_medium (transformers-equal, :mod:`.language`); llama3-8b, llama3-70b, llama3-tiny (a
+Llama-3-style decoder, :mod:`.llama`).
 """
 
 from .reference import reference_train
 from .scenario import Scenario, SeededBatches, rank_generator
 from .training import TrainEvent, TrainLoop, run_iterations
-from . import catalog, llama, resnet
+from . import catalog, language, llama, resnet, vision
 from .catalog import *  # noqa: F403 - the scenario factories, SCENARIOS and get (see catalog.__all__)
 
 __all__ = ["Scenario", "SeededBatches", "rank_generator", "reference_train",

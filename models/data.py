@@ -14,7 +14,7 @@ from torch import Tensor
 from .scenario import rank_generator
 
 __all__ = ["regression", "uneven", "routed", "permuted", "tokens", "token_sequences", "bags",
-           "images"]
+           "images", "masked_tokens", "causal_tokens"]
 
 
 def regression(
@@ -106,3 +106,35 @@ def images(
     g = rank_generator(seed, rank, "images")
     return [(torch.randn(batch_size, 3, image_size, image_size, generator=g),
              torch.randint(num_classes, (batch_size,), generator=g)) for _ in range(iterations)]
+
+
+def masked_tokens(
+    seed: int, rank: int, world_size: int, *, iterations: int, batch_size: int, seq_len: int,
+    vocab: int, mask_token: int, mask_prob: float = 0.15,
+) -> list[tuple[Tensor, Tensor]]:
+    """BERT's masked-LM batches: ``(input_ids, labels)``, both (batch, seq_len); a ``mask_prob``
+    share of positions (at least one per batch) has its token replaced by ``mask_token`` in
+    ``input_ids`` and kept in ``labels``; ``labels`` is -100 (cross entropy's ignore_index)
+    elsewhere. Ids avoid 0..999 (the special and unused tokens of BERT's vocabularies)."""
+    g = rank_generator(seed, rank, "masked_tokens")
+    out = []
+    for _ in range(iterations):
+        ids = torch.randint(1000, vocab, (batch_size, seq_len), generator=g)
+        masked = torch.rand(batch_size, seq_len, generator=g) < mask_prob
+        masked[0, 0] = True  # a batch with nothing to predict has no loss
+        out.append((ids.masked_fill(masked, mask_token), ids.masked_fill(~masked, -100)))
+    return out
+
+
+def causal_tokens(
+    seed: int, rank: int, world_size: int, *, iterations: int, batch_size: int, seq_len: int,
+    vocab: int,
+) -> list[tuple[Tensor, Tensor]]:
+    """Language-model batches ``(input_ids, input_ids)``, (batch, seq_len): the loss predicts
+    each next token of the second from the first (GPT-2's training objective)."""
+    g = rank_generator(seed, rank, "causal_tokens")
+    out = []
+    for _ in range(iterations):
+        ids = torch.randint(vocab, (batch_size, seq_len), generator=g)
+        out.append((ids, ids))
+    return out

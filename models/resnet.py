@@ -1,4 +1,5 @@
-"""ResNet-50 and ResNet-101, equal to torchvision's ``resnet50()`` / ``resnet101()``.
+"""ResNet-50, ResNet-101 and ResNeXt-101-32x4d, equal to torchvision's ``resnet50()`` /
+``resnet101()`` and to its ``ResNet(Bottleneck, [3, 4, 23, 3], groups=32, width_per_group=4)``.
 
 torchvision's CPU wheel is not available on this project's machines, so the zoo carries its own:
 the same architecture (ResNet v1.5: the stride-2 convolution of a downsampling bottleneck is the
@@ -10,6 +11,10 @@ convolutions, BatchNorm weight 1 and bias 0, PyTorch's default Linear init).
 25557032
 >>> sum(p.numel() for p in resnet101().parameters())
 44549160
+>>> import torch
+>>> with torch.device("meta"):  # shapes only: counting needs no memory or init time
+...     sum(p.numel() for p in resnext101_32x4d().parameters())
+44177704
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
-__all__ = ["ResNet", "Bottleneck", "resnet50", "resnet101"]
+__all__ = ["ResNet", "Bottleneck", "resnet50", "resnet101", "resnext101_32x4d"]
 
 
 def _conv(cin: int, cout: int, kernel: int, stride: int = 1) -> nn.Conv2d:
@@ -26,16 +31,21 @@ def _conv(cin: int, cout: int, kernel: int, stride: int = 1) -> nn.Conv2d:
 
 
 class Bottleneck(nn.Module):
-    """1×1 reduce, 3×3 (carrying the stride), 1×1 expand by 4, plus the shortcut."""
+    """1×1 reduce, 3×3 (carrying the stride; grouped in ResNeXt), 1×1 expand to 4 × ``planes``,
+    plus the shortcut. The inner width is torchvision's ``planes * width_per_group / 64 *
+    groups`` (ResNet: ``planes``; ResNeXt-32x4d: 2 × ``planes``)."""
 
     expansion = 4
 
-    def __init__(self, cin: int, width: int, stride: int = 1) -> None:
+    def __init__(self, cin: int, planes: int, stride: int = 1, groups: int = 1,
+                 width_per_group: int = 64) -> None:
         super().__init__()
-        cout = width * self.expansion
+        cout = planes * self.expansion
+        width = int(planes * (width_per_group / 64.0)) * groups
         self.conv1 = _conv(cin, width, 1)
         self.bn1 = nn.BatchNorm2d(width)
-        self.conv2 = _conv(width, width, 3, stride)
+        self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=1, groups=groups,
+                               bias=False)
         self.bn2 = nn.BatchNorm2d(width)
         self.conv3 = _conv(width, cout, 1)
         self.bn3 = nn.BatchNorm2d(cout)
@@ -55,9 +65,11 @@ class Bottleneck(nn.Module):
 class ResNet(nn.Module):
     """Stem (7×7/2 conv, BN, ReLU, 3×3/2 max-pool), four stages of bottlenecks (widths 64, 128,
     256, 512; the first block of stages 2–4 halves the resolution), global average pool, and a
-    linear classifier."""
+    linear classifier. ``groups`` and ``width_per_group`` make it a ResNeXt (torchvision's
+    arguments of the same names)."""
 
-    def __init__(self, blocks: Sequence[int], num_classes: int = 1000) -> None:
+    def __init__(self, blocks: Sequence[int], num_classes: int = 1000, groups: int = 1,
+                 width_per_group: int = 64) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
         self.bn1 = nn.BatchNorm2d(64)
@@ -67,7 +79,8 @@ class ResNet(nn.Module):
         for i, (count, width) in enumerate(zip(blocks, (64, 128, 256, 512))):
             stage = []
             for b in range(count):
-                stage.append(Bottleneck(cin, width, stride=2 if b == 0 and i > 0 else 1))
+                stage.append(Bottleneck(cin, width, stride=2 if b == 0 and i > 0 else 1,
+                                        groups=groups, width_per_group=width_per_group))
                 cin = width * Bottleneck.expansion
             setattr(self, f"layer{i + 1}", nn.Sequential(*stage))
         self.avgpool = nn.AdaptiveAvgPool2d(1)
@@ -93,3 +106,11 @@ def resnet50(num_classes: int = 1000) -> ResNet:
 def resnet101(num_classes: int = 1000) -> ResNet:
     """torchvision's ``resnet101()`` (44,549,160 parameters with 1000 classes)."""
     return ResNet((3, 4, 23, 3), num_classes)
+
+
+def resnext101_32x4d(num_classes: int = 1000) -> ResNet:
+    """ResNeXt-101 32×4d (Xie et al. 2017, "Aggregated Residual Transformations for Deep Neural
+    Networks", Table 1's 101-layer 32×4d): torchvision's ``ResNet(Bottleneck, [3, 4, 23, 3],
+    groups=32, width_per_group=4)`` — 44,177,704 parameters with 1000 classes, the figure of
+    timm's / Cadene's ``resnext101_32x4d``. (torchvision itself ships 32×8d and 64×4d only.)"""
+    return ResNet((3, 4, 23, 3), num_classes, groups=32, width_per_group=4)

@@ -208,8 +208,41 @@ class Scenario:
         return [len(self.inputs(r, world_size)) for r in range(world_size)]
 
     def step(self, model: nn.Module, batch: Any) -> Tensor:
-        """Forward and loss for one batch: ``loss(forward(model, batch), batch)``."""
-        return self.loss(self.forward(model, batch), batch)
+        """Forward and loss for one batch: ``loss(forward(model, batch), batch)``.
+
+        The loss gets the whole batch, not the target: a loss written as ``(output, target)``
+        (``F.mse_loss`` itself) fails on the batch's tuple, and that failure is re-raised as a
+        TypeError saying so.
+
+        >>> sc = Scenario("mine", model=lambda: nn.Linear(2, 1), loss=F.mse_loss,
+        ...               batches=lambda rank, world: [(torch.ones(3, 2), torch.ones(3, 1))])
+        >>> sc.step(sc.build_model(), sc.inputs(0, 1)[0])
+        Traceback (most recent call last):
+        TypeError: Scenario 'mine': loss(output, batch) raised AttributeError: 'tuple' object has no attribute 'size'. A Scenario's loss is called with the model's output and the whole batch (here a tuple of Tensor[3, 2], Tensor[3, 1]), not the target alone: write loss=lambda output, batch: F.mse_loss(output, batch[1]), or use fakepg.zoo.mse_loss / fakepg.zoo.cross_entropy_loss, which take (output, batch)
+        """
+        output = self.forward(model, batch)
+        try:
+            return self.loss(output, batch)
+        except (AttributeError, TypeError) as e:
+            if isinstance(batch, Tensor):  # nothing to mistake for a target: the loss's own bug
+                raise
+            raise TypeError(
+                f"Scenario {self.name!r}: loss(output, batch) raised {type(e).__name__}: {e}. "
+                f"A Scenario's loss is called with the model's output and the whole batch "
+                f"(here {_shape_of(batch)}), not the target alone: write loss=lambda output, "
+                f"batch: F.mse_loss(output, batch[1]), or use fakepg.zoo.mse_loss / "
+                f"fakepg.zoo.cross_entropy_loss, which take (output, batch)") from e
+
+
+def _shape_of(batch: Any) -> str:
+    """A batch described for an error message: ``a tuple of Tensor[3, 2], int``."""
+    def one(x: Any) -> str:
+        return f"Tensor{list(x.shape)}" if isinstance(x, Tensor) else type(x).__name__
+    if isinstance(batch, (tuple, list)):
+        return f"a {type(batch).__name__} of {', '.join(one(x) for x in batch)}"
+    if isinstance(batch, dict):
+        return f"a dict of {', '.join(f'{k}: {one(v)}' for k, v in batch.items())}"
+    return one(batch)
 
 
 def ddp_options(bucket_cap_mb: float | None, **extra: Any) -> dict[str, Any]:

@@ -8,34 +8,78 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import torch
-from torch import nn
+import torch.nn.functional as F
+from torch import Tensor, nn
 
-from . import data, llama, resnet
+from . import data, language, llama, resnet, vision
 from .scenario import Scenario, SeededBatches, cross_entropy_loss, ddp_options
 
-__all__ = ["WORKLOADS", "resnet50", "resnet101", "llama3_8b", "llama3_70b", "llama3_tiny"]
+__all__ = ["WORKLOADS", "resnet50", "resnet101", "resnext101_32x4d", "vgg16", "alexnet",
+           "inception_v3", "bert_base", "bert_large", "gpt2", "gpt2_medium",
+           "inception_loss", "masked_lm_loss", "causal_lm_loss", "llama3_8b", "llama3_70b",
+           "llama3_tiny"]
 
 WORKLOADS: dict[str, Callable[..., Scenario]] = {}
 
+_BERT_MASK_TOKEN = 103  # "[MASK]" in bert-base-uncased's and bert-large-uncased's vocabulary
 
-def _resnet(name: str, depth_fn: Callable[..., nn.Module], batch_size: int, image_size: int,
-            iterations: int, seed: int, bucket_cap_mb: float | None) -> Scenario:
+
+def inception_loss(output: Any, batch: Any) -> Tensor:
+    """Cross entropy of the main logits plus 0.4 × that of the auxiliary classifier's (the
+    weight of PyTorch's fine-tuning tutorial and of the Inception-v3 paper's reference
+    training); the main logits alone in eval mode."""
+    if isinstance(output, Tensor):
+        return F.cross_entropy(output, batch[1])
+    return F.cross_entropy(output[0], batch[1]) + 0.4 * F.cross_entropy(output[1], batch[1])
+
+
+def masked_lm_loss(output: Tensor, batch: Any) -> Tensor:
+    """Cross entropy of the vocabulary logits at the masked positions (labels != -100)."""
+    return F.cross_entropy(output.flatten(0, 1), batch[1].flatten(), ignore_index=-100)
+
+
+def causal_lm_loss(output: Tensor, batch: Any) -> Tensor:
+    """Cross entropy of each position's logits against the next token."""
+    return F.cross_entropy(output[:, :-1].flatten(0, 1), batch[1][:, 1:].flatten())
+
+
+def _image(name: str, model: Callable[..., nn.Module], batch_size: int, image_size: int,
+           iterations: int, seed: int, bucket_cap_mb: float | None, what: str, *,
+           loss: Callable[[Any, Any], Tensor] = cross_entropy_loss,
+           features: tuple[str, ...] = ("benchmark", "buffers", "bucketing")) -> Scenario:
+    """An ImageNet classifier on random batches, SGD with momentum."""
     return Scenario(
         name=name,
-        model=functools.partial(depth_fn, 1000),
+        model=functools.partial(model, 1000),
         batches=SeededBatches(data.images, seed, dict(
             iterations=iterations, batch_size=batch_size, image_size=image_size,
             num_classes=1000)),
-        loss=cross_entropy_loss,
+        loss=loss,
         ddp_kwargs=ddp_options(bucket_cap_mb),
         optimizer=functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9),
         iterations=iterations,
         seed=seed,
-        description=f"torchvision-equal {name}, batch {batch_size}, {image_size}x{image_size}",
-        features=("benchmark", "buffers", "bucketing"),
-        reference_ok=False,  # BatchNorm's running stats are per rank under DDP
+        description=f"{what} {name}, batch {batch_size}, {image_size}x{image_size}",
+        features=features,
+        # BatchNorm's running stats are per rank under DDP; dropout draws per rank
+        reference_ok=False,
+    )
+
+
+def _language(name: str, model: Callable[[], nn.Module], batches: SeededBatches,
+              iterations: int, seed: int, bucket_cap_mb: float | None, what: str,
+              loss: Callable[[Any, Any], Tensor]) -> Scenario:
+    """A transformer language model on random token batches, AdamW."""
+    return Scenario(
+        name=name, model=model, batches=batches, loss=loss,
+        ddp_kwargs=ddp_options(bucket_cap_mb),
+        optimizer=functools.partial(torch.optim.AdamW, lr=1e-4, weight_decay=0.01),
+        iterations=iterations, seed=seed, description=what,
+        features=("benchmark", "transformer", "tied", "bucketing"),
+        reference_ok=False,  # dropout draws per rank
     )
 
 
@@ -43,15 +87,15 @@ def resnet50(batch_size: int = 32, image_size: int = 224, iterations: int = 3, s
              bucket_cap_mb: float | None = None) -> Scenario:
     """torchvision's ResNet-50 (25.6 M parameters) on random ImageNet-shaped batches, SGD with
     momentum: the PyTorch DDP paper's benchmark model. In ``WORKLOADS``."""
-    return _resnet("resnet50", resnet.resnet50, batch_size, image_size, iterations, seed,
-                   bucket_cap_mb)
+    return _image("resnet50", resnet.resnet50, batch_size, image_size, iterations, seed,
+                  bucket_cap_mb, "torchvision-equal")
 
 
 def resnet101(batch_size: int = 32, image_size: int = 224, iterations: int = 3, seed: int = 0,
               bucket_cap_mb: float | None = None) -> Scenario:
     """torchvision's ResNet-101 (44.5 M parameters), as :func:`resnet50`. In ``WORKLOADS``."""
-    return _resnet("resnet101", resnet.resnet101, batch_size, image_size, iterations, seed,
-                   bucket_cap_mb)
+    return _image("resnet101", resnet.resnet101, batch_size, image_size, iterations, seed,
+                  bucket_cap_mb, "torchvision-equal")
 
 
 def _llama3(size: str, batch_size: int, seq_len: int, iterations: int, seed: int,
@@ -100,5 +144,89 @@ def llama3_tiny(batch_size: int = 2, seq_len: int = 32, iterations: int = 3, see
     return _llama3("tiny", batch_size, seq_len, iterations, seed, bucket_cap_mb)
 
 
-WORKLOADS.update({"resnet50": resnet50, "resnet101": resnet101, "llama3-8b": llama3_8b,
-                  "llama3-70b": llama3_70b, "llama3-tiny": llama3_tiny})
+def resnext101_32x4d(batch_size: int = 32, image_size: int = 224, iterations: int = 3,
+                     seed: int = 0, bucket_cap_mb: float | None = None) -> Scenario:
+    """ResNeXt-101 32×4d (44.2 M parameters; :func:`.resnet.resnext101_32x4d`), as
+    :func:`resnet50`. In ``WORKLOADS``."""
+    return _image("resnext101_32x4d", resnet.resnext101_32x4d, batch_size, image_size,
+                  iterations, seed, bucket_cap_mb, "torchvision-style")
+
+
+def vgg16(batch_size: int = 32, image_size: int = 224, iterations: int = 3, seed: int = 0,
+          bucket_cap_mb: float | None = None) -> Scenario:
+    """torchvision's VGG-16 (138.4 M parameters, 102.8 M of them in the first classifier layer:
+    one 411 MB gradient, a bucket of its own whatever the cap), as :func:`resnet50`."""
+    return _image("vgg16", vision.vgg16, batch_size, image_size, iterations, seed,
+                  bucket_cap_mb, "torchvision-equal", features=("benchmark", "bucketing"))
+
+
+def alexnet(batch_size: int = 128, image_size: int = 224, iterations: int = 3, seed: int = 0,
+            bucket_cap_mb: float | None = None) -> Scenario:
+    """torchvision's AlexNet (61.1 M parameters), as :func:`resnet50`; batch 128 by default,
+    the per-GPU batch of the published AlexNet throughput figures."""
+    return _image("alexnet", vision.alexnet, batch_size, image_size, iterations, seed,
+                  bucket_cap_mb, "torchvision-equal", features=("benchmark", "bucketing"))
+
+
+def inception_v3(batch_size: int = 32, image_size: int = 299, iterations: int = 3,
+                 seed: int = 0, bucket_cap_mb: float | None = None) -> Scenario:
+    """torchvision's Inception-v3 with its auxiliary classifier (27.2 M parameters), 299×299
+    images, loss = main + 0.4 × auxiliary cross entropy (:func:`inception_loss`)."""
+    return _image("inception_v3", vision.inception_v3, batch_size, image_size, iterations,
+                  seed, bucket_cap_mb, "torchvision-equal", loss=inception_loss)
+
+
+def _bert(name: str, large: bool, batch_size: int, seq_len: int, iterations: int, seed: int,
+          bucket_cap_mb: float | None) -> Scenario:
+    batches = SeededBatches(data.masked_tokens, seed, dict(
+        iterations=iterations, batch_size=batch_size, seq_len=seq_len,
+        vocab=language.BertConfig.vocab_size, mask_token=_BERT_MASK_TOKEN))
+    factory = language.bert_large if large else language.bert_base
+    return _language(name, functools.partial(factory, masked_lm=True), batches, iterations,
+                     seed, bucket_cap_mb,
+                     f"HF-equal BertForMaskedLM ({name}), batch {batch_size}, {seq_len} tokens",
+                     masked_lm_loss)
+
+
+def bert_base(batch_size: int = 32, seq_len: int = 128, iterations: int = 3, seed: int = 0,
+              bucket_cap_mb: float | None = None) -> Scenario:
+    """BERT-base masked-LM pre-training (transformers' ``BertForMaskedLM``, 109.5 M
+    parameters), sequences of 128 (BERT's phase 1), AdamW. In ``WORKLOADS``."""
+    return _bert("bert_base", False, batch_size, seq_len, iterations, seed, bucket_cap_mb)
+
+
+def bert_large(batch_size: int = 16, seq_len: int = 128, iterations: int = 3, seed: int = 0,
+               bucket_cap_mb: float | None = None) -> Scenario:
+    """BERT-large masked-LM pre-training (335.2 M parameters), as :func:`bert_base`."""
+    return _bert("bert_large", True, batch_size, seq_len, iterations, seed, bucket_cap_mb)
+
+
+def _gpt2(name: str, medium: bool, batch_size: int, seq_len: int, iterations: int, seed: int,
+          bucket_cap_mb: float | None) -> Scenario:
+    batches = SeededBatches(data.causal_tokens, seed, dict(
+        iterations=iterations, batch_size=batch_size, seq_len=seq_len,
+        vocab=language.GPT2Config.vocab_size))
+    factory = language.gpt2_medium if medium else language.gpt2
+    return _language(name, functools.partial(factory, lm_head=True), batches, iterations, seed,
+                     bucket_cap_mb,
+                     f"HF-equal GPT2LMHeadModel ({name}), batch {batch_size}, {seq_len} tokens",
+                     causal_lm_loss)
+
+
+def gpt2(batch_size: int = 8, seq_len: int = 1024, iterations: int = 3, seed: int = 0,
+         bucket_cap_mb: float | None = None) -> Scenario:
+    """GPT-2 small language-model training (transformers' ``GPT2LMHeadModel``, 124.4 M
+    parameters, the head tied to the token embedding), 1024-token sequences, AdamW."""
+    return _gpt2("gpt2", False, batch_size, seq_len, iterations, seed, bucket_cap_mb)
+
+
+def gpt2_medium(batch_size: int = 4, seq_len: int = 1024, iterations: int = 3, seed: int = 0,
+                bucket_cap_mb: float | None = None) -> Scenario:
+    """GPT-2 medium (354.8 M parameters), as :func:`gpt2`."""
+    return _gpt2("gpt2_medium", True, batch_size, seq_len, iterations, seed, bucket_cap_mb)
+
+
+WORKLOADS.update(resnet50=resnet50, resnet101=resnet101, resnext101_32x4d=resnext101_32x4d,
+                 vgg16=vgg16, alexnet=alexnet, inception_v3=inception_v3, bert_base=bert_base,
+                 bert_large=bert_large, gpt2=gpt2, gpt2_medium=gpt2_medium)
+WORKLOADS.update({"llama3-8b": llama3_8b, "llama3-70b": llama3_70b, "llama3-tiny": llama3_tiny})

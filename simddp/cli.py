@@ -7,7 +7,7 @@
     simddp whatif resnet50 --batch-size 32 --gpu v100 --step-time 0.097 --network dgx1-v100 \\
         --gpus-per-node 8 --world-size 1,2,4,8,16 --bucket-cap-mb 1,25 --json rows.json
     simddp replay results/capture.json --world-size 4096 --comm-hook none,fp16
-    simddp calibrate --world-size 2 --sizes 4K,1M,16M
+    simddp calibrate --world-size 2,4 --workload vgg16 --json cal.json
 
 ``whatif`` takes a zoo scenario name (``fakepg.zoo``) or a script defining ``scenario``, runs
 torch's real DDP once on the fake cluster (a capture), then replays one row per configuration
@@ -51,6 +51,20 @@ def _bool(text: str) -> bool:
     raise ValueError(f"{text!r} is not a boolean: give true or false")
 
 
+def _networks(text: str) -> list[str]:
+    """--network: presets, calibrate files, spec files and specs; a spec is checked here, so
+    a wrong field fails as a bad argument (exit 2) naming the field and the accepted ones."""
+    from .models.netspec import network_spec, split_networks
+
+    items = split_networks(text)
+    for item in items:
+        try:
+            network_spec(item)
+        except (ValueError, OSError) as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return items
+
+
 def _hook(text: str) -> str | None:
     return None if text.lower() in ("none", "no", "-") else text
 
@@ -84,9 +98,12 @@ def _grid_flags(p: argparse.ArgumentParser, *, world_default: str | None) -> Non
     g.add_argument("--world-size", type=_list(int), required=world_default is None,
                    default=None if world_default is None else _list(int)(world_default),
                    help="world sizes, e.g. 64,1024")
-    g.add_argument("--network", type=_list(str), default=["ib-ndr"],
-                   help="network presets (simddp.Network.preset), e.g. ib-ndr,100gbe, or a "
-                        "`simddp calibrate --json` file (this machine's measured costs)")
+    g.add_argument("--network", type=_networks, default=["ib-ndr"],
+                   help="networks: presets (simddp.Network.preset), e.g. ib-ndr,100gbe; a "
+                        "`simddp calibrate --json` file (this machine's measured costs); "
+                        "fields, alone or after a preset, e.g. 'nvlink:GBps=72,gpus-per-node=8,"
+                        "nic:Gbps=100,nics-per-node=4' or 'dgx-a100,nic:Gbps=100'; or a .toml/"
+                        ".json file of those fields (simddp.models.netspec)")
     g.add_argument("--gpus-per-node", type=int, default=None,
                    help="ranks per node (NVLink inside, the network between nodes)")
     g.add_argument("--bucket-cap-mb", type=_list(_cap), default=[None],
@@ -201,11 +218,29 @@ def _parser() -> argparse.ArgumentParser:
                        "fit a network model", description="nccl-tests-style timing of "
                        "collectives (gloo on CPU, NCCL with GPUs), one process per rank.")
     c.add_argument("--world-size", type=_list(int), default=[2], help="e.g. 2,4")
-    c.add_argument("--sizes", type=_list(_size), default=_list(_size)("4K,64K,1M,8M"),
-                   help="message sizes, e.g. 4K,1M,16M")
+    sz = c.add_mutually_exclusive_group()
+    sz.add_argument("--sizes", type=_list(_size), default=None,
+                    help="message sizes, e.g. 4K,1M,16M (default: 4K, 16K, ... up to "
+                         "--max-bytes)")
+    sz.add_argument("--max-bytes", type=_size, default=32 << 20, metavar="SIZE",
+                    help="the largest message, sizes from 4K in powers of 4 up to it "
+                         "(default 32M: DDP's 25 MB bucket and then some)")
+    sz.add_argument("--workload", metavar="NAME",
+                    help="measure up to the largest DDP bucket of this zoo workload or script "
+                         "(at --bucket-cap-mb), e.g. vgg16 (a 411 MB bucket)")
+    c.add_argument("--bucket-cap-mb", type=_list(_cap), default=[None],
+                   help="with --workload: the bucket caps the what-if will try (default DDP's)")
     c.add_argument("--op", type=_list(str), default=["all_reduce"],
                    help="all_reduce, all_gather, reduce_scatter, broadcast")
-    c.add_argument("--reps", type=int, default=5)
+    c.add_argument("--reps", type=int, default=5, help="timed calls per point and round")
+    c.add_argument("--min-rounds", type=int, default=3,
+                   help="stable: each point's median over rounds held still while the last "
+                        "this many rounds came in (default 3)")
+    c.add_argument("--max-rounds", type=int, default=10,
+                   help="rounds at most before giving up on stability (default 10)")
+    c.add_argument("--tolerance", type=float, default=0.1,
+                   help="how far (relative) a stable point's median may move over the last "
+                        "--min-rounds rounds (default 0.1)")
     c.add_argument("--backend", choices=["gloo", "nccl"], default=None)
     c.add_argument("--json", metavar="FILE", help="write measurements and the fit as JSON")
     c.add_argument("--no-contention", action="store_true",
@@ -300,7 +335,10 @@ def _grid_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     speeds: dict[int, float] = {}
     for s in args.straggler:
         speeds.update(s)
-    return dict(world_size=args.world_size, network=args.network,
+    from .models.netspec import network_spec
+
+    networks = [network_spec(n, gpus_per_node=args.gpus_per_node) for n in args.network]
+    return dict(world_size=args.world_size, network=networks,
                 gpus_per_node=args.gpus_per_node, bucket_cap_mb=args.bucket_cap_mb,
                 comm_hook=args.comm_hook, rank_speed=speeds, contention=args.contention)
 
@@ -382,19 +420,60 @@ def _finish(res: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate_sizes(args: argparse.Namespace) -> list[int]:
+    """--sizes as given; else 4K, 16K, ... up to --max-bytes or the workload's largest bucket."""
+    from .measure import default_sizes, largest_bucket_bytes
+
+    if args.workload is None and args.bucket_cap_mb != [None]:
+        raise ValueError("--bucket-cap-mb says which buckets --workload NAME forms; give the "
+                         "workload too, or --max-bytes for the largest message")
+    if args.sizes is not None:
+        return args.sizes
+    if args.workload is None:
+        return default_sizes(args.max_bytes)
+    import torch
+
+    from .whatif import load_workload
+
+    sc = load_workload(args.workload)
+    with torch.device("meta"):  # shapes only
+        model = sc.build_model()
+    caps = [sc.ddp_kwargs.get("bucket_cap_mb") if c is None else c for c in args.bucket_cap_mb]
+    largest = max(largest_bucket_bytes(model, c) for c in caps)
+    print(f"{args.workload}: largest DDP bucket {largest} bytes "
+          f"({largest / (1 << 20):.1f} MiB); measuring up to it")
+    return default_sizes(largest)
+
+
 def _calibrate(args: argparse.Namespace) -> int:
     import json
 
     from .measure import measure
     from .models import Network
 
-    rows = measure(world_sizes=args.world_size, sizes=args.sizes, ops=args.op, reps=args.reps,
-                   backend=args.backend)
-    print(f"{'op':<15}{'ranks':>6}{'bytes':>12}{'time us':>12}{'busbw GB/s':>12}")
+    rows = measure(world_sizes=args.world_size, sizes=_calibrate_sizes(args), ops=args.op,
+                   reps=args.reps, backend=args.backend, min_rounds=args.min_rounds,
+                   max_rounds=args.max_rounds, tolerance=args.tolerance)
+    print(f"{'op':<15}{'ranks':>6}{'bytes':>12}{'time us':>12}{'busbw GB/s':>12}"
+          f"{'spread':>8}{'moved':>7}{'rounds':>7}  note")
     for r in rows:
         bus = Network.bus_bandwidth_factor(r["op"], r["world_size"]) * r["bytes"] / r["seconds"]
+        note = [] if r["stable"] else ["unstable"]
+        if "measured_seconds" in r:
+            note.append(f"lowered from {r['measured_seconds'] * 1e6:.1f} us (a larger "
+                        f"message was faster)")
         print(f"{r['op']:<15}{r['world_size']:>6}{r['bytes']:>12}{r['seconds'] * 1e6:>12.1f}"
-              f"{bus / 1e9:>12.3f}")
+              f"{bus / 1e9:>12.3f}{r['spread']:>8.1%}{r['moved']:>7.1%}{r['rounds']:>7}  "
+              f"{'; '.join(note)}")
+    print("spread: interquartile range of a point's rounds / their median; moved: how far its "
+          f"median moved over the last {args.min_rounds} rounds; time: the median, made "
+          "monotone in size")
+    unstable = [r for r in rows if not r["stable"]]
+    if unstable:
+        print(f"calibrate: {len(unstable)} of {len(rows)} points did not settle (median moved "
+              f"more than {args.tolerance:.0%}) in {args.max_rounds} rounds (spread per size "
+              f"above): this machine's load varies; predictions from this file carry that "
+              f"uncertainty. Rerun on a quieter machine or raise --max-rounds.")
     fits = {}
     for op in args.op:
         data = [(r["bytes"], r["world_size"], r["seconds"]) for r in rows if r["op"] == op]

@@ -178,7 +178,7 @@ def test_fsdp_knobs_change_the_captured_program_as_torch_does():
 def test_fsdp_on_meta_patches_fsdp2_only_while_active():
     import importlib
 
-    from simddp.engines.meta import fsdp_on_meta
+    from simddp.cosim.meta import fsdp_on_meta
 
     fully_shard = importlib.import_module("torch.distributed.fsdp._fully_shard._fully_shard")
     group = importlib.import_module("torch.distributed.fsdp._fully_shard._fsdp_param_group")

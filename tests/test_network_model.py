@@ -283,7 +283,8 @@ def test_every_preset_is_defined_once_and_builds_a_network_named_after_it():
     for name in PRESETS:
         assert Network.preset(name).name == name
     assert set(PRESETS) >= {"nvlink", "ib-hdr", "ib-ndr", "100gbe", "400gbe", "gloo-loopback",
-                            "dgx1-v100", "dgx-a100", "dgx-h100", "dgx-b200"}
+                            "dgx1-p100", "dgx1-v100", "dgx-a100", "dgx-h100", "dgx-b200",
+                            "pcie-server"}
     assert not [f.__name__ for f in PRESETS.values() if hasattr(Network, f.__name__)]  # no second way
 
 

@@ -15,10 +15,12 @@ from .compute import (DEVICES, Compute, ConstantCompute, DevicePreset, ProfileCo
                       RooflineCompute, ScaledCompute)
 from .contention import Contention
 from .measured import MeasuredNetwork
+from .netspec import load_network_spec, parse_network
 from .network import Network
 from .presets import PRESETS
 from .protocols import ComputeModel, NetworkModel, collective_time
 
-__all__ = ["NetworkModel", "ComputeModel", "collective_time", "Network", "MeasuredNetwork", "PRESETS", "Contention", "Compute",
+__all__ = ["NetworkModel", "ComputeModel", "collective_time", "Network", "MeasuredNetwork", "PRESETS",
+           "parse_network", "load_network_spec", "Contention", "Compute",
            "DevicePreset", "DEVICES", "RooflineCompute", "ConstantCompute", "ProfileCompute",
            "ScaledCompute", "noise"]

@@ -86,6 +86,37 @@ def dgx1_v100(**kw: Any) -> Network:
     return _make(defaults, kw, False)
 
 
+def dgx1_p100(**kw: Any) -> Network:
+    """DGX-1 (P100, 2016): 8 Tesla P100 SXM2 on an NVLink 1 hybrid cube-mesh (no NVSwitch, no
+    NVLS), 4 NVLink links per GPU at 20 GB/s per direction (160 GB/s bidirectional per GPU), and
+    4 Mellanox ConnectX-4 EDR InfiniBand 100 Gb/s (12.5 GB/s) HCAs per node. Sources: NVIDIA
+    "NVIDIA DGX-1 System Architecture" whitepaper WP-08437-001_v02 (the P100 edition;
+    https://images.nvidia.com/content/pdf/dgx1-system-architecture-whitepaper1.pdf), the Tesla
+    P100 whitepaper WP-08019-001 ("four NVLinks", 160 GB/s), and NCCL topo.h SM60_NVLINK_BW =
+    18 GB/s a link, so NCCL's rings over the 4 links carry 4 × 18 = 72 GB/s bus bandwidth
+    (the convention of "dgx1-v100")."""
+    defaults = dict(bandwidth_GBps=12.5, latency_us=5.0, gpus_per_node=8, nics_per_node=4,
+                    intra_bandwidth_GBps=4 * 18.0, intra_latency_us=2.0, name="dgx1-p100",
+                    algorithm="auto")
+    return _make(defaults, kw, False)
+
+
+def pcie_server(**kw: Any) -> Network:
+    """A PCIe GPU server: 8 GPUs on PCIe 3.0 x16 behind PCIe switches of one root complex, no
+    NVLink, one 100 Gb/s Ethernet NIC (RoCE) per node. PCIe 3.0 x16 is 8 GT/s × 16 lanes ×
+    128b/130b = 15.75 GB/s per direction (PCI-SIG, PCI Express Base Specification 3.0); NCCL
+    assigns a Gen3 x16 path PCI_BW = 12 GB/s (NCCL src/graph/topo.h), the bus bandwidth of its
+    rings through the switches. α inside = 3 µs: NCCL tuning.cc's PCI ring step is 1.0 (LL) to
+    5.7 µs (Simple). The NIC as "100gbe" (12.5 GB/s, α 10 µs); for 25 GbE pass
+    ``bandwidth_GBps=3.125`` (``--network 'pcie-server,nic:Gbps=25'``). Servers whose GPUs sit
+    on two CPU sockets cross QPI/UPI in the ring: NCCL's BDW_QPI_BW 6 / SKL_QPI_BW 10 GB/s —
+    pass ``intra_bandwidth_GBps`` (``pcie:GBps=``) for those."""
+    defaults = dict(bandwidth_GBps=12.5, latency_us=10.0, gpus_per_node=8, nics_per_node=1,
+                    intra_bandwidth_GBps=12.0, intra_latency_us=3.0, name="pcie-server",
+                    algorithm="auto")
+    return _make(defaults, kw, False)
+
+
 def dgx_a100(**kw: Any) -> Network:
     """DGX A100: 8 A100 SXM4 on NVLink3 + NVSwitch (6 second-gen NVSwitches), 12 NVLink3 links
     per GPU = 600 GB/s bidirectional, 300 GB/s each way (NVIDIA A100 datasheet; DGX A100
@@ -146,8 +177,10 @@ PRESETS: dict[str, Callable[..., Network]] = {
     "100gbe": ethernet_100g,
     "400gbe": ethernet_400g,
     "gloo-loopback": gloo_loopback,
+    "dgx1-p100": dgx1_p100,
     "dgx1-v100": dgx1_v100,
     "dgx-a100": dgx_a100,
     "dgx-h100": dgx_h100,
     "dgx-b200": dgx_b200,
+    "pcie-server": pcie_server,
 }
