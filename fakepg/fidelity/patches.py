@@ -70,7 +70,7 @@ def world_patches(nprocs: int) -> contextlib.ExitStack:
 
 def _callbacks_marked(then: Callable[..., Any]) -> Callable[..., Any]:
     """A callback on a fakepg work's future (or a future chained on it) runs marked as that
-    work's: gloo runs it on its own thread, racing the program (fakepg.gloo_hazards)."""
+    work's: gloo runs it on its own thread, racing the program (fakepg.fidelity.gloo_hazards)."""
     @functools.wraps(then)
     def marked_then(self: Any, callback: Callable[..., Any]) -> Any:
         binding = current_cluster()
