@@ -189,7 +189,7 @@ def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backe
                 raise sched.abort_error  # stopped before it ever ran
             cluster.hooks.rank_started(rank)
             TORCH_INIT_PROCESS_GROUP(backend=BACKEND_NAME, rank=rank, world_size=nprocs,
-                           store=world_store(PG_TIMEOUT), timeout=PG_TIMEOUT)
+                                     store=world_store(PG_TIMEOUT), timeout=PG_TIMEOUT)
             returns[rank] = fn(rank, *args)
             cluster.complete_ready(rank)
         except _faults.RankCrashed:
