@@ -1,7 +1,7 @@
 """``fakepg.spawn``: run ``fn(rank, *args)`` on N ranks of a fake cluster inside this process.
 
 This module starts a world (its cluster, scheduler, per-rank process state and rank threads)
-and ends it; :mod:`fakepg.watchdog` watches it run, :mod:`fakepg.outcome` says what it left.
+and ends it; :mod:`fakepg.world.watchdog` watches it run, :mod:`fakepg.world.outcome` says what it left.
 """
 
 from __future__ import annotations
@@ -70,19 +70,19 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
     ``timeout`` (seconds of wall clock, default none) bounds the whole world: past it every
     rank is stopped and :class:`SpawnTimeoutError` reports each rank's state and stack.
     ``backend`` is the personality the world shows until the program asks for another with
-    ``init_process_group`` (see :mod:`fakepg.backends`): ``"fakepg"`` (permissive),
+    ``init_process_group`` (see :mod:`fakepg.fidelity.backends`): ``"fakepg"`` (permissive),
     ``"gloo"`` or ``"nccl"`` (their names, refusals and timeout wording). ``nccl_hazards``
     (``"error"``, ``"warn"``, ``"off"``, a mapping per hazard, or None for the defaults) says
-    what NCCL's hazards do under the nccl personality (:mod:`fakepg.nccl_hazards`:
+    what NCCL's hazards do under the nccl personality (:mod:`fakepg.fidelity.nccl_hazards`:
     inconsistent order across communicators, unbatched crossing isend/irecv, CPU tensors).
     ``gloo_hazards`` (``"error"``, ``"warn"``, ``"off"``) does the same for gloo's: a
     collective issued from a future callback racing the program's own on that group
-    (:mod:`fakepg.gloo_hazards`).
-    ``schedule`` (a token from :func:`fakepg.explore`, or a :class:`fakepg.schedule.Schedule`)
+    (:mod:`fakepg.fidelity.gloo_hazards`).
+    ``schedule`` (a token from :func:`fakepg.explore`, or a :class:`fakepg.choices.schedule.Schedule`)
     replays one alternative interleaving; None is the default schedule. ``faults`` (from
     :mod:`fakepg.faults`) crash a rank or make it raise at a chosen collective.
     ``isolation="process"`` runs each rank in its own OS process forked from this one
-    (:mod:`fakepg.process_mode`): the same world, results and reports, with everything a
+    (:mod:`fakepg.process.process_mode`): the same world, results and reports, with everything a
     process owns (module globals, pid, cwd, signal handlers) really per rank.
 
     Example::
@@ -189,7 +189,7 @@ def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backe
                 raise sched.abort_error  # stopped before it ever ran
             cluster.hooks.rank_started(rank)
             TORCH_INIT_PROCESS_GROUP(backend=BACKEND_NAME, rank=rank, world_size=nprocs,
-                           store=world_store(PG_TIMEOUT), timeout=PG_TIMEOUT)
+                                     store=world_store(PG_TIMEOUT), timeout=PG_TIMEOUT)
             returns[rank] = fn(rank, *args)
             cluster.complete_ready(rank)
         except _faults.RankCrashed:

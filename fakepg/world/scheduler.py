@@ -7,7 +7,7 @@ every choice depends only on program order, runs are deterministic, and "no rank
 take the baton" is an exact, immediate hang verdict -- no wall-clock timeout needed.
 
 Wall-clock time enters only where the program asks for it: a rank in ``time.sleep`` or
-in a wait with a timeout (a :class:`~fakepg.liveness.TimedWait`) is runnable again at its
+in a wait with a timeout (a :class:`~fakepg.world.liveness.TimedWait`) is runnable again at its
 deadline. While some rank sleeps, nobody is hung: when no rank can run, the scheduler
 really sleeps until the earliest deadline. Without sleepers, timed waits do not delay the
 verdict -- a wait nobody can ever satisfy fails at once, with its timeout's error.
@@ -59,7 +59,7 @@ class Scheduler:
         self._describe_world = describe_world
         self._mu = threading.Lock()
         self._wake = threading.Event()  # set by abort: ends a real sleep until a deadline
-        self.schedule = Schedule()  # the controlled choices (fakepg.schedule); default: none
+        self.schedule = Schedule()  # the controlled choices (fakepg.choices.schedule); default: none
 
     # -- called on rank threads, by the baton holder ------------------------------
     def enter(self, rank: int) -> None:
@@ -75,7 +75,7 @@ class Scheduler:
               timed: Any = None) -> None:
         """Yield until ``ready()`` holds (evaluated by whichever rank hands over).
 
-        ``timed`` (a :class:`~fakepg.liveness.TimedWait`) gives the wait a deadline: past
+        ``timed`` (a :class:`~fakepg.world.liveness.TimedWait`) gives the wait a deadline: past
         it, while ``ready()`` still fails, ``timed.expired()`` is raised; when the hang
         verdict ends the world, ``timed.hung(report)`` is raised instead of the plain
         hang error, so the rank sees its backend's timeout error at once.
