@@ -132,6 +132,8 @@ def _grid_flags(p: argparse.ArgumentParser, *, world_default: str | None) -> Non
                    help="FSDP2 MixedPrecisionPolicy param_dtype: bf16, fp16, fp32")
     g.add_argument("--reduce-dtype", default=None, metavar="DTYPE",
                    help="FSDP2 MixedPrecisionPolicy reduce_dtype: bf16, fp16, fp32")
+    g.add_argument("--activation-checkpointing", action="store_true",
+                   help="FSDP2: every block under torch's checkpoint_wrapper (full AC)")
     g.add_argument("--gpu-memory", type=float, default=None, metavar="GB",
                    help="device memory for the OOM verdict (default: the --gpu preset's)")
     g.add_argument("--iterations", type=int, default=1, help="iterations replayed (default 1)")
@@ -381,7 +383,7 @@ def _whatif(args: argparse.Namespace) -> int:
                      forward_prefetch=args.forward_prefetch,
                      backward_prefetch=args.backward_prefetch, param_dtype=args.param_dtype,
                      reduce_dtype=args.reduce_dtype, gpu_memory_gb=args.gpu_memory,
-                     executor=ex, progress=rows, status=status, replay_progress=one)
+                     activation_checkpointing=args.activation_checkpointing, executor=ex, progress=rows, status=status, replay_progress=one)
     if args.save_capture:
         res.captured.save(args.save_capture)
     return _finish(res, args)

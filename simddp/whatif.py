@@ -32,6 +32,8 @@ import os
 import runpy
 from typing import Any, Callable, Mapping, Sequence
 
+import torch
+
 from .analysis.sweeps import SweepResult
 from .models import Compute, Network, NetworkModel
 from .timing import Timing
@@ -89,7 +91,8 @@ def load_workload(spec: Any, **overrides: Any) -> Any:
 
 def _plain_steps(scenario: Any, steps: int, device: str) -> Callable[[int], list[float]]:
     def run(rank: int) -> list[float]:
-        model = scenario.build_model().to(device)
+        with torch.device(device):  # on meta a real-size model is built without storage
+            model = scenario.build_model()
         opt = scenario.optimizer(model.parameters())
         batches = scenario.inputs(0, 1, device=device)
         times = []
@@ -195,6 +198,7 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
            reshard_after_forward: Any = None, forward_prefetch: int = 1,
            backward_prefetch: int = 1, param_dtype: str | None = None,
            reduce_dtype: str | None = None, gpu_memory_gb: float | None = None,
+           capture_device: str | None = None, activation_checkpointing: bool = False,
            executor: concurrent.futures.Executor | None = None,
            progress: Progress | None = None,
            status: Callable[[str], None] | None = None,
@@ -210,6 +214,9 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
     ``reduce_dtype``, its ``MixedPrecisionPolicy``), then replayed at every world size; a world
     size the layout does not divide is left out (``status`` says so). ``gpu_memory_gb``: the
     device memory for each row's OOM verdict (default: the ``gpu`` preset's).
+    ``activation_checkpointing``: FSDP2 layouts run every block under torch's
+    ``checkpoint_wrapper`` (torchtitan's full AC). ``capture_device``: "cpu" or "meta" (default: "meta" for the zoo's real-size workloads,
+    whose step would not fit this machine's memory, else "cpu").
     The result's ``meta`` dict says what was modelled (compute, calibration factor)."""
     from .cosim.capture_fsdp import capture_fsdp
     from .models.compute import DEVICES
@@ -217,6 +224,8 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
 
     say = status or (lambda text: None)
     sc = load_workload(workload, batch_size=batch_size)
+    # a real-size workload (Llama 3 8B/70B) is captured on the meta device: shapes only
+    device = capture_device or ("meta" if "real-size" in getattr(sc, "features", ()) else "cpu")
     model = Compute.roofline(gpu) if compute is None else compute
     factor = None
     if step_time_s is not None:
@@ -247,7 +256,8 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
                              f"fits it")
         if par.data == "ddp" and par.tp == par.pp == 1:
             say(f"capturing {sc.name} (torch's DDP) on {capture_ranks} fake rank(s)")
-            cap = capture(sc, nprocs=capture_ranks, timing=timing, seed=seed)
+            cap = capture(sc, nprocs=capture_ranks, timing=timing, seed=seed,
+                          device=device)
             parts.append(replay_grid(cap, world_size=worlds, bucket_cap_mb=bucket_cap_mb,
                                      comm_hook=comm_hook, parallel=None if spec == "ddp"
                                      else spec, **common))
@@ -263,7 +273,8 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
                 f"{raf}) on {nranks} fake ranks")
             cap = capture_fsdp(sc, nranks, timing=timing, mesh=mesh,
                                reshard_after_forward=bool(raf), param_dtype=param_dtype,
-                               reduce_dtype=reduce_dtype, seed=seed)
+                               reduce_dtype=reduce_dtype, seed=seed, device=device,
+                               activation_checkpointing=activation_checkpointing)
             parts.append(replay_grid(cap, world_size=worlds, parallel=spec,
                                      reshard_after_forward=bool(raf),
                                      forward_prefetch=forward_prefetch,

@@ -84,12 +84,17 @@ class SavedBytes(torch.autograd.graph.saved_tensors_hooks):
         return sum(self._storages.values())
 
 
-def activation_bytes(scenario: Any, device: str = "cpu",
-                     dtype: torch.dtype | None = None) -> int:
+def activation_bytes(scenario: Any, device: str = "cpu", dtype: torch.dtype | None = None,
+                     units: Callable[[torch.nn.Module], list] | None = None,
+                     checkpointed: bool = False) -> tuple[int, int]:
     """Bytes autograd saves for backward in one forward (and loss) of ``scenario``'s model on
     rank 0's first batch, run plainly (no ranks, no virtual time; on the meta device for a
     real-size capture; ``dtype``: the parameters' compute dtype, e.g. FSDP2's
-    ``MixedPrecisionPolicy.param_dtype``)."""
+    ``MixedPrecisionPolicy.param_dtype``). Returns (held from forward to backward, held only
+    while one unit is recomputed in backward). With ``checkpointed`` (activation checkpointing
+    of each of ``units(model)``) a unit keeps only its input until backward recomputes it,
+    so the first figure is the rest's saved bytes and the units' inputs, the second the
+    largest unit's saved bytes; else (all saved, 0)."""
     with torch.device(device):
         model = scenario.build_model()
     if dtype is not None:
@@ -97,10 +102,27 @@ def activation_bytes(scenario: Any, device: str = "cpu",
     batch = _batches(scenario, 0, 1, 1, device)[0]
     saved = SavedBytes()
     saved.counting = True
+    per_unit: list[int] = []
+    inputs: list[int] = []
+    handles = []
+    if checkpointed and units is not None:
+        for unit in units(model):
+            def pre(mod: Any, args: Any) -> None:
+                per_unit.append(saved.total)
+                inputs.append(sum(a.numel() * a.element_size() for a in args
+                                  if isinstance(a, torch.Tensor)))
+
+            def post(mod: Any, args: Any, out: Any) -> None:
+                per_unit[-1] = saved.total - per_unit[-1]
+            handles += [unit.register_forward_pre_hook(pre), unit.register_forward_hook(post)]
     with saved:
         loss = scenario.step(model, batch)
     del loss
-    return saved.total
+    for h in handles:
+        h.remove()
+    if not per_unit:
+        return saved.total, 0
+    return saved.total - sum(per_unit) + sum(inputs), max(per_unit)
 
 
 def _batches(scenario: Any, rank: int, world_size: int, iterations: int,
@@ -375,7 +397,7 @@ def capture(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None,
         logging_data=logging, device=device, parallel=parallel,
         fsdp_groups=r0.get("fsdp_groups", []),
         optimizer_state_bytes=int(r0["optimizer_state_bytes"]),
-        activation_bytes=activation_bytes(scenario, device), **ddp)
+        activation_bytes=activation_bytes(scenario, device)[0], **ddp)
     if parallel == "ddp" and not cap.bucket_indices:
         cap.bucket_indices = cap.buckets()
     return cap

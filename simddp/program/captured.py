@@ -241,7 +241,9 @@ class CapturedStep:
     mesh dimension (``scope``). ``mesh``: the capture's mesh (``{"shard": n}`` or
     ``{"replicate": r, "shard": s}``). Memory facts per rank: ``param_bytes`` (the model's,
     unsharded), ``optimizer_state_bytes`` (this rank's shard), ``activation_bytes`` (saved for
-    backward in the step)."""
+    backward in the step; with ``activation_checkpointing`` the blocks' inputs and what is saved
+    outside them) and ``recompute_bytes`` (with activation checkpointing: the largest block's
+    activations, live while backward recomputes it)."""
 
     name: str
     parallel: str
@@ -259,6 +261,8 @@ class CapturedStep:
     costs: dict[str, float] | None = None
     cosim_iteration_time: float = 0.0
     cosim_exposed_comm: float = 0.0
+    recompute_bytes: int = 0  # activation checkpointing: one block's, while backward recomputes it
+    activation_checkpointing: bool = False
 
     @property
     def shard_size(self) -> int:
