@@ -22,7 +22,7 @@ from fakepg.arguments import integer
 from ..models import Network
 from ..timing import Timing
 from ..program.captured import CapturedIteration, ParamInfo, RankProfile, parse_indices
-from .meta import DEVICES, MetaDataMode, beneath_clock, fsdp_on_meta
+from .meta import DEVICES, fsdp_on_meta, meta_scope
 from .simulate import Observer, SimResult, now, simulate
 
 __all__ = ["capture", "capture_workload", "PARALLEL"]
@@ -263,9 +263,7 @@ def _rank_run(scenario: Any, kwargs: Mapping[str, Any], iterations: int,
     def run(rank: int) -> dict[str, Any]:
         import torch.distributed as dist
 
-        with contextlib.ExitStack() as stack:
-            if device == "meta":
-                stack.enter_context(beneath_clock(MetaDataMode(meta_cache)))
+        with meta_scope(device, meta_cache):
             with torch.device(device):  # on meta: parameters without storage
                 module = scenario.build_model()
             model = _wrap(module, parallel, kwargs, device)

@@ -26,7 +26,7 @@ from ..models import Network
 from ..program.captured import CapturedStep
 from ..timing import Timing
 from .capture import _batches, _probe_costs, _train, activation_bytes, state_bytes
-from .meta import DEVICES, MetaDataMode, beneath_clock, fsdp_on_meta
+from .meta import DEVICES, fsdp_on_meta, meta_scope
 from .simulate import SimResult, now, simulate
 
 __all__ = ["capture_fsdp", "fsdp_units", "checkpoint_units", "PHASES"]
@@ -76,9 +76,7 @@ def _rank_run(scenario: Any, mesh_dims: Mapping[str, int], iterations: int,
     meta_cache: dict = {}  # shared by the ranks (see MetaDataMode)
 
     def run(rank: int) -> dict[str, Any]:
-        with contextlib.ExitStack() as stack:
-            if device == "meta":
-                stack.enter_context(beneath_clock(MetaDataMode(meta_cache)))
+        with meta_scope(device, meta_cache):
             return _run(rank)
 
     def _run(rank: int) -> dict[str, Any]:

@@ -28,6 +28,36 @@ __all__ = ["CapturedIteration", "CapturedStep", "ParamInfo", "RankProfile", "ass
 _MB = 1024 * 1024
 
 
+class _JSON:
+    """JSON round trips for a capture dataclass (its ``from_dict`` rebuilds nested parts)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    def to_json(self, path: str | os.PathLike | None = None) -> str:
+        text = json.dumps(self.to_dict(), sort_keys=True, indent=1)
+        if path is not None:
+            with open(path, "w") as f:
+                f.write(text)
+        return text
+
+    save = to_json
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Any:
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    @classmethod
+    def from_json(cls, text: str) -> Any:
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Any:
+        with open(path) as f:
+            return cls.from_json(f.read())
+
+
 @dataclass
 class ParamInfo:
     """One parameter as the Reducer indexes it (DDP's parameter order)."""
@@ -82,7 +112,7 @@ class RankProfile:
 
 
 @dataclass
-class CapturedIteration:
+class CapturedIteration(_JSON):
     """One DDP iteration as :func:`capture` recorded it; JSON-serialisable
     (:meth:`to_json`, :meth:`save`, :meth:`from_json`, :meth:`load`)."""
 
@@ -147,35 +177,14 @@ class CapturedIteration:
                                hint="the first bucket's size in MiB, e.g. 1") * _MB)
         return cap, first, caps
 
-    # -- serialisation -----------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def to_json(self, path: str | os.PathLike | None = None) -> str:
-        text = json.dumps(self.to_dict(), sort_keys=True, indent=1)
-        if path is not None:
-            with open(path, "w") as f:
-                f.write(text)
-        return text
-
-    save = to_json
-
+    # -- serialisation (to_json, save, load: _JSON) ------------------------------------------
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> CapturedIteration:
         d = dict(d)
         d["params"] = [ParamInfo(**p) for p in d["params"]]
         d["profiles"] = [RankProfile(**p) for p in d["profiles"]]
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        return super().from_dict(d)
 
-    @classmethod
-    def from_json(cls, text: str) -> CapturedIteration:
-        return cls.from_dict(json.loads(text))
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> CapturedIteration:
-        with open(path) as f:
-            return cls.from_json(f.read())
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -230,7 +239,7 @@ def parse_indices(text: str) -> list[list[int]]:
 
 
 @dataclass
-class CapturedStep:
+class CapturedStep(_JSON):
     """One training step of a sharded program (FSDP2, HSDP) as
     :func:`~simddp.cosim.capture_fsdp.capture_fsdp` recorded it; JSON-serialisable.
 
@@ -270,25 +279,3 @@ class CapturedStep:
 
     def network_model(self) -> Network | None:
         return None if self.network is None else Network(**self.network)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def to_json(self, path: str | os.PathLike | None = None) -> str:
-        text = json.dumps(self.to_dict(), sort_keys=True, indent=1)
-        if path is not None:
-            with open(path, "w") as f:
-                f.write(text)
-        return text
-
-    save = to_json
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> CapturedStep:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> CapturedStep:
-        with open(path) as f:
-            return cls.from_dict(json.load(f))
