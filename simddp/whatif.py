@@ -16,9 +16,10 @@ Steps:
 2. compute: ``Compute.roofline(gpu)``; with ``step_time`` it is scaled so that one rank's
    training step *without DDP* (zero_grad, forward, loss, backward, optimizer step; the last
    of two, so the optimizer's state exists) takes ``step_time`` seconds — the number users
-   have from a single-GPU run (:func:`calibrate_compute`). That step is timed on the meta
-   device (shapes only, no arithmetic), falling back to CPU tensors if the model cannot run
-   there;
+   have from a single-GPU run (:func:`calibrate_compute`), timed on CPU tensors as the capture
+   runs; DDP's own work in the capture is then charged at the uncalibrated device's cost
+   (:mod:`simddp.models.ddp_overhead`), so a 1-rank DDP iteration is the step plus DDP's
+   modelled overhead;
 3. one capture (:func:`simddp.replay.capture`, torch's real DDP on ``capture_ranks`` fake
    ranks), then one replay per configuration (:func:`simddp.replay.sweep`'s rows), here or on
    an executor. Straggler ranks a world does not have are left out of that world's row.
@@ -41,7 +42,7 @@ from .program.knobs import Config, Knobs
 from .cosim.simulate import now, simulate
 from .sweep import Progress, run_configs
 
-__all__ = ["whatif", "replay_grid", "load_workload", "step_time", "calibrate_compute",
+__all__ = ["whatif", "replay_grid", "load_workload", "step_time", "step_phases", "calibrate_compute",
            "network_for"]
 
 
@@ -88,35 +89,45 @@ def load_workload(spec: Any, **overrides: Any) -> Any:
     return zoo.get(spec, **overrides)
 
 
-def _plain_steps(scenario: Any, steps: int, device: str) -> Callable[[int], list[float]]:
-    def run(rank: int) -> list[float]:
+def _plain_steps(scenario: Any, steps: int, device: str
+                 ) -> Callable[[int], list[dict[str, float]]]:
+    """Each step's phases (as the capture splits a DDP step): forward (zero_grad, forward,
+    loss), backward, optimizer."""
+    def run(rank: int) -> list[dict[str, float]]:
         model = scenario.build_model().to(device)
         opt = scenario.optimizer(model.parameters())
         batches = scenario.inputs(0, 1, device=device)
-        times = []
+        phases = []
         for i in range(steps):
             t0 = now()
             opt.zero_grad(set_to_none=True)
-            scenario.step(model, batches[i % len(batches)]).backward()
+            loss = scenario.step(model, batches[i % len(batches)])
+            t1 = now()
+            loss.backward()
+            t2 = now()
             opt.step()
-            times.append(now() - t0)
-        return times
+            phases.append({"forward": t1 - t0, "backward": t2 - t1, "optimizer": now() - t2})
+        return phases
     return run
+
+
+def step_phases(scenario: Any, compute: Any, *, device: str | None = None
+                ) -> dict[str, float]:
+    """Virtual seconds of one rank's training step without DDP under ``compute`` (the second
+    of two steps), per phase: forward, backward, optimizer. ``device``: "cpu" (the default:
+    the device the capture runs on, so the plain step runs the very ops the DDP step runs —
+    on "meta" some ops decompose differently, e.g. attention, and a transformer's step came
+    out 15 % apart) or "meta" (shapes only, no arithmetic)."""
+    timing = Timing(compute=compute)
+    res = simulate(_plain_steps(scenario, 2, device or "cpu"), (), 1, timing=timing, seed=0)
+    return dict(res.returns[0][-1])
 
 
 def step_time(scenario: Any, compute: Any, *, device: str | None = None) -> float:
     """Virtual seconds one rank's training step takes without DDP under ``compute`` (the
-    second of two steps). ``device``: "meta" or "cpu"; None tries meta, then CPU."""
-    timing = Timing(compute=compute)
-    for dev in ([device] if device else ["meta", "cpu"]):
-        try:
-            res = simulate(_plain_steps(scenario, 2, dev), (), 1, timing=timing, seed=0)
-        except Exception:  # noqa: BLE001 - a model the meta device cannot run: use CPU
-            if device or dev == "cpu":
-                raise
-            continue
-        return float(res.returns[0][-1])
-    raise AssertionError("unreachable")  # pragma: no cover
+    second of two steps; see :func:`step_phases`)."""
+    ph = step_phases(scenario, compute, device=device)
+    return ph["forward"] + ph["backward"] + ph["optimizer"]
 
 
 def calibrate_compute(scenario: Any, compute: Any, seconds: float) -> tuple[Any, float]:
@@ -196,11 +207,16 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
            executor: concurrent.futures.Executor | None = None,
            progress: Progress | None = None,
            status: Callable[[str], None] | None = None,
-           replay_progress: Any = None, contention: Any = "keep") -> SweepResult:
+           replay_progress: Any = None, contention: Any = "keep",
+           ddp_work_at_device_cost: bool = True, **knobs: Any) -> SweepResult:
     """One row per configuration of ``workload`` (see the module docstring). ``compute``
     overrides ``Compute.roofline(gpu)``; ``status(text)`` hears each stage as it starts.
     ``contention``: "keep" each network's own :class:`~simddp.models.Contention` (a calibrate
     file's measured one), None to drop it, or one for every network.
+    ``ddp_work_at_device_cost``: with ``step_time_s``, DDP's own work (bucket copies, its
+    bookkeeping) is charged at the uncalibrated device's cost, not scaled with the model's
+    compute (:mod:`simddp.models.ddp_overhead`); False scales it too (as before). ``knobs``:
+    further :class:`~simddp.program.knobs.Knobs` fields (single values), e.g. ``overlap=False``.
     The result's ``meta`` dict says what was modelled (compute, calibration factor)."""
     say = status or (lambda text: None)
     sc = load_workload(workload, batch_size=batch_size)
@@ -213,13 +229,16 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
     say(f"capturing {sc.name} (torch's DDP) on {capture_ranks} fake rank(s)")
     cap = capture(sc, nprocs=capture_ranks, timing=Timing(network=first_net, compute=model),
                   seed=seed)
+    if factor is not None and ddp_work_at_device_cost:
+        # DDP's own work is proportional to the parameters, not to the calibrated compute
+        cap = cap.with_ddp_work_at_device_cost(step_phases(sc, model), factor)
     title = f"{sc.name}, {gpu if compute is None else 'custom'} compute" + (
         f" ×{factor:.3g} ({step_time_s * 1e3:g} ms step)" if factor else "")
     res = replay_grid(cap, world_size=world_size, network=network, gpus_per_node=gpus_per_node,
                       bucket_cap_mb=bucket_cap_mb, comm_hook=comm_hook, rank_speed=rank_speed,
                       executor=executor, progress=progress, title=title,
                       replay_progress=replay_progress, contention=contention,
-                      iterations=iterations, jitter=jitter, seed=seed)
+                      iterations=iterations, jitter=jitter, seed=seed, **knobs)
     res.meta = {"workload": sc.name, "compute": repr(model), "calibration_factor": factor,
                 "step_time_s": step_time_s, "capture_ranks": capture_ranks}
     return res

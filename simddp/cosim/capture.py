@@ -209,10 +209,21 @@ def capture(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None,
         compute=repr(timing.compute), costs=_probe_costs(timing.compute),
         cosim_iteration_time=res.timeline.iteration_times()[last],
         cosim_exposed_comm=res.timeline.exposed_comm()[last], collectives=coll_rows,
-        logging_data=logging, **r0["ddp"])
+        logging_data=logging, batch_size=_batch_size(scenario, nprocs), **r0["ddp"])
     if not cap.bucket_indices:
         cap.bucket_indices = cap.buckets()
     return cap
+
+
+def _batch_size(scenario: Any, nprocs: int) -> int:
+    """Rank 0's samples per iteration: the first dimension of its first batch's first tensor
+    (0 when the batch holds no tensor)."""
+    try:
+        batch = list(scenario.inputs(0, nprocs))[0]
+    except Exception:  # noqa: BLE001 - a scenario without inputs() said so earlier
+        return 0
+    first = batch[0] if isinstance(batch, (list, tuple)) and batch else batch
+    return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() else 0
 
 
 def _profile(res: SimResult, rank: int, o: dict[str, Any],
