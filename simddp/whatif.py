@@ -132,15 +132,24 @@ def step_time(scenario: Any, compute: Any, *, device: str | None = None) -> floa
 
 def calibrate_compute(scenario: Any, compute: Any, seconds: float) -> tuple[Any, float]:
     """``compute`` scaled so that :func:`step_time` is ``seconds``; returns (model, factor)."""
+    model, factor, _ = _calibrated(scenario, compute, seconds)
+    return model, factor
+
+
+def _calibrated(scenario: Any, compute: Any, seconds: float
+                ) -> tuple[Any, float, dict[str, float]]:
+    """:func:`calibrate_compute`, and the plain step's phases under the scaled model (each
+    op's time × factor, so the phases scale with it)."""
     if not seconds > 0:
         raise ValueError(f"step_time must be > 0 seconds, got {seconds!r}")
-    modelled = step_time(scenario, compute)
+    phases = step_phases(scenario, compute)
+    modelled = sum(phases.values())
     if not modelled > 0:
         raise ValueError(f"the compute model {compute!r} charges nothing for a step of "
                          f"{getattr(scenario, 'name', scenario)!r}, so it cannot be scaled "
                          f"to {seconds} s")
     factor = seconds / modelled
-    return compute.scaled(factor), factor
+    return compute.scaled(factor), factor, {k: v * factor for k, v in phases.items()}
 
 
 def network_for(spec: Any, gpus_per_node: int | None = None,
@@ -224,14 +233,14 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
     factor = None
     if step_time_s is not None:
         say(f"calibrating compute: one rank's step without DDP = {step_time_s * 1e3:g} ms")
-        model, factor = calibrate_compute(sc, model, step_time_s)
+        model, factor, plain = _calibrated(sc, model, step_time_s)
     first_net = network_for(_as_list(network)[0], gpus_per_node, contention)
     say(f"capturing {sc.name} (torch's DDP) on {capture_ranks} fake rank(s)")
     cap = capture(sc, nprocs=capture_ranks, timing=Timing(network=first_net, compute=model),
                   seed=seed)
     if factor is not None and ddp_work_at_device_cost:
         # DDP's own work is proportional to the parameters, not to the calibrated compute
-        cap = cap.with_ddp_work_at_device_cost(step_phases(sc, model), factor)
+        cap = cap.with_ddp_work_at_device_cost(plain, factor)
     title = f"{sc.name}, {gpu if compute is None else 'custom'} compute" + (
         f" ×{factor:.3g} ({step_time_s * 1e3:g} ms step)" if factor else "")
     res = replay_grid(cap, world_size=world_size, network=network, gpus_per_node=gpus_per_node,
