@@ -182,3 +182,22 @@ def test_the_mechanisms_switched_on_are_columns_of_the_row(cap):
     assert res.knobs["sync_points"] == 1 and res.knobs["overlap"] is False
     assert "host_per_sample_us" not in replay(cap, 2, network=NET, progress=False).knobs
     assert math.isfinite(res.iteration_time)
+
+
+def test_the_cost_flags_of_simddp_replay_reach_the_rows(cap, tmp_path):
+    import json
+
+    from simddp.cli import main
+
+    path = tmp_path / "capture.json"
+    cap.save(path)
+    out = tmp_path / "rows.json"
+    assert main(["replay", str(path), "--world-size", "2", "--network", "100gbe",
+                 "--no-overlap", "--sync-points", "2", "--sync-us", "5", "--protocol-latency",
+                 "--no-progress", "--json", str(out)]) == 0
+    [row] = json.loads(out.read_text())
+    assert (row["overlap"], row["sync_points"], row["sync_us"], row["protocol_latency"]) == \
+        (False, 2, 5.0, True)
+    plain = replay(cap, 2, network="100gbe", progress=False, overlap=False, sync_points=2,
+                   sync_us=5.0, protocol_latency=True)
+    assert row["iteration_time_s"] == plain.iteration_time
