@@ -64,8 +64,9 @@ if __name__ == "__main__":
         t = torch.tensor([sorted(times[5:])[len(times[5:]) // 2]])  # this rank's median
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         if dist.get_rank() == 0:
-            print(float(t))
-        dist.destroy_process_group()
+            print(float(t), flush=True)
+        dist.barrier()
+        os._exit(0)  # gloo's teardown can abort a rank after the work is done
     else:
         print(sorted(times[5:])[len(times[5:]) // 2])
 '''
@@ -93,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     cells = [(n, cap) for n in (2, 4) for cap in (1, 25)]
     single, measured = [], {c: [] for c in cells}
     for r in range(args.rounds):  # interleaved: the machine's load drifts
-        single.append(float(_run([py, script, str(args.steps)]).split()[-1]))
+        # one thread, as torchrun gives each rank (OMP_NUM_THREADS=1 by default): the same
+        # single-process step a rank would take alone
+        single.append(float(_run([py, script, str(args.steps)],
+                                 {"OMP_NUM_THREADS": "1"}).split()[-1]))
         for n, cap in cells:
             out = _run([torchrun, "--standalone", f"--nproc_per_node={n}", script,
                         str(args.steps)], {"CAP_MB": str(cap), "OMP_NUM_THREADS": "1"})

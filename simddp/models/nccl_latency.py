@@ -54,6 +54,8 @@ class ProtocolLatency:
         self.inner = inner
 
     def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
     @property
