@@ -395,7 +395,8 @@ def capture(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None,
         logging_data=logging, device=device, parallel=parallel,
         fsdp_groups=r0.get("fsdp_groups", []),
         optimizer_state_bytes=int(r0["optimizer_state_bytes"]),
-        activation_bytes=activation_bytes(scenario, device)[0], **ddp)
+        activation_bytes=activation_bytes(scenario, device)[0],
+        batch_size=_batch_size(scenario, nprocs), **ddp)
     if parallel == "ddp" and not cap.bucket_indices:
         cap.bucket_indices = cap.buckets()
     return cap
@@ -418,6 +419,17 @@ def capture_workload(name: str, nprocs: int = 2, *, parallel: str = "ddp",
         timing = Timing(compute=Compute.roofline("h100"))
     return capture(scenario, nprocs, timing=timing, seed=seed, device="meta",
                    parallel=parallel, fsdp_kwargs=fsdp_kwargs)
+
+
+def _batch_size(scenario: Any, nprocs: int) -> int:
+    """Rank 0's samples per iteration: the first dimension of its first batch's first tensor
+    (0 when the batch holds no tensor)."""
+    try:
+        batch = list(scenario.inputs(0, nprocs))[0]
+    except Exception:  # noqa: BLE001 - a scenario without inputs() said so earlier
+        return 0
+    first = batch[0] if isinstance(batch, (list, tuple)) and batch else batch
+    return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() else 0
 
 
 def _profile(res: SimResult, rank: int, o: dict[str, Any],

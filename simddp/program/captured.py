@@ -145,6 +145,7 @@ class CapturedIteration(_JSON):
     # FSDP2's parameter groups in module order: {"module", "params": [{"name", "shape",
     # "dtype", "padded_shard_numel"}], "reshard_after_forward", "param_dtype", "reduce_dtype"}
     fsdp_groups: list[dict[str, Any]] = field(default_factory=list)
+    batch_size: int = 0  # samples per rank per iteration (the batch's first dimension; 0: unknown)
 
     # -- derived ---------------------------------------------------------------------------
     @property
@@ -177,6 +178,39 @@ class CapturedIteration(_JSON):
                                hint="the first bucket's size in MiB, e.g. 1") * _MB)
         return cap, first, caps
 
+    def with_ddp_work_at_device_cost(self, plain: Mapping[str, float],
+                                     factor: float) -> CapturedIteration:
+        """This capture with DDP's own work (what the DDP step does beyond ``plain``, the
+        no-DDP step's phases ``forward``/``backward``/``optimizer`` under the same compute
+        model) charged at ``1 / factor`` of its captured cost: the compute model was scaled by
+        ``factor`` to a measured step time, which must not scale DDP's parameter-proportional
+        work (see :mod:`simddp.models.ddp_overhead`). Mark offsets and grad-ready times move
+        with their segment, linearly; the roofline summary (comm hooks' work) is DDP's."""
+        from ..models.ddp_overhead import device_cost, split
+
+        number("factor", factor, positive=True, hint="the calibration factor, e.g. 2.5")
+        profiles = []
+        for q in self.profiles:
+            kept_b, extra_b = split(q.backward, plain["backward"])
+            # what of the plain backward is left for after the end-of-backward wait
+            kept_p, extra_p = split(q.post_backward, plain["backward"] - kept_b)
+            profiles.append(_rephased(
+                q, device_cost(q.forward, plain["forward"], factor), kept_b + extra_b / factor,
+                kept_p + extra_p / factor, q.before_step / factor,
+                device_cost(q.optimizer, plain["optimizer"], factor)))
+        return dataclasses.replace(self, profiles=profiles, costs=_costs_scaled(self.costs,
+                                                                                1 / factor))
+
+    def with_compute_scaled(self, factor: float) -> CapturedIteration:
+        """This capture with every compute duration (and grad-ready time, mark offset and the
+        roofline summary's costs) ``factor`` times as long."""
+        number("factor", factor, positive=True, hint="a slowdown, e.g. 2.0")
+        profiles = [_rephased(q, q.forward * factor, q.backward * factor,
+                              q.post_backward * factor, q.before_step * factor,
+                              q.optimizer * factor) for q in self.profiles]
+        return dataclasses.replace(self, profiles=profiles, costs=_costs_scaled(self.costs,
+                                                                                factor))
+
     # -- serialisation (to_json, save, load: _JSON) ------------------------------------------
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> CapturedIteration:
@@ -185,6 +219,30 @@ class CapturedIteration(_JSON):
         d["profiles"] = [RankProfile(**p) for p in d["profiles"]]
         return super().from_dict(d)
 
+
+
+def _rephased(q: RankProfile, forward: float, backward: float, post_backward: float,
+              before_step: float, optimizer: float) -> RankProfile:
+    """``q`` with new phase durations; forward marks and grad-ready times stretched with
+    their phase."""
+    fs = forward / q.forward if q.forward > 0 else 1.0
+    bs = backward / q.backward if q.backward > 0 else 1.0
+    return dataclasses.replace(
+        q, forward=forward, backward=backward, post_backward=post_backward,
+        before_step=before_step, optimizer=optimizer,
+        ready=[None if t is None else t * bs for t in q.ready],
+        forward_collectives=[{**fc, "offset": fc["offset"] * fs,
+                              "wait_at": None if fc.get("wait_at") is None
+                              else fc["wait_at"] * fs} for fc in q.forward_collectives])
+
+
+def _costs_scaled(costs: dict[str, float] | None, factor: float) -> dict[str, float] | None:
+    """A roofline summary (``costs``) whose ops take ``factor`` times as long."""
+    if costs is None:
+        return None
+    return {"overhead_s": costs["overhead_s"] * factor,
+            "bytes_per_s": costs["bytes_per_s"] / factor,
+            "flops_per_s": costs["flops_per_s"] / factor}
 
 
 def _dtype(name: str) -> torch.dtype:
