@@ -15,12 +15,13 @@ Example::
 
 from .errors import (BackendTimeoutError, CollectiveHangError, CollectiveMismatchError,
                      CollectiveTimeoutError, FakePGError, InvalidCollectiveError, PeerCrashedError,
-                     RankFailedError, RealProcessesWarning, SpawnTimeoutError, StoreTimeoutError,
+                     RankFailedError, RealProcessesWarning, SharedStateError, SpawnTimeoutError, StoreTimeoutError,
                      WorldAbortedError)
 from .exploration import ExplorationError, ExplorationSummary, explore
 from .gloo_hazards import GlooHazardError, GlooHazardWarning
 from .nccl_hazards import NcclHazardError, NcclHazardWarning
 from .hooks import WorldHooks
+from .isolation import per_rank_globals
 from .process_group import BACKEND_NAME, FakeProcessGroup, FakeWork, register_backend
 from .world import SpawnResult, spawn
 from .process_mode import RankProcessDiedError
@@ -36,7 +37,7 @@ __all__ = [
     "FakePGError", "CollectiveMismatchError", "CollectiveHangError", "RankFailedError",
     "WorldAbortedError", "CollectiveTimeoutError", "InvalidCollectiveError", "PeerCrashedError", "SpawnTimeoutError", "BackendTimeoutError",
     "StoreTimeoutError", "GlooHazardError", "GlooHazardWarning", "NcclHazardError",
-    "NcclHazardWarning", "FakeStore", "RankProcessDiedError", "RealProcessesWarning",
-    "FakeProcessGroup", "FakeWork", "WorldHooks",
+    "NcclHazardWarning", "FakeStore", "RankProcessDiedError", "RealProcessesWarning", "SharedStateError",
+    "FakeProcessGroup", "FakeWork", "WorldHooks", "per_rank_globals",
     "to_json", "from_json", "flight_recorder_dump", "dump_flight_recorder",
 ]

@@ -37,6 +37,15 @@ class PeerCrashedError(FakePGError):
     ends_world = True
 
 
+class SharedStateError(FakePGError):
+    """A rank used an object another rank created, reached through state that all rank
+    threads share (a library's module global): thread mode cannot isolate it. The message
+    names the global and says to declare it with ``fakepg.per_rank_globals`` or to run the
+    ranks as processes (``isolation="process"``). It fails its rank and ends the world."""
+
+    ends_world = True
+
+
 class CollectiveHangError(FakePGError):
     """No rank can make progress: every unfinished rank waits on something that
     cannot complete. ``.report`` holds the per-rank report as text."""

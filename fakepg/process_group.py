@@ -20,8 +20,9 @@ import torch.distributed as dist
 from . import backends, ops
 from .cluster import Cluster, current_cluster
 from .collectives import Call, GroupState
-from .errors import FakePGError, InvalidCollectiveError
+from .errors import FakePGError, InvalidCollectiveError, SharedStateError
 from .ops.base import dtype_name, tensors_of
+from .isolation import shared_object_message
 from .profiling import collective_event
 # re-exported: the names other modules (and programs) import from here
 from .python_group import (BACKEND_NAME, PythonProcessGroup, creating_backend,  # noqa: F401
@@ -121,6 +122,11 @@ class FakeProcessGroup(PythonProcessGroup):
         """
         forced = getattr(_forced, "call", None)
         site = user_site(2) if forced is None else forced[0]
+        if forced is None:
+            binding = current_cluster()
+            if binding is not None and binding[1] != self._global_rank and binding[0] is self._cluster:
+                raise SharedStateError(shared_object_message(
+                    f"a process group ({op.name} at {site})", self, self._global_rank, binding[1]))
         g = self._gstate or self._group_state()
         if self._destroyed:
             raise FakePGError(f"rank {self._global_rank}: {op.name} on group {g.label} at {site}, "

@@ -68,10 +68,11 @@ def _kind(filename: str) -> int:
     return kind
 
 
-def user_site(depth: int = 1) -> str:
+def user_site(depth: int = 1, frame: FrameType | None = None) -> str:
     """Where the caller's collective came from: ``file:line`` of the user's frame, with
-    ``(via lib/file.py:line)`` when an installed library issued it for the user."""
-    frame = sys._getframe(depth)
+    ``(via lib/file.py:line)`` when an installed library issued it for the user. ``frame``:
+    start there instead of ``depth`` frames up."""
+    frame = sys._getframe(depth) if frame is None else frame
     start = frame
     kinds = _kinds
     while frame is not None:

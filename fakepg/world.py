@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 import torch.distributed.distributed_c10d as c10d
 
-from . import backends, liveness
+from . import backends, isolation, liveness
 from . import faults as _faults
 from .arguments import integer, number
 from .cluster import Cluster, bind_thread, current_cluster
@@ -169,6 +169,7 @@ def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backe
     __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
     sched = Scheduler(processes, cluster.hang_report)
     sched.schedule = schedule
+    sched.inactivity = hang_timeout
     cluster.scheduler = sched
     returns: list[Any] = [None] * nprocs
     failures: dict[int, BaseException] = {}
@@ -189,6 +190,9 @@ def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backe
             outcome = "crashed (fakepg.faults.crash)"
         except BaseException as e:  # noqa: BLE001 - every rank failure is reported by spawn
             failures[rank] = e
+            note = isolation.foreign_group_note(e, rank)
+            if note is not None:
+                e.add_note(note)
             outcome = f"raised {type(e).__name__}"
             ends_world = not isinstance(e, FakePGError) or getattr(e, "ends_world", False)
             ends_world = ends_world and not isinstance(sched.abort_error, _STOPPED)
@@ -250,7 +254,7 @@ def _run_threads(threads: list[threading.Thread], sched: Scheduler, cluster: Clu
     multithreading = torch.autograd.is_multithreading_enabled()
     excepthook = sys.excepthook
     with world_patches(len(threads)), world_profilers(), world_stores("127.0.0.1", master_port), \
-            liveness.cooperative_sleep():
+            liveness.cooperative_sleep(), isolation.import_snapshots():
         torch.autograd.set_multithreading_enabled(False)  # backward runs on the rank's thread
         torch._C._distributed_c10d._set_thread_isolation_mode(True)
         _DEPTH.append(cluster)

@@ -163,3 +163,40 @@ def test_lightning_ddp_spawn_under_fakerun_isolation_process_trains_as_real_spaw
         results.append((tmp_path / "result-main.txt").read_text().split())
     real, fake = results
     assert fake == real
+
+
+DEEPSPEED = '''
+import hashlib, os, torch, deepspeed
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+config = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
+          "optimizer": {"type": "Adam", "params": {"lr": 0.01, "torch_adam": True}},
+          "zero_optimization": {"stage": STAGE, "reduce_bucket_size": 64,
+                                "allgather_bucket_size": 64},
+          "steps_per_print": 10**6}
+engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                       config=config)
+g = torch.Generator().manual_seed(100 + engine.global_rank)
+losses = []
+for _ in range(4):
+    x, y = torch.randn(4, 8, generator=g), torch.randn(4, 4, generator=g)
+    loss = torch.nn.functional.mse_loss(engine(x), y)
+    engine.backward(loss)
+    engine.step()
+    losses.append(loss.item())
+w = b"".join(p.detach().numpy().tobytes() for p in engine.module.parameters())
+with open(f"result-{os.environ['RANK']}.txt", "w") as f:
+    f.write(f"{engine.global_rank} {engine.world_size} {losses} {hashlib.md5(w).hexdigest()}")
+'''
+
+
+@pytest.mark.gloo
+@pytest.mark.parametrize("stage", [1, 2], ids=["zero1", "zero2"])
+def test_deepspeed_zero_under_thread_mode_fakerun_trains_as_under_torchrun(stage, tmp_path):
+    """DeepSpeed keeps its backend and groups in module globals (fakepg.isolation declares
+    them per rank): in threads every rank used rank 0's world group before."""
+    pytest.importorskip("deepspeed")
+    script = DEEPSPEED.replace("STAGE", str(stage))
+    real = launch(["torch.distributed.run"], script, tmp_path)
+    assert [row[:2] for row in real] == [["0", "2"], ["1", "2"]]
+    assert launch(["fakepg.launcher"], script, tmp_path) == real
