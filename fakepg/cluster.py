@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -33,6 +34,11 @@ def current_cluster() -> tuple["Cluster", int] | None:
 
 def bind_thread(cluster: "Cluster | None", rank: int = -1) -> None:
     _local.binding = None if cluster is None else (cluster, rank)
+
+
+# A process a rank thread forks (multiprocessing, os.fork) is no rank: its time.sleep and
+# waits are the real ones, and it holds no baton (there are no other ranks in it).
+os.register_at_fork(after_in_child=lambda: bind_thread(None))
 
 
 class Cluster:

@@ -256,6 +256,8 @@ def cooperative_sleep() -> Iterator[None]:
 
 # -- reports ---------------------------------------------------------------------------------
 def _state(slot: Any) -> str:
+    if slot.preempted:
+        return "running (a loop reading the clock, paused while timed-out ranks fail)"
     if slot.state == BLOCKED and slot.sleeping:
         return f"sleeping in {slot.waiting_for()}"
     if slot.state == BLOCKED:

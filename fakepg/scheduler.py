@@ -89,7 +89,7 @@ class ThreadActivity:
 
 class RankSlot:
     __slots__ = ("rank", "sem", "state", "ready", "waiting_for", "process", "thread", "outcome",
-                 "deadline", "timed", "sleeping", "python_wait")
+                 "deadline", "timed", "sleeping", "python_wait", "preempted")
 
     def __init__(self, rank: int, process: ProcessState) -> None:
         self.rank = rank
@@ -105,6 +105,7 @@ class RankSlot:
         self.timed: Any = None  # the TimedWait of the current wait, if it has a timeout
         self.sleeping = False  # in time.sleep: runnable at its deadline, keeps the world live
         self.python_wait = False  # in Python's own synchronisation (see Scheduler.python_wait)
+        self.preempted = False  # busy on the clock, paused for another rank's expired wait
 
 
 class Scheduler:
@@ -120,6 +121,7 @@ class Scheduler:
         self.last_progress_time = monotonic()
         self.inactivity = 1.0  # seconds of a world idle but for python waits before the verdict
         self.python_verdict = False  # the hang verdict came from the inactivity window
+        self.stuck: list[int] = []  # ranks blocked on a lock nobody can release: not joined
         self.next_deadline = _INF  # earliest deadline of a parked timed wait (for preemption)
         self._describe_world = describe_world
         self._mu = threading.Lock()
@@ -193,7 +195,12 @@ class Scheduler:
         self.next_deadline = min(later, default=_INF)
         if any(s.state == BLOCKED and s.rank != rank and s.deadline is not None
                and (s.timed is not None or s.python_wait) and s.deadline <= now for s in self.slots):
-            self.sleep(rank, 0.0)
+            slot = self.slots[rank]
+            slot.preempted = True
+            try:
+                self.sleep(rank, 0.0)
+            finally:
+                slot.preempted = False
 
     def preempt(self, rank: int) -> None:
         """A point where another process could have run first (a store operation): under an

@@ -19,7 +19,7 @@ from . import backends, isolation, liveness
 from . import faults as _faults
 from .arguments import integer, number
 from .cluster import Cluster, bind_thread, current_cluster
-from .errors import FakePGError, RankFailedError, SpawnTimeoutError
+from .errors import CollectiveHangError, FakePGError, RankFailedError, SpawnTimeoutError
 from .hooks import WorldHooks
 from .gloo_hazards import GlooHazards
 from .nccl_hazards import NcclHazards, parse_modes
@@ -196,6 +196,9 @@ def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backe
             outcome = f"raised {type(e).__name__}"
             ends_world = not isinstance(e, FakePGError) or getattr(e, "ends_world", False)
             ends_world = ends_world and not isinstance(sched.abort_error, _STOPPED)
+            # raised while unwinding from the hang verdict (a `with lock:` whose lock the
+            # verdict released): a consequence of the hang, which stays the reported cause
+            ends_world = ends_world and not (sched.hang is not None and _during_hang(e))
             if ends_world and cluster.failed_rank is None:
                 cluster.failed_rank = rank
                 site = exception_site(e)
@@ -267,6 +270,15 @@ def _run_threads(threads: list[threading.Thread], sched: Scheduler, cluster: Clu
             torch.autograd.set_multithreading_enabled(multithreading)
             host.install()
             sys.excepthook = excepthook  # init_process_group prefixes it with "[rankN]"
+
+
+def _during_hang(e: BaseException) -> bool:
+    seen = e.__context__
+    while seen is not None:
+        if isinstance(seen, CollectiveHangError):
+            return True
+        seen = seen.__context__
+    return False
 
 
 def _str_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -93,11 +93,17 @@ def _monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
     return g._issue("monitored_barrier", (timeout, wait_all_ranks), {})
 
 
+_REAL_SLEEP = time.sleep
+
+
 def _sleep(seconds: float) -> None:
+    if not _rank.in_rank_process():  # a process the rank forked: no rank, a real sleep
+        return _REAL_SLEEP(seconds)
     seconds = float(seconds)
     if seconds < 0:
         raise ValueError("sleep length must be non-negative")
     _rank.me().request("sleep", seconds)  # the other ranks run meanwhile (a real sleep would stall them)
+    return None
 
 
 def _settling(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
