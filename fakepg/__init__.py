@@ -15,7 +15,7 @@ Example::
 
 from .errors import (BackendTimeoutError, CollectiveHangError, CollectiveMismatchError,
                      CollectiveTimeoutError, FakePGError, InvalidCollectiveError, PeerCrashedError,
-                     RankFailedError, RealProcessesWarning, SharedStateError, SpawnTimeoutError, StoreTimeoutError,
+                     NativeWaitError, RankFailedError, RealProcessesWarning, SharedStateError, SpawnTimeoutError, StoreTimeoutError,
                      WorldAbortedError)
 from .exploration import ExplorationError, ExplorationSummary, explore
 from .gloo_hazards import GlooHazardError, GlooHazardWarning
@@ -37,7 +37,7 @@ __all__ = [
     "FakePGError", "CollectiveMismatchError", "CollectiveHangError", "RankFailedError",
     "WorldAbortedError", "CollectiveTimeoutError", "InvalidCollectiveError", "PeerCrashedError", "SpawnTimeoutError", "BackendTimeoutError",
     "StoreTimeoutError", "GlooHazardError", "GlooHazardWarning", "NcclHazardError",
-    "NcclHazardWarning", "FakeStore", "RankProcessDiedError", "RealProcessesWarning", "SharedStateError",
+    "NcclHazardWarning", "FakeStore", "RankProcessDiedError", "RealProcessesWarning", "SharedStateError", "NativeWaitError",
     "FakeProcessGroup", "FakeWork", "WorldHooks", "per_rank_globals",
     "to_json", "from_json", "flight_recorder_dump", "dump_flight_recorder",
 ]

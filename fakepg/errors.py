@@ -46,6 +46,15 @@ class SharedStateError(FakePGError):
     ends_world = True
 
 
+class NativeWaitError(FakePGError):
+    """A rank was about to wait inside native code (C++, Rust) on something only the fake
+    world could provide -- which native code cannot reach, in thread or process mode -- such
+    as a native ``TCPStore`` client of the world's own store address. Raised at once instead
+    of the native timeout; it fails its rank and ends the world."""
+
+    ends_world = True
+
+
 class CollectiveHangError(FakePGError):
     """No rank can make progress: every unfinished rank waits on something that
     cannot complete. ``.report`` holds the per-rank report as text."""

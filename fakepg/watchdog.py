@@ -103,14 +103,11 @@ def _watch(sched: "Scheduler", cluster: "Cluster", hang_timeout: float, deadline
             continue
         # The holder has outstanding Works and has not touched the scheduler for
         # hang_timeout seconds: it is (almost certainly) waiting on one from C++.
-        report = cluster.hang_report() + (
-            f"\nDetected by the inactivity fallback: rank {holder} made no scheduler progress "
+        err = _verdict(sched, cluster, (
+            f"rank {holder} made no scheduler progress "
             f"for {idle:.1f} s while it had outstanding collectives, so it is most likely "
             f"blocked in a wait inside C++ (torch.futures.wait_all, a C++ future) that fakepg "
-            f"cannot see. Wait on the Work or its get_future() from Python instead.")
-        err = CollectiveHangError(report)
-        sched.hang = err
-        sched.abort(err)
+            f"cannot see. Wait on the Work or its get_future() from Python instead."))
         for c in list(cluster.outstanding[holder]):
             if c.work is not None and not c.work._done:
                 c.work._complete(err)  # unblocks the C++ wait with the error
@@ -188,20 +185,25 @@ _UNKNOWN = object()
 _RLOCK_TYPE = type(threading.RLock())
 
 
+def _verdict(sched: "Scheduler", cluster: "Cluster", why: str) -> CollectiveHangError:
+    """End the world with the inactivity fallback's hang verdict, explained by ``why``."""
+    err = CollectiveHangError(f"{cluster.hang_report()}\nDetected by the inactivity fallback: {why}")
+    sched.hang = err
+    sched.abort(err)
+    return err
+
+
 def _lock_verdict(sched: "Scheduler", cluster: "Cluster", holder: int, idle: float,
                   found: tuple[str, str, Any]) -> None:
     spelled, where, lock = found
     kind = "threading.Lock" if isinstance(lock, _LOCK_TYPE) else "threading.RLock"
-    report = cluster.hang_report() + (
-        f"\nDetected by the inactivity fallback: rank {holder} has been blocked for {idle:.1f} s "
+    _verdict(sched, cluster, (
+        f"rank {holder} has been blocked for {idle:.1f} s "
         f"acquiring {kind} {spelled} in `{where}, while no other rank could run and no other "
         f"thread of the process did anything: only a rank that cannot run could release it. "
         f"Between processes each rank has its own lock; one that is a module global is shared "
         f"by the ranks only in thread mode: run the ranks as processes (fakerun --isolation "
-        f"process, or fakepg.spawn(..., isolation='process')).")
-    err = CollectiveHangError(report)
-    sched.hang = err
-    sched.abort(err)
+        f"process, or fakepg.spawn(..., isolation='process'))."))
     if isinstance(lock, _LOCK_TYPE) and lock.locked():
         lock.release()  # the world is over: let the rank go on to its next wait, which fails
     else:

@@ -30,7 +30,7 @@ from .process_group import BACKEND_NAME, register_backend
 from .profiling import world_profilers
 from .schedule import Schedule, as_schedule
 from .scheduler import Scheduler
-from .store import world_store, world_stores
+from .store import native_store_guard, world_store, world_stores
 from .watchdog import run_to_end
 
 try:  # numpy's global RNG is isolated per rank too; import it up front so all ranks see it
@@ -257,7 +257,8 @@ def _run_threads(threads: list[threading.Thread], sched: Scheduler, cluster: Clu
     multithreading = torch.autograd.is_multithreading_enabled()
     excepthook = sys.excepthook
     with world_patches(len(threads)), world_profilers(), world_stores("127.0.0.1", master_port), \
-            liveness.cooperative_sleep(), isolation.import_snapshots():
+            liveness.cooperative_sleep(), isolation.import_snapshots(), \
+            native_store_guard(lambda: current_cluster() is not None):
         torch.autograd.set_multithreading_enabled(False)  # backward runs on the rank's thread
         torch._C._distributed_c10d._set_thread_isolation_mode(True)
         _DEPTH.append(cluster)

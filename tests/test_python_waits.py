@@ -181,3 +181,24 @@ def test_a_process_a_rank_forks_sleeps_for_real_and_ends(isolation, tmp_path, no
 
     returns = fakepg.spawn(train, nprocs=2, isolation=isolation).returns
     assert returns == [(0, False, "slept", 2.0)] * 2
+
+
+from torch.distributed import TCPStore as _BOUND_AT_IMPORT  # noqa: E402 - as torchft binds it
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_native_store_client_of_the_worlds_address_fails_at_once_naming_the_native_wait(
+        isolation):
+    def train(rank):
+        _BOUND_AT_IMPORT("127.0.0.1", 29500, is_master=False,
+                         timeout=datetime.timedelta(seconds=60))
+
+    with pytest.raises(fakepg.RankFailedError) as info:
+        fakepg.spawn(train, nprocs=2, isolation=isolation)
+    cause = info.value.__cause__
+    assert type(cause).__name__ == "NativeWaitError"
+    text = str(cause)
+    assert "rank 0: tests/test_python_waits.py:" in text
+    assert "builds torch's native TCPStore client for 127.0.0.1:29500, the fake world's store" in text
+    assert "in thread mode and with --isolation process alike" in text
+    assert "run this program under torchrun with real gloo" in text

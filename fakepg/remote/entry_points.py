@@ -147,6 +147,8 @@ def install(rank: int, nprocs: int, channel: Channel, seed: int = 0) -> contextl
     for name in ("wait_all", "collect_all"):
         patch(torch.futures, name, _settling(getattr(torch.futures, name)))
     patch(time, "sleep", _sleep)
+    from ..store import native_store_guard
+    stack.enter_context(native_store_guard(_rank.in_rank_process))
     from .. import mp_spawn
     mp_spawn.patch(stack, "process")
     patch(torch, "set_num_threads", _set_num_threads)
