@@ -57,14 +57,18 @@ saved before spawn and put back after it):
     rank's ops run with the thread count it asked for); a rank starts with the count its
     OMP_NUM_THREADS gives (fakerun, like torchrun, sets 1 for several ranks)
   - training libraries' process singletons, once imported: accelerate's PartialState,
-    AcceleratorState and GradientState; Lightning's rank_zero_only.rank (each rank starts
+    AcceleratorState and GradientState; Lightning's rank_zero_only.rank; DeepSpeed's
+    communication backend, groups and comm state (deepspeed.comm, deepspeed.utils.groups, ...);
+    and the module globals a program declares with fakepg.per_rank_globals (each rank starts
     with what a fresh process would have)
 Per rank already, because torch keeps it per thread and each rank is a thread:
   grad mode (torch.no_grad, set_grad_enabled), inference mode, autocast, the default
   device (torch.set_default_device), torch.set_flush_denormal, CUDA's current device.
   A rank starts with torch's defaults for these, as a new process does.
 Not isolated (one per process; a rank that changes it changes it for all):
-  - other module globals of libraries (and of torch outside the list above)
+  - other module globals of libraries (and of torch outside the list above); a process
+    group one rank reaches through such a global fails the other rank with an error that
+    names the global and isolation="process" (docs/threads-and-waits.md)
   - the current directory (os.chdir), signal handlers, sys.path, sys.modules, open files
   - the inter-op thread pool size (torch refuses to change it once work has run)
   - CUDA generators and CUDA caching-allocator settings

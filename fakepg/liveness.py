@@ -147,11 +147,11 @@ def _preempting(clock: Callable[[], Any]) -> Callable[[], Any]:
     """``clock`` that, on a rank thread, lets another rank whose timed wait expired fail
     first: a rank busy-waiting on the clock would otherwise hold the baton past every
     deadline (gloo fails the waiting rank at its deadline)."""
-    from .cluster import current_cluster
+    from .cluster import _local  # the rank binding, read inline: clocks are read in hot loops
 
     def read() -> Any:
-        binding = current_cluster()
-        if binding is not None:
+        binding = getattr(_local, "binding", None)
+        if binding is not None and monotonic() >= binding[0].scheduler.next_deadline:
             binding[0].scheduler.preempt_expired(binding[1])
         return clock()
 

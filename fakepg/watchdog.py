@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from . import liveness
 from .errors import CollectiveHangError, SpawnTimeoutError
 from .scheduler import ThreadActivity
-from .sites import user_site
+from .sites import _STDLIB_DIRS, user_site
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -167,15 +167,23 @@ def blocked_lock(thread: threading.Thread | None) -> tuple[str, str, Any] | None
         base = str(before[-1].argval)
         scopes = (frame.f_locals, frame.f_globals, vars(builtins))
         obj = next((scope[base] for scope in scopes if base in scope), None)
-        if chain and chain[-1] == "acquire":
+        if chain and chain[-1] in ("acquire", "__enter__"):
             chain.pop()
         for name in chain:
             obj = getattr(obj, name, None)
+        if isinstance(obj, threading.Condition):  # `with cond:` blocks on the lock inside it
+            obj = obj._lock  # type: ignore[attr-defined]
         if not isinstance(obj, (_LOCK_TYPE, _RLOCK_TYPE)):
             return None
         spelled = ".".join([base, *chain])
-        line = re.sub(r"\s+#.*$", "", linecache.getline(code.co_filename, frame.f_lineno).strip())
-        return spelled, f"{line}` at {user_site(frame=frame)}", obj
+        user = frame  # the program's frame: a Condition's `with` blocks inside threading.py
+        while user.f_back is not None and user.f_code.co_filename.startswith(_STDLIB_DIRS):
+            user = user.f_back
+        if user is not frame:
+            owner = frame.f_locals.get("self")
+            spelled = f"(inside a {type(owner).__module__}.{type(owner).__name__})"
+        line = re.sub(r"\s+#.*$", "", linecache.getline(user.f_code.co_filename, user.f_lineno).strip())
+        return spelled, f"{line}` at {user_site(frame=user)}", obj
     finally:
         del frame
 

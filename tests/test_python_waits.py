@@ -202,3 +202,17 @@ def test_a_native_store_client_of_the_worlds_address_fails_at_once_naming_the_na
     assert "builds torch's native TCPStore client for 127.0.0.1:29500, the fake world's store" in text
     assert "in thread mode and with --isolation process alike" in text
     assert "run this program under torchrun with real gloo" in text
+
+
+COND = threading.Condition(threading.Lock())
+
+
+def test_a_condition_another_rank_holds_across_a_collective_is_a_hang_naming_it(
+        no_leftover_threads):
+    def train(rank):
+        with COND:
+            dist.barrier()
+
+    report = _hang_report(train)
+    assert ("acquiring threading.Lock (inside a threading.Condition) in `with COND:` at "
+            "tests/test_python_waits.py:") in report
