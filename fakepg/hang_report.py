@@ -40,6 +40,8 @@ def hang_report(cluster: "Cluster") -> str:
             text = f"finished ({slot.outcome}){extra}"
         elif slot.state == NEW:
             text = f"never started{extra}"
+        elif slot.waiting_for is not None:  # running, but the watchdog found it blocked
+            text = f"blocked {slot.waiting_for()}{extra}"
         else:
             text = f"running{extra}"
         unmatched = [c for c in cluster.outstanding[slot.rank] if not c.collective.settled]

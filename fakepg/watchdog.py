@@ -205,6 +205,7 @@ def _lock_verdict(sched: "Scheduler", cluster: "Cluster", holder: int, idle: flo
                   found: tuple[str, str, Any]) -> None:
     spelled, where, lock = found
     kind = "threading.Lock" if isinstance(lock, _LOCK_TYPE) else "threading.RLock"
+    sched.slots[holder].waiting_for = lambda: f"acquiring {kind} {spelled} in `{where}"
     _verdict(sched, cluster, (
         f"rank {holder} has been blocked for {idle:.1f} s "
         f"acquiring {kind} {spelled} in `{where}, while no other rank could run and no other "

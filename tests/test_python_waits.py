@@ -122,6 +122,7 @@ def test_a_lock_another_rank_holds_across_a_collective_is_a_hang_naming_the_lock
             dist.barrier()
 
     report = _hang_report(train)
+    assert "rank 1: blocked acquiring threading.Lock LOCK in `with LOCK:` at " in report
     assert "rank 1 has been blocked for" in report
     assert "acquiring threading.Lock LOCK in `with LOCK:` at tests/test_python_waits.py:" in report
     assert "run the ranks as processes (fakerun --isolation process" in report
