@@ -16,13 +16,13 @@ import torch
 import torch.distributed.distributed_c10d as c10d
 
 from ..fidelity import backends
-from ..world import liveness
+from ..world import isolation, liveness
 from ..choices import faults as _faults
 from ..arguments import integer, number
 from ..world.binding import bind_thread, current_cluster
 from ..world.checks import Checkers
 from ..world.cluster import Cluster
-from ..errors import FakePGError, RankFailedError, SpawnTimeoutError
+from ..errors import CollectiveHangError, FakePGError, RankFailedError, SpawnTimeoutError
 from ..world.hooks import WorldHooks
 from ..fidelity.gloo_hazards import GlooHazards
 from ..fidelity.nccl_hazards import NcclHazards, parse_modes
@@ -31,11 +31,11 @@ from ..world.outcome import SpawnResult, exception_site, raise_outcome
 from ..fidelity.originals import PG_TIMEOUT, TORCH_INIT_PROCESS_GROUP
 from ..fidelity.patches import world_patches
 from ..process import mp_spawn
-from ..world.process_group import BACKEND_NAME, register_backend
+from ..world.process_group import BACKEND_NAME, FakeProcessGroup, register_backend
 from ..fidelity.profiling import world_profilers
 from ..choices.schedule import Schedule, as_schedule
 from ..world.scheduler import Scheduler
-from ..fidelity.store import world_store, world_stores
+from ..fidelity.store import native_store_guard, world_store, world_stores
 from ..world.watchdog import run_to_end
 
 try:  # numpy's global RNG is isolated per rank too; import it up front so all ranks see it
@@ -176,6 +176,7 @@ def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backe
     __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
     sched = Scheduler(processes, cluster.hang_report)
     sched.schedule = schedule
+    sched.inactivity = hang_timeout
     cluster.scheduler = sched
     returns: list[Any] = [None] * nprocs
     failures: dict[int, BaseException] = {}
@@ -196,9 +197,17 @@ def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backe
             outcome = "crashed (fakepg.faults.crash)"
         except BaseException as e:  # noqa: BLE001 - every rank failure is reported by spawn
             failures[rank] = e
+            # the world's own abort error is one object raised in every rank: its traceback
+            # holds the other ranks' frames (and groups), so it says nothing about this rank's
+            note = None if e is sched.abort_error else isolation.foreign_group_note(e, rank, FakeProcessGroup)
+            if note is not None:
+                e.add_note(note)
             outcome = f"raised {type(e).__name__}"
             ends_world = not isinstance(e, FakePGError) or getattr(e, "ends_world", False)
             ends_world = ends_world and not isinstance(sched.abort_error, _STOPPED)
+            # raised while unwinding from the hang verdict (a `with lock:` whose lock the
+            # verdict released): a consequence of the hang, which stays the reported cause
+            ends_world = ends_world and not (sched.hang is not None and _during_hang(e))
             if ends_world and cluster.failed_rank is None:
                 cluster.failed_rank = rank
                 site = exception_site(e)
@@ -257,7 +266,8 @@ def _run_threads(threads: list[threading.Thread], sched: Scheduler, cluster: Clu
     multithreading = torch.autograd.is_multithreading_enabled()
     excepthook = sys.excepthook
     with world_patches(len(threads)) as patched, world_profilers(), \
-            world_stores("127.0.0.1", master_port), liveness.cooperative_sleep():
+            world_stores("127.0.0.1", master_port), liveness.cooperative_sleep(), \
+            isolation.import_snapshots(), native_store_guard(lambda: current_cluster() is not None):
         mp_spawn.warn_in_threads(patched)  # a rank's torch.multiprocessing launch: real processes
         torch.autograd.set_multithreading_enabled(False)  # backward runs on the rank's thread
         torch._C._distributed_c10d._set_thread_isolation_mode(True)
@@ -271,6 +281,15 @@ def _run_threads(threads: list[threading.Thread], sched: Scheduler, cluster: Clu
             torch.autograd.set_multithreading_enabled(multithreading)
             host.install()
             sys.excepthook = excepthook  # init_process_group prefixes it with "[rankN]"
+
+
+def _during_hang(e: BaseException) -> bool:
+    seen = e.__context__
+    while seen is not None:
+        if isinstance(seen, CollectiveHangError):
+            return True
+        seen = seen.__context__
+    return False
 
 
 def _str_env(env: Mapping[str, str]) -> dict[str, str]:

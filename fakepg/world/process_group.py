@@ -22,9 +22,10 @@ from .binding import current_cluster
 from .cluster import Cluster
 from .liveness import collective_wait
 from ..ops.matching import Call, GroupState
-from ..errors import FakePGError
+from ..errors import FakePGError, SharedStateError
 from ..ops.base import dtype_name, tensors_of
 from .events import collective_event
+from .isolation import shared_object_message
 # re-exported: the names other modules (and programs) import from here
 from .python_group import (BACKEND_NAME, PythonProcessGroup, creating_backend,  # noqa: F401
                            gloo_backend_for_logging, in_join_shadow, requested_backend)
@@ -127,6 +128,11 @@ class FakeProcessGroup(PythonProcessGroup):
         """
         forced = getattr(_forced, "call", None)
         site = user_site(2) if forced is None else forced[0]
+        if forced is None:
+            binding = current_cluster()
+            if binding is not None and binding[1] != self._global_rank and binding[0] is self._cluster:
+                raise SharedStateError(shared_object_message(
+                    f"a process group ({op.name} at {site})", self, self._global_rank, binding[1]))
         g = self._gstate or self._group_state()
         if self._destroyed:
             raise FakePGError(f"rank {self._global_rank}: {op.name} on group {g.label} at {site}, "

@@ -26,6 +26,7 @@ from ...fidelity import backends
 from ...fidelity.originals import (TORCH_GET_BACKEND, TORCH_INIT_PROCESS_GROUP, TORCH_MONITORED_BARRIER,
                                    TORCH_NEW_GROUP_HELPER)
 from ...fidelity.patches import monitored_barrier_arguments
+from ...fidelity.store import native_store_guard
 from ...world.python_group import BACKEND_NAME, marking_join_shadow, requested_backend
 from .. import mp_spawn
 from ..mp_spawn import StartWorld
@@ -96,11 +97,17 @@ def _monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
     return g._issue("monitored_barrier", (timeout, wait_all_ranks), {})
 
 
+_REAL_SLEEP = time.sleep
+
+
 def _sleep(seconds: float) -> None:
+    if not _rank.in_rank_process():  # a process the rank forked: no rank, a real sleep
+        return _REAL_SLEEP(seconds)
     seconds = float(seconds)
     if seconds < 0:
         raise ValueError("sleep length must be non-negative")
     _rank.me().request("sleep", seconds)  # the other ranks run meanwhile (a real sleep would stall them)
+    return None
 
 
 def _settling(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -146,6 +153,7 @@ def install(rank: int, nprocs: int, channel: Channel, seed: int,
     for name in ("wait_all", "collect_all"):
         patch(torch.futures, name, _settling(getattr(torch.futures, name)))
     patch(time, "sleep", _sleep)
+    stack.enter_context(native_store_guard(_rank.in_rank_process))
     mp_spawn.patch(stack, "process", start_world)
     patch(torch, "set_num_threads", _set_num_threads)
     patch(torch, "get_num_threads", lambda: _rank.me().num_threads)
