@@ -78,16 +78,6 @@ def _gloo_refusal(call: "Call") -> Refusal | None:
     root, size = call.root, len(call.record.group_ranks)
     if root is not None and not 0 <= root < size:
         return Refusal(RuntimeError, f"ProcessGroupGloo::{call.spec.fr_name}: invalid root rank: {root}")
-    if call.op == "all_reduce" and len(call.inputs) > 1:
-        # gloo's message names index 0 whichever tensor differs; so does fakepg's
-        first = call.inputs[0]
-        for t in call.inputs:
-            if t.dtype != first.dtype:
-                return Refusal(RuntimeError, f"ProcessGroupGloo::allreduce: invalid tensor type at "
-                                             f"index 0 (expected {_options(first)}, got {_options(t)})")
-            if t.shape != first.shape:
-                return Refusal(RuntimeError, f"ProcessGroupGloo::allreduce: invalid tensor size at "
-                                             f"index 0 (expected {_sizes(first)}, got {_sizes(t)})")
     if call.op == "all_to_all":
         # gloo's alltoall moves equal-sized blocks: every tensor must match the first
         tensors = [t for t in (*call.inputs, *call.outputs) if isinstance(t, torch.Tensor)]

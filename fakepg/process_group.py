@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-from . import backends, ops
+from . import backends, gloo_checks, ops
 from .cluster import Cluster, current_cluster
 from .collectives import Call, GroupState
 from .errors import FakePGError, InvalidCollectiveError
@@ -69,6 +69,8 @@ class FakeProcessGroup(PythonProcessGroup):
         self._destroyed = False
         self._grank = rank
         self._coalesced: list[FakeWork] | None = None
+        self._gloo_options: Any = None  # ProcessGroupGloo._Options the group was built with
+        self._bare_backend = False  # built as a bare ProcessGroupGloo (fakepg.gloo_checks)
         # DDP registered a comm hook on this group: its Reducer's collectives settle at issue
         # (patches.py); without one, at the end of backward (see Cluster.settle_before_backward_ends)
         self._settle_at_issue = False
@@ -89,6 +91,22 @@ class FakeProcessGroup(PythonProcessGroup):
     @property
     def timeout(self) -> datetime.timedelta:
         return self._timeout
+
+    @property
+    def options(self) -> Any:
+        """gloo's options object, as ``ProcessGroupGloo.options`` gives it (its ``_timeout``
+        is the group's)."""
+        opts = self._gloo_options
+        if opts is None:
+            opts = self._gloo_options = dist.ProcessGroupGloo._Options()
+        opts._timeout = self._timeout
+        return opts
+
+    def _set_default_timeout(self, timeout: datetime.timedelta) -> None:
+        """The timeout of this group's later collectives (``ProcessGroupGloo``'s method)."""
+        self._timeout = timeout
+        if self._gstate is not None:
+            self._gstate.timeout = timeout.total_seconds()
 
     def shutdown(self) -> None:
         # destroy_process_group's graceful end: a finished rank's groups stop taking calls,
@@ -201,9 +219,10 @@ class FakeProcessGroup(PythonProcessGroup):
         return CoalescedWork(self._cluster, works)
 
 
-# The collective methods (allreduce, broadcast, ...), as the op registry defines them.
+# The collective methods (allreduce, broadcast, ...), as the op registry defines them, behind
+# the argument checks of the door a call comes through (fakepg.gloo_checks).
 for _name, _method in ops.c10d_methods().items():
-    setattr(FakeProcessGroup, _name, _method)
+    setattr(FakeProcessGroup, _name, gloo_checks.checked(_name, _method))
 
 
 def _create_fakepg(store, rank, world_size, timeout):

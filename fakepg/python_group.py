@@ -29,6 +29,8 @@ class PythonProcessGroup(dist.ProcessGroup):
     """
 
     backend_name = BACKEND_NAME
+    # (global ranks, name) of a group built outside c10d's registry (fakepg.foreign_backends)
+    _fixed_membership: tuple[tuple[int, ...], str] | None = None
 
     def __init__(self, rank: int, size: int):
         super().__init__(rank, size)
@@ -38,6 +40,8 @@ class PythonProcessGroup(dist.ProcessGroup):
     def _ranks_and_name(self, nprocs: int) -> tuple[tuple[int, ...], str]:
         """This group's global ranks (by group rank) and its name in traces and reports:
         c10d's group name, else "default" for the whole world, else its rank list."""
+        if self._fixed_membership is not None:
+            return self._fixed_membership
         mapping = c10d._world.pg_group_ranks.get(self)
         if mapping:
             ranks = tuple(g for g, _ in sorted(mapping.items(), key=lambda kv: kv[1]))
