@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import threading
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch.distributed as dist
 
@@ -58,24 +58,26 @@ def creating_group(global_ranks: list[int] | tuple[int, ...], name: str) -> Iter
         _members.group = saved
 
 
-def _membership(cluster: Any, me: int, rank: int, size: int) -> tuple[tuple[int, ...], str]:
+def membership(nprocs: int, me: int, counts: dict[int, int], rank: int,
+               size: int) -> tuple[tuple[int, ...], str]:
     """The global ranks and fakepg group name of a ``ProcessGroupGloo(store, rank, size)``
-    constructed on global rank ``me``."""
+    constructed on global rank ``me`` of a world of ``nprocs`` (``counts``: this world's count
+    of direct constructions per rank, which names them alike on every member)."""
     where = getattr(_members, "group", None)
     if where is not None:  # inside a registered creator: c10d knows the members
         ranks, name, count = where
-        ranks = ranks or tuple(range(cluster.nprocs))
+        ranks = ranks or tuple(range(nprocs))
         where[2] += 1
         label = f"{name}/gloo" + (f"#{count}" if count else "")
     else:  # constructed directly by the program, as torch's own c10d tests do
-        ranks = tuple(range(cluster.nprocs))
-        count = cluster.direct_groups.get(me, 0)
-        cluster.direct_groups[me] = count + 1
+        ranks = tuple(range(nprocs))
+        count = counts.get(me, 0)
+        counts[me] = count + 1
         label = f"ProcessGroupGloo#{count}"
     if len(ranks) != size or not 0 <= rank < size or ranks[rank] != me:
         raise ValueError(
             f"rank {me}: ProcessGroupGloo(store, rank={rank}, size={size}) inside a fake world "
-            f"of {cluster.nprocs} ranks: fakepg maps a directly constructed gloo group onto the "
+            f"of {nprocs} ranks: fakepg maps a directly constructed gloo group onto the "
             f"world's ranks {list(ranks)}, so it needs size={len(ranks)} and rank = this "
             f"rank's place in it; build other subgroups with dist.new_group(ranks)")
     return ranks, label
@@ -91,32 +93,32 @@ def _timeout_of(args: tuple, kwargs: dict) -> tuple[datetime.timedelta, Any]:
     return arg, None
 
 
-class GlooConstructor:
-    """Stands in for ``dist.ProcessGroupGloo`` while a world runs: on a rank thread a group of
-    more than one rank is a fakepg group with gloo's personality; elsewhere (and for one rank,
-    which waits for nobody) the real class. ``isinstance`` and the class's attributes
-    (``_Options``, ``create_device``) are the real class's."""
+# make(rank, size, timeout) -> the fake gloo group of this rank, or None outside a world
+Maker = Callable[[int, int, datetime.timedelta], Any]
 
-    def __init__(self, original: type):
-        self._original = original
+
+class GlooConstructor:
+    """Stands in for ``dist.ProcessGroupGloo`` while a world runs: in a rank a group of more
+    than one rank is a fakepg group with gloo's personality (``make``: thread mode's or a
+    rank process's); elsewhere, and for one rank (which waits for nobody), the real class.
+    ``isinstance`` and the class's attributes (``_Options``, ``create_device``) are the real
+    class's."""
+
+    def __init__(self, original: type, make: Maker):
+        self._original, self._make = original, make
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        binding = current_cluster()
         size = args[2] if len(args) > 2 else kwargs.get("size")
-        if binding is None or size is None or int(size) <= 1:
+        if size is None or int(size) <= 1:
             return self._original(*args, **kwargs)
-        from .process_group import FakeProcessGroup  # late: process_group imports this module
-
-        cluster, me = binding
         rank = int(args[1] if len(args) > 1 else kwargs["rank"])
-        ranks, name = _membership(cluster, me, rank, int(size))
         timeout, options = _timeout_of(args, kwargs)
         with requested_backend("gloo"):
-            pg = FakeProcessGroup(cluster, me, rank, int(size), timeout)
-        pg._fixed_membership = (ranks, name)
+            pg = self._make(rank, int(size), timeout)
+        if pg is None:
+            return self._original(*args, **kwargs)
         pg._bare_backend = True
-        if options is not None:
-            pg._gloo_options = options
+        pg._gloo_options = options
         return pg
 
     def __instancecheck__(self, obj: Any) -> bool:
@@ -129,4 +131,18 @@ class GlooConstructor:
         return getattr(self._original, name)
 
 
-__all__ = ["foreign", "creating_group", "GlooConstructor"]
+def make_thread_group(rank: int, size: int, timeout: datetime.timedelta) -> Any:
+    """Thread mode's fake gloo group (None outside a rank thread)."""
+    binding = current_cluster()
+    if binding is None:
+        return None
+    from .process_group import FakeProcessGroup  # late: process_group imports patches' users
+
+    cluster, me = binding
+    ranks, name = membership(cluster.nprocs, me, cluster.direct_groups, rank, size)
+    pg = FakeProcessGroup(cluster, me, rank, size, timeout)
+    pg._fixed_membership = (ranks, name)
+    return pg
+
+
+__all__ = ["foreign", "creating_group", "GlooConstructor", "membership", "make_thread_group"]

@@ -26,7 +26,8 @@ import torch
 
 from .backends import _options, _sizes
 from .errors import InvalidCollectiveError
-from .sites import user_site
+from .ops.base import reduce_op_of
+from .reductions import op_name
 
 # The c10d dispatcher's schema behind each ProcessGroup method (the name in its message).
 _SCHEMAS = {"allreduce": "allreduce_", "allreduce_coalesced": "allreduce_coalesced_",
@@ -103,8 +104,7 @@ def _allreduce(pg: Any, tensors: Any, opts: Any = None) -> None:
     _layouts_match(tensors)
     _match(tensors[1:], tensors[0])
     if tensors[0].is_sparse:
-        op = opts if opts is None or not hasattr(opts, "reduceOp") else opts.reduceOp
-        if op is not None and str(op).split(".")[-1] != "SUM":
+        if op_name(reduce_op_of(opts)) != "SUM":
             raise _Refused("unsupported reduction operation (allreduce of sparse tensors only "
                            "works with ReduceOp.SUM)")
 
@@ -221,8 +221,9 @@ def checked(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 check(pg, *args, **kwargs)
             except _Refused as e:
+                from .process_group import call_site  # late: process_group imports this
                 raise InvalidCollectiveError(f"ProcessGroupGloo::{name}: {e} (rank "
-                                             f"{pg._global_rank}: {name} at {user_site(2)})") from None
+                                             f"{pg._global_rank}: {name} at {call_site(2)})") from None
         return method(pg, *args, **kwargs)
 
     return wrapper

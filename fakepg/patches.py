@@ -46,7 +46,8 @@ def world_patches(nprocs: int) -> contextlib.ExitStack:
         stack.enter_context(mock.patch.object(mod, "init_process_group", init))
         stack.enter_context(mock.patch.object(mod, "monitored_barrier", _fake_monitored_barrier))
     stack.enter_context(mock.patch.object(c10d, "_new_process_group_helper", _fake_pg_helper))
-    gloo = foreign_backends.GlooConstructor(c10d.ProcessGroupGloo)
+    gloo = foreign_backends.GlooConstructor(c10d.ProcessGroupGloo,
+                                           foreign_backends.make_thread_group)
     for mod in (dist, c10d):  # a registered creator's (or a test's) own gloo group
         stack.enter_context(mock.patch.object(mod, "ProcessGroupGloo", gloo))
     for mod in (dist, c10d):

@@ -46,6 +46,12 @@ def forced_call(site: str, in_backward: bool, hidden_wait: bool):
         _forced.call = saved
 
 
+def call_site(depth: int = 1) -> str:
+    """The user's line that issued the call being made (the rank process's, in process mode)."""
+    forced = getattr(_forced, "call", None)
+    return user_site(depth + 1) if forced is None else forced[0]
+
+
 def _global(ranks: tuple[int, ...], group_rank: int) -> int:
     """The global rank of ``group_rank``; as given when it is out of range (validation,
     which runs next, names it)."""
@@ -69,8 +75,6 @@ class FakeProcessGroup(PythonProcessGroup):
         self._destroyed = False
         self._grank = rank
         self._coalesced: list[FakeWork] | None = None
-        self._gloo_options: Any = None  # ProcessGroupGloo._Options the group was built with
-        self._bare_backend = False  # built as a bare ProcessGroupGloo (fakepg.gloo_checks)
         # DDP registered a comm hook on this group: its Reducer's collectives settle at issue
         # (patches.py); without one, at the end of backward (see Cluster.settle_before_backward_ends)
         self._settle_at_issue = False
@@ -92,20 +96,8 @@ class FakeProcessGroup(PythonProcessGroup):
     def timeout(self) -> datetime.timedelta:
         return self._timeout
 
-    @property
-    def options(self) -> Any:
-        """gloo's options object, as ``ProcessGroupGloo.options`` gives it (its ``_timeout``
-        is the group's)."""
-        opts = self._gloo_options
-        if opts is None:
-            opts = self._gloo_options = dist.ProcessGroupGloo._Options()
-        opts._timeout = self._timeout
-        return opts
-
-    def _set_default_timeout(self, timeout: datetime.timedelta) -> None:
-        """The timeout of this group's later collectives (``ProcessGroupGloo``'s method)."""
-        self._timeout = timeout
-        if self._gstate is not None:
+    def _timeout_set(self, timeout: datetime.timedelta) -> None:
+        if self._gstate is not None:  # (every member sets it, as every gloo rank does)
             self._gstate.timeout = timeout.total_seconds()
 
     def shutdown(self) -> None:

@@ -55,6 +55,28 @@ class PythonProcessGroup(dist.ProcessGroup):
             name = "default" if len(ranks) == nprocs else f"group{list(ranks)}"
         return ranks, name
 
+    # -- what a bare ProcessGroupGloo also answers (fakepg.foreign_backends builds such groups)
+    _bare_backend = False  # built as a bare ProcessGroupGloo: gloo's checks, no dispatcher
+    _gloo_options: Any = None  # the ProcessGroupGloo._Options it was built with
+    _timeout: datetime.timedelta
+
+    @property
+    def options(self) -> Any:
+        """gloo's options object, as ``ProcessGroupGloo.options`` gives it (its ``_timeout``
+        is the group's)."""
+        if self._gloo_options is None:
+            self._gloo_options = dist.ProcessGroupGloo._Options()
+        self._gloo_options._timeout = self._timeout
+        return self._gloo_options
+
+    def _set_default_timeout(self, timeout: datetime.timedelta) -> None:
+        """The timeout of this group's later collectives (``ProcessGroupGloo``'s method)."""
+        self._timeout = timeout
+        self._timeout_set(timeout)
+
+    def _timeout_set(self, timeout: datetime.timedelta) -> None:
+        """Where the group's waits learn the new timeout (each mode's group says)."""
+
     def getBackendName(self) -> str:  # noqa: N802 - C++ trampoline name
         return self.backend_name
 

@@ -17,7 +17,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from . import backends, liveness
 from . import faults as _faults
-from .arguments import integer, number
+from .arguments import function, integer, number, of_type
 from .cluster import Cluster, bind_thread, current_cluster
 from .errors import FakePGError, RankFailedError, SpawnTimeoutError
 from .hooks import WorldHooks
@@ -91,9 +91,14 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
         assert result.returns[0].tolist() == [6.0, 6.0]
     """
     __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
-    if not callable(fn):
-        raise TypeError(f"fakepg.spawn: fn must be callable, got {type(fn).__name__} {fn!r}")
+    function("fakepg.spawn: fn", fn, what="callable")
     nprocs = integer("fakepg.spawn: nprocs", nprocs, minimum=1)
+    if env is not None and not callable(env):
+        of_type("fakepg.spawn: env", env, Mapping, "a mapping of variable names to strings, a "
+                "function of the rank returning one, or None", hint="e.g. env={'OMP_NUM_THREADS': '1'}")
+    if hooks is not None:
+        of_type("fakepg.spawn: hooks", hooks, WorldHooks, "a fakepg.WorldHooks (simddp's "
+                "co-simulation passes one) or None")
     seed = integer("fakepg.spawn: seed", seed)
     hang_timeout = number("fakepg.spawn: hang_timeout", hang_timeout, positive=True,
                           hint="seconds of inactivity before a wait hidden in C++ counts as a hang")
@@ -103,6 +108,7 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
         timeout = number("fakepg.spawn: timeout", timeout, positive=True, hint="seconds, or None")
     backends.get(backend)  # a clear error for an unknown name
     schedule = as_schedule(schedule)
+    schedule.check_world(nprocs)
     hazard_modes = parse_modes(nccl_hazards)
     gloo = GlooHazards(gloo_hazards)  # a clear error for an unknown mode
     faults = _faults.check(faults, nprocs)
@@ -117,10 +123,18 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
         raise FakePGError("another fakepg world is running in this process; worlds run one "
                           "after another (use pytest-xdist for parallelism)")
     try:
-        return _run_world(fn, tuple(args), nprocs, seed, hooks, hang_timeout, master_port, env,
-                          timeout, backend, schedule, hazard_modes, faults, isolation, gloo)
+        result = _run_world(fn, tuple(args), nprocs, seed, hooks, hang_timeout, master_port, env,
+                            timeout, backend, schedule, hazard_modes, faults, isolation, gloo)
+    except BaseException as failure:
+        try:
+            schedule.check_replayed()
+        except ValueError as unfit:  # a token that did not fit explains the failure
+            raise unfit from failure
+        raise
     finally:
         _SPAWN_LOCK.release()
+    schedule.check_replayed()
+    return result
 
 
 def spawn_nested(fn: Callable[..., Any], args: Sequence[Any], nprocs: int, *, seed: int,
@@ -151,17 +165,13 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_e
                  for r in range(nprocs)]
     host = ProcessState()
     host.save()
-    children = None
     if isolation == "process":  # fork the ranks' processes before any rank thread exists
-        from .process_mode import Children
-        children = Children(fn, args, processes, seed)
-        fn, args = children.serve, ()
-    try:
-        return _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backend,
-                          cluster, processes, host, schedule, t0)
-    finally:
-        if children is not None:
-            children.close()
+        from .process_mode import forked_ranks
+        with forked_ranks(fn, args, processes, seed) as children:
+            return _run_ranks(children.serve, (), nprocs, seed, hang_timeout, master_port,
+                              timeout, backend, cluster, processes, host, schedule, t0)
+    return _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backend,
+                      cluster, processes, host, schedule, t0)
 
 
 def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backend, cluster,

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from .. import backends
+from .. import backends, foreign_backends
 # torch's own entry points, as captured when fakepg was imported (not whatever a running
 # world has patched in by the time this module is first imported)
 from ..patches import (_ORIGINAL_GET_BACKEND, _ORIGINAL_INIT, _ORIGINAL_MONITORED_BARRIER,
@@ -48,6 +48,16 @@ def _init_process_group(backend=None, init_method=None, timeout=None, world_size
     if rank not in (-1, None) and int(rank) != me.rank:
         raise ValueError(f"rank {me.rank}: init_process_group(rank={rank}) at {site} in the "
                          f"process of rank {me.rank}")
+    if foreign_backends.foreign(backend):  # the program's own backend: torch creates it
+        if c10d.is_initialized():
+            if me.initialised_by_program is not None:
+                raise ValueError("trying to initialize the default process group twice!")
+            c10d.destroy_process_group(c10d._get_default_group())
+        _ORIGINAL_INIT(backend=backend, timeout=timeout, world_size=me.nprocs, rank=me.rank,
+                       store=RemoteStore("world", timeout=timeout or datetime.timedelta(minutes=30)),
+                       group_name=group_name, pg_options=pg_options, device_id=device_id, **kwargs)
+        me.initialised_by_program = c10d._get_default_group()
+        return None
     asked = backends.from_request(backend)
     if asked is not None:
         me.request("set_backend", asked)
@@ -71,6 +81,11 @@ def _start_world(timeout: datetime.timedelta | None = None) -> None:
 
 @functools.wraps(_ORIGINAL_PG_HELPER)
 def _pg_helper(group_size, group_rank, global_ranks_in_group, backend, *args, **kwargs):
+    if foreign_backends.foreign(backend):  # the program's own backend: torch creates it
+        name = args[1] if len(args) > 1 else kwargs.get("group_name", "")
+        with foreign_backends.creating_group(global_ranks_in_group, str(name)):
+            return _ORIGINAL_PG_HELPER(group_size, group_rank, global_ranks_in_group, backend,
+                                       *args, **kwargs)
     asked = None if backend == BACKEND_NAME else backends.from_request(backend)
     with requested_backend(asked):
         return _ORIGINAL_PG_HELPER(group_size, group_rank, global_ranks_in_group, BACKEND_NAME,
@@ -91,6 +106,17 @@ def _monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
         return None
     g, timeout = args
     return g._issue("monitored_barrier", (timeout, wait_all_ranks), {})
+
+
+def _make_gloo_group(rank: int, size: int, timeout: datetime.timedelta) -> RemoteProcessGroup:
+    """A rank process's fake gloo group (fakepg.foreign_backends.GlooConstructor)."""
+    me = _rank.me()
+    if not hasattr(me, "direct_groups"):
+        me.direct_groups = {}
+    ranks, name = foreign_backends.membership(me.nprocs, me.rank, me.direct_groups, rank, size)
+    pg = RemoteProcessGroup(rank, size, timeout)
+    pg._fixed_membership = (ranks, name)
+    return pg
 
 
 def _sleep(seconds: float) -> None:
@@ -133,6 +159,9 @@ def install(rank: int, nprocs: int, channel: Channel, seed: int = 0) -> contextl
         patch(mod, "monitored_barrier", _monitored_barrier)
         patch(mod, "get_backend", _get_backend)
     patch(c10d, "_new_process_group_helper", _pg_helper)
+    gloo = foreign_backends.GlooConstructor(c10d.ProcessGroupGloo, _make_gloo_group)
+    for mod in (dist, c10d):  # a registered creator's (or a test's) own gloo group
+        patch(mod, "ProcessGroupGloo", gloo)
     from torch.nn.parallel import DistributedDataParallel as DDP
     patch(DDP, "_match_all_reduce_for_bwd_pass", marking_join_shadow(DDP._match_all_reduce_for_bwd_pass))
     if not hasattr(torch._C, "_nccl_version"):
