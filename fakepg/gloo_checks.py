@@ -128,38 +128,33 @@ def _reduce(pg: Any, tensors: Any, opts: Any = None) -> None:
         raise _Refused("requires a single-element tensor list")
 
 
-def _scatter(pg: Any, outputs: Any, inputs: Any, opts: Any = None) -> None:
+def _rooted(pg: Any, singles: Any, lists: Any, opts: Any, single: str, listed: str) -> None:
+    """scatter's and gather's checks: one ``single`` tensor on every rank, a list of one list
+    per rank of ``listed`` tensors on the root only (scatter: output/input, gather: the other
+    way round)."""
     size, root = pg.size(), _opt(opts, "rootRank")
     _root(root, size)
-    if len(outputs) != 1:
-        raise _Refused("requires a single-element output tensor list")
+    if len(singles) != 1:
+        raise _Refused(f"requires a single-element {single} tensor list")
     if pg.rank() == root:
-        if len(inputs) != 1:
-            raise _Refused(f"requires a single-element input list containing a list with "
+        if len(lists) != 1:
+            raise _Refused(f"requires a single-element {listed} list containing a list with "
                            f"{size} tensors.")
-        if len(inputs[0]) != size:
-            raise _Refused(f"Incorrect input list size {len(inputs[0])}. Input list size should "
-                           f"be {size}, same as size of the process group.")
-        _match(inputs[0], outputs[0])
-    elif inputs:
-        raise _Refused("requires empty input on non-root")
+        if len(lists[0]) != size:
+            raise _Refused(f"Incorrect {listed} list size {len(lists[0])}. "
+                           f"{listed.capitalize()} list size should be {size}, same as size of "
+                           f"the process group.")
+        _match(lists[0], singles[0])
+    elif lists:
+        raise _Refused(f"requires empty {listed} on non-root")
+
+
+def _scatter(pg: Any, outputs: Any, inputs: Any, opts: Any = None) -> None:
+    _rooted(pg, outputs, inputs, opts, "output", "input")
 
 
 def _gather(pg: Any, outputs: Any, inputs: Any, opts: Any = None) -> None:
-    size, root = pg.size(), _opt(opts, "rootRank")
-    _root(root, size)
-    if len(inputs) != 1:
-        raise _Refused("requires a single-element input tensor list")
-    if pg.rank() == root:
-        if len(outputs) != 1:
-            raise _Refused(f"requires a single-element output list containing a list with "
-                           f"{size} tensors.")
-        if len(outputs[0]) != size:
-            raise _Refused(f"Incorrect output list size {len(outputs[0])}. Output list size "
-                           f"should be {size}, same as size of the process group.")
-        _match(outputs[0], inputs[0])
-    elif outputs:
-        raise _Refused("requires empty output on non-root")
+    _rooted(pg, inputs, outputs, opts, "input", "output")
 
 
 def _allgather(pg: Any, outputs: Any, inputs: Any, opts: Any = None) -> None:

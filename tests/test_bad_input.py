@@ -22,19 +22,9 @@ import torch.distributed as dist
 import fakepg
 from fakepg import faults, schedule
 from fakepg.launcher import main as fakerun
+from test_schedule_exploration import store_counter as counter  # loses an update when preempted
 
 pytest_plugins = ["pytester"]
-
-
-def counter(rank):
-    """A store counter updated without store.add: one preemption loses an update."""
-    store = dist.distributed_c10d._get_default_store()
-    if rank == 0:
-        store.set("n", "0")
-    dist.barrier()
-    store.set("n", str(int(store.get("n")) + 1))
-    dist.barrier()
-    assert int(store.get("n")) == dist.get_world_size(), "lost update"
 
 
 def two_barriers(rank):
