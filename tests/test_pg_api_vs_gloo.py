@@ -297,3 +297,18 @@ def test_a_process_groups_dispatcher_refuses_calls_without_tensors_before_gloo_d
         assert got[schema] == ("error", "NotImplementedError", (
             "There were no tensor arguments to this function (e.g., you passed an empty list of "
             f"Tensors), but no fallback function is registered for schema c10d::{schema}."))
+
+
+def test_a_bare_gloo_group_in_a_rank_process_refuses_as_real_gloo_does(bare_gloo_real_and_fake):
+    # (process mode moves dense tensors only: the sparse probes get its own clear refusal)
+    real = bare_gloo_real_and_fake[0]
+
+    def fake(rank: int) -> dict[str, tuple]:
+        store = dist.FileStore("fakepg-bare-gloo-probes", N)
+        return _check_outcomes(rank, dist.ProcessGroupGloo(store, rank, N, datetime.timedelta(seconds=20)), N)
+
+    got = fakepg.spawn(fake, nprocs=N, isolation="process").returns
+    for r in range(N):
+        dense = [k for k in real[r][0] if "sparse" not in k and "layouts" not in k]
+        assert len(dense) == 53
+        assert {k: got[r][k] for k in dense} == {k: real[r][0][k] for k in dense}
