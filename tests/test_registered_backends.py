@@ -32,15 +32,41 @@ def _done(value: Any) -> Any:
     return _create_work_from_future(fut)
 
 
+class CountedWork(dist._Work):
+    """A Work written in Python (torch's MyWork): done at once, counting its waits."""
+
+    def __init__(self, result, counts):
+        super().__init__()
+        self.future = torch.futures.Future()
+        self.future.set_result(result)
+        self.counts = counts
+
+    def wait(self, timeout=None):
+        self.counts["wait"] = self.counts.get("wait", 0) + 1
+        return True
+
+    def get_future(self):
+        return self.future
+
+
 class LonelyGroup(dist.ProcessGroup):
     """Communicates with nobody: every collective leaves the tensors as they are
-    (torch's LonelyRankProcessGroup, at any world size)."""
+    (torch's LonelyRankProcessGroup, at any world size), its works written in Python."""
+
+    def __init__(self, rank, size):
+        super().__init__(rank, size)
+        self.counts: dict[str, int] = {}
 
     def allreduce(self, tensors, opts):
-        return _done(tensors)
+        return CountedWork(tensors, self.counts)
 
     def broadcast(self, tensors, opts):
-        return _done(tensors)
+        return CountedWork(tensors, self.counts)
+
+    def allgather(self, outputs, inputs, opts):
+        for o in outputs[0]:  # every rank looks like this one
+            o.copy_(inputs[0])
+        return CountedWork(outputs, self.counts)
 
     def getBackendName(self):  # noqa: N802 - c10d's trampoline name
         return "lonely"
@@ -132,7 +158,8 @@ def test_a_backend_forwarding_to_gloo_gets_gloos_results_and_fakepgs_trace(isola
     assert result.returns == [("forwarding", [6.0, 6.0])] * 3
     record = result.trace[1][0]
     assert (record.op, record.group_ranks, record.shapes) == ("all_reduce", (0, 1, 2), ((2,),))
-    assert record.site.endswith("test_registered_backends.py:58")  # where it forwards
+    forwards = ForwardingGroup.allreduce.__code__.co_firstlineno + 1  # its `return self.inner...`
+    assert record.site.endswith(f"test_registered_backends.py:{forwards}")
 
 
 @pytest.mark.parametrize("isolation", MODES)
@@ -143,6 +170,20 @@ def test_a_mismatch_through_a_forwarding_backend_is_reported_as_fakepgs(isolatio
 
     with pytest.raises(fakepg.CollectiveMismatchError, match=r"rank 1: all_reduce\(shapes=\[\(3,\)\]"):
         fakepg.spawn(body, nprocs=2, isolation=isolation)
+
+
+def test_ddp_on_a_backend_that_does_not_communicate_leaves_the_replicas_apart():
+    def train(rank):
+        dist.init_process_group("lonely")
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+        torch.manual_seed(rank)
+        model(torch.randn(8, 4)).sum().backward()
+        return model.module.weight.grad.clone(), c10d._get_default_group().counts["wait"]
+
+    (g0, waits0), (g1, waits1) = fakepg.spawn(train, nprocs=2).returns
+    assert not torch.equal(g0, g1)  # on fakepg's own group DDP would have averaged them
+    assert waits0 > 0 and waits1 > 0  # the Reducer waited on the backend's own works
 
 
 def test_ddp_on_a_forwarding_backend_trains_as_on_the_fake_worlds_own_group():
