@@ -58,6 +58,15 @@ def creating_group(global_ranks: list[int] | tuple[int, ...], name: str) -> Iter
         _members.group = saved
 
 
+def torch_creates(helper: Callable[..., Any], group_size: int, group_rank: int,
+                  global_ranks_in_group: list[int], backend: Any, *args: Any, **kwargs: Any) -> Any:
+    """c10d's ``_new_process_group_helper`` (``helper``) creating a group of the program's own
+    backend, as torch does; a ``ProcessGroupGloo`` its creator builds spans the same members."""
+    name = args[1] if len(args) > 1 else kwargs.get("group_name", "")
+    with creating_group(global_ranks_in_group, str(name)):
+        return helper(group_size, group_rank, global_ranks_in_group, backend, *args, **kwargs)
+
+
 def membership(nprocs: int, me: int, counts: dict[int, int], rank: int,
                size: int) -> tuple[tuple[int, ...], str]:
     """The global ranks and fakepg group name of a ``ProcessGroupGloo(store, rank, size)``
@@ -145,4 +154,4 @@ def make_thread_group(rank: int, size: int, timeout: datetime.timedelta) -> Any:
     return pg
 
 
-__all__ = ["foreign", "creating_group", "GlooConstructor", "membership", "make_thread_group"]
+__all__ = ["foreign", "creating_group", "torch_creates", "GlooConstructor", "membership", "make_thread_group"]

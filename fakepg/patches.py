@@ -173,10 +173,8 @@ def _fake_pg_helper(group_size, group_rank, global_ranks_in_group, backend, *arg
         return _ORIGINAL_PG_HELPER(group_size, group_rank, global_ranks_in_group, backend,
                                    *args, **kwargs)
     if foreign_backends.foreign(backend):  # the program's own backend: torch creates it
-        name = args[1] if len(args) > 1 else kwargs.get("group_name", "")
-        with foreign_backends.creating_group(global_ranks_in_group, str(name)):
-            return _ORIGINAL_PG_HELPER(group_size, group_rank, global_ranks_in_group, backend,
-                                       *args, **kwargs)
+        return foreign_backends.torch_creates(_ORIGINAL_PG_HELPER, group_size, group_rank,
+                                              global_ranks_in_group, backend, *args, **kwargs)
     # fakepg's own init_process_group calls name BACKEND_NAME: that group follows the world
     asked = None if backend == BACKEND_NAME else backends.from_request(backend)
     with requested_backend(asked):

@@ -82,10 +82,8 @@ def _start_world(timeout: datetime.timedelta | None = None) -> None:
 @functools.wraps(_ORIGINAL_PG_HELPER)
 def _pg_helper(group_size, group_rank, global_ranks_in_group, backend, *args, **kwargs):
     if foreign_backends.foreign(backend):  # the program's own backend: torch creates it
-        name = args[1] if len(args) > 1 else kwargs.get("group_name", "")
-        with foreign_backends.creating_group(global_ranks_in_group, str(name)):
-            return _ORIGINAL_PG_HELPER(group_size, group_rank, global_ranks_in_group, backend,
-                                       *args, **kwargs)
+        return foreign_backends.torch_creates(_ORIGINAL_PG_HELPER, group_size, group_rank,
+                                              global_ranks_in_group, backend, *args, **kwargs)
     asked = None if backend == BACKEND_NAME else backends.from_request(backend)
     with requested_backend(asked):
         return _ORIGINAL_PG_HELPER(group_size, group_rank, global_ranks_in_group, BACKEND_NAME,
