@@ -55,6 +55,14 @@ def pytest_configure(config: pytest.Config) -> None:
                                        "the fake_cluster fixture runs")
     config.addinivalue_line("markers", "fakepg_isolation(mode): 'thread' or 'process' for the "
                                        "worlds the fake_cluster fixture runs")
+    token = config.getoption("--fakepg-schedule", None)
+    if token is not None:  # a corrupt token stops the session before any test runs
+        from fakepg.choices.schedule import decode  # asked for fakepg: its import is paid
+
+        try:
+            decode(token)
+        except ValueError as e:
+            raise pytest.UsageError(f"--fakepg-schedule: {e}") from None
 
 
 @pytest.fixture

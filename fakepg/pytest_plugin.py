@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 
 import pytest
 
+from .arguments import integer, number
 from .errors import FakePGError
 from .launch.explore import ExplorationSummary, explore
 from .launch.spawn import SpawnResult, spawn
@@ -72,13 +73,28 @@ class FakeCluster:
         return f"{cmd} --fakepg-schedule {token}" if token else cmd
 
 
+def _marker_value(marker: Any, convert: Callable[[str, Any], Any], example: str) -> Any:
+    """The one positional argument of a fakepg marker, checked (None without the marker)."""
+    if marker is None:
+        return None
+    name = f"@pytest.mark.{marker.name}"
+    if marker.kwargs or len(marker.args) != 1:
+        given = ", ".join([*map(repr, marker.args), *(f"{k}={v!r}" for k, v in marker.kwargs.items())])
+        raise TypeError(f"{name} takes one positional argument, e.g. {name}({example}); "
+                        f"got {marker.name}({given})")
+    return convert(name, marker.args[0])
+
+
 def cluster_for(request: pytest.FixtureRequest) -> FakeCluster:
     """The ``fake_cluster`` fixture's value for one test, from its markers and the options."""
-    marker = request.node.get_closest_marker("world_size")
-    nprocs = int(marker.args[0]) if marker and marker.args else 2
+    nprocs = _marker_value(request.node.get_closest_marker("world_size"),
+                           lambda name, v: integer(name, v, minimum=1, hint="the number of ranks"),
+                           "4") or 2
     seed = request.config.getoption("--fakepg-seed")
-    limit = request.node.get_closest_marker("fakepg_timeout")
-    timeout = float(limit.args[0]) if limit and limit.args else request.config.getoption("--fakepg-timeout")
+    timeout = _marker_value(request.node.get_closest_marker("fakepg_timeout"),
+                            lambda name, v: number(name, v, positive=True, hint="seconds"), "30")
+    if timeout is None:
+        timeout = request.config.getoption("--fakepg-timeout")
     mode = request.node.get_closest_marker("fakepg_isolation")
     isolation = (str(mode.args[0]) if mode and mode.args
                  else request.config.getoption("--fakepg-isolation") or "thread")

@@ -219,6 +219,11 @@ def _plan_logs(args: argparse.Namespace, plan: _Plan) -> None:
         except ValueError:
             raise _UsageError(f"--local-ranks-filter {args.local_ranks_filter}: expected a "
                               f"comma-separated list of integers, e.g. 0,1,2") from None
+        outside = sorted(r for r in shown if not 0 <= r < plan.nproc)
+        if outside:  # torchrun would show nothing at all, silently
+            raise _UsageError(f"--local-ranks-filter {args.local_ranks_filter}: no local rank "
+                              f"{', '.join(map(str, outside))}; the local ranks are "
+                              f"0..{plan.nproc - 1} (--nproc-per-node {plan.nproc})")
     to_file = [redirects.get(r, Std.NONE) | tees.get(r, Std.NONE) for r in range(plan.nproc)]
     attempt = None
     if args.log_dir or any(to_file):

@@ -18,12 +18,13 @@ import torch.distributed.distributed_c10d as c10d
 from ..fidelity import backends
 from ..world import isolation, liveness
 from ..choices import faults as _faults
-from ..arguments import integer, number
+from ..arguments import function, integer, number, of_type
 from ..world.binding import bind_thread, current_cluster
 from ..world.checks import Checkers
 from ..world.cluster import Cluster
 from ..errors import CollectiveHangError, FakePGError, RankFailedError, SpawnTimeoutError
 from ..world.hooks import WorldHooks
+from ..fidelity.gloo_checks import ArgumentChecks
 from ..fidelity.gloo_hazards import GlooHazards
 from ..fidelity.nccl_hazards import NcclHazards, parse_modes
 from ..world.isolation import ProcessState
@@ -96,9 +97,14 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
         assert result.returns[0].tolist() == [6.0, 6.0]
     """
     __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
-    if not callable(fn):
-        raise TypeError(f"fakepg.spawn: fn must be callable, got {type(fn).__name__} {fn!r}")
+    function("fakepg.spawn: fn", fn, what="callable")
     nprocs = integer("fakepg.spawn: nprocs", nprocs, minimum=1)
+    if env is not None and not callable(env):
+        of_type("fakepg.spawn: env", env, Mapping, "a mapping of variable names to strings, a "
+                "function of the rank returning one, or None", hint="e.g. env={'OMP_NUM_THREADS': '1'}")
+    if hooks is not None:
+        of_type("fakepg.spawn: hooks", hooks, WorldHooks, "a fakepg.WorldHooks (simddp's "
+                "co-simulation passes one) or None")
     seed = integer("fakepg.spawn: seed", seed)
     hang_timeout = number("fakepg.spawn: hang_timeout", hang_timeout, positive=True,
                           hint="seconds of inactivity before a wait hidden in C++ counts as a hang")
@@ -108,6 +114,7 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
         timeout = number("fakepg.spawn: timeout", timeout, positive=True, hint="seconds, or None")
     backends.get(backend)  # a clear error for an unknown name
     schedule = as_schedule(schedule)
+    schedule.check_world(nprocs)
     hazard_modes = parse_modes(nccl_hazards)
     gloo = GlooHazards(gloo_hazards)  # a clear error for an unknown mode
     faults = _faults.check(faults, nprocs)
@@ -122,10 +129,18 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
         raise FakePGError("another fakepg world is running in this process; worlds run one "
                           "after another (use pytest-xdist for parallelism)")
     try:
-        return _run_world(fn, tuple(args), nprocs, seed, hooks, hang_timeout, master_port, env,
-                          timeout, backend, schedule, hazard_modes, faults, isolation, gloo)
+        result = _run_world(fn, tuple(args), nprocs, seed, hooks, hang_timeout, master_port, env,
+                            timeout, backend, schedule, hazard_modes, faults, isolation, gloo)
+    except BaseException as failure:
+        try:
+            schedule.check_replayed()
+        except ValueError as unfit:  # a token that did not fit explains the failure
+            raise unfit from failure
+        raise
     finally:
         _SPAWN_LOCK.release()
+    schedule.check_replayed()
+    return result
 
 
 def spawn_nested(fn: Callable[..., Any], args: Sequence[Any], nprocs: int, *, seed: int,
@@ -150,7 +165,7 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_e
     cluster.faults = faults
     # every check the world runs, in the order it runs them: torch looks at the devices before
     # the backend sees the call, so NCCL's device check comes before the refusals
-    cluster.checkers = Checkers([NcclHazards(hazard_modes), backends.Refusals(),
+    cluster.checkers = Checkers([ArgumentChecks(), NcclHazards(hazard_modes), backends.Refusals(),
                                  gloo_hazards if gloo_hazards is not None else GlooHazards()])
     extra = extra_env if callable(extra_env) else (lambda r: extra_env or {})  # noqa: E731
     processes = [ProcessState.for_rank(r, nprocs, seed,
@@ -158,17 +173,14 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_e
                  for r in range(nprocs)]
     host = ProcessState()
     host.save()
-    children = None
     if isolation == "process":  # fork the ranks' processes before any rank thread exists
-        from ..process.process_mode import Children
-        children = Children(fn, args, processes, seed, ended_rank_thread_ids(), spawn_nested)
-        fn, args = children.serve, ()
-    try:
-        return _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backend,
-                          cluster, processes, host, schedule, t0)
-    finally:
-        if children is not None:
-            children.close()
+        from ..process.process_mode import forked_ranks
+        with forked_ranks(fn, args, processes, seed, ended_rank_thread_ids(),
+                          spawn_nested) as children:
+            return _run_ranks(children.serve, (), nprocs, seed, hang_timeout, master_port,
+                              timeout, backend, cluster, processes, host, schedule, t0)
+    return _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backend,
+                      cluster, processes, host, schedule, t0)
 
 
 def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backend, cluster,
