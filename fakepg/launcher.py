@@ -134,10 +134,6 @@ def _check_single_node(args: argparse.Namespace) -> None:
         raise _UsageError("--no-python: fakerun runs Python scripts and modules in this interpreter")
     if args.max_restarts < 0:
         raise _UsageError(f"--max-restarts {args.max_restarts}: expected an integer >= 0")
-    if args.isolation == "thread" and any("${local_rank}" in a for a in args.training_script_args):
-        raise _UsageError("${local_rank} in the script's arguments would give each rank its own "
-                          "sys.argv, which ranks sharing one interpreter cannot have; read "
-                          "LOCAL_RANK from the environment instead (or use --isolation process)")
 
 
 def _plan(args: argparse.Namespace) -> _Plan:
@@ -329,8 +325,8 @@ def _rank_output(plan: _Plan) -> Iterator[None]:
 
 def _run(plan: _Plan) -> None:
     def rank_main(rank: int) -> None:
-        if plan.isolation == "process":  # its own sys.argv: torchrun's ${local_rank} works
-            sys.argv = [a.replace("${local_rank}", plan.env[rank]["LOCAL_RANK"]) for a in plan.argv]
+        # Each rank owns its sys.argv (fakepg.isolation), with torchrun's ${local_rank} macro.
+        sys.argv = [a.replace("${local_rank}", plan.env[rank]["LOCAL_RANK"]) for a in plan.argv]
         try:
             if plan.module:
                 runpy.run_module(plan.target, run_name="__main__", alter_sys=False)
@@ -340,18 +336,19 @@ def _run(plan: _Plan) -> None:
             if e.code not in (0, None):
                 raise RuntimeError(f"the script exited with status {e.code}") from e
 
-    # Shared by all ranks, set for the run and put back after it (runpy's own swaps of
-    # __main__ interleave across rank threads, so the host's is restored here too).
+    # Set for the run and put back after it (sys.path[0] is shared by the ranks; runpy's own
+    # swaps of __main__ interleave across rank threads, so the host's is restored here too).
     saved_argv, saved_path0, saved_main = sys.argv, sys.path[0], sys.modules.get("__main__")
     sys.argv, sys.path[0] = list(plan.argv), plan.path0
     try:
         with _rank_output(plan):
-            # torchrun's workers on a CPU run on gloo (init_process_group() with no backend, or
-            # a library that skips its own init because the world is already up): the world
-            # starts with gloo's personality, and adds in gloo's order; ("nccl") still switches.
+            # A torchrun worker starts with nothing initialised: the script's own
+            # init_process_group sets the world up, with its timeout. On a CPU that is gloo
+            # (init_process_group() with no backend): the world starts with gloo's personality;
+            # ("nccl") still switches.
             spawn(rank_main, nprocs=plan.nproc, seed=plan.seed, master_port=plan.master_port,
                   env=lambda r: plan.env[r], timeout=plan.timeout, isolation=plan.isolation,
-                  backend="gloo")
+                  backend="gloo", init_process_group=False)
     finally:
         sys.argv = saved_argv
         if sys.path and sys.path[0] == plan.path0:

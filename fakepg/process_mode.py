@@ -89,7 +89,7 @@ class Children:
     """The rank processes of one world, forked at construction; ``serve`` is each proxy."""
 
     def __init__(self, fn: Callable[..., Any], args: Sequence[Any], processes: list[ProcessState],
-                 seed: int = 0):
+                 seed: int = 0, init: bool = True):
         self.nprocs = len(processes)
         self.pids: list[int] = []
         self.channels: list[Channel] = []
@@ -108,7 +108,7 @@ class Children:
                 pid = os.fork()
                 if pid == 0:  # pragma: no cover - runs in the child, which never returns
                     _child_main(rank, self.nprocs, pipes, fn, tuple(args), processes[rank], parent,
-                                seed)
+                                seed, init)
                 self.pids.append(pid)
         except BaseException:
             self.channels = [Channel(p) for p, _ in pipes]
@@ -173,7 +173,7 @@ class Children:
 
 
 def _child_main(rank: int, nprocs: int, pipes: list, fn: Callable[..., Any], args: tuple,
-                state: ProcessState, parent: int, seed: int) -> None:  # pragma: no cover - in the child
+                state: ProcessState, parent: int, seed: int, init: bool) -> None:  # pragma: no cover - in the child
     """The forked child's whole life; never returns."""
     code = 0
     try:
@@ -200,7 +200,7 @@ def _child_main(rank: int, nprocs: int, pipes: list, fn: Callable[..., Any], arg
         channel = Channel(pipes[rank][1])
         remote.install(rank, nprocs, channel, seed)
         channel.recv_reply()  # "go": the proxy holds the baton
-        ok, payload = remote.run(fn, args)
+        ok, payload = remote.run(fn, args, init)
         for stream in (sys.stdout, sys.stderr):
             closer = getattr(stream, "close_rank", None)
             try:

@@ -50,12 +50,14 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
           schedule: "Schedule | str | None" = None,
           nccl_hazards: str | Mapping[str, str] | None = None,
           faults: Sequence[Any] | None = None, isolation: str = "thread",
-          gloo_hazards: str = "error") -> SpawnResult:
+          gloo_hazards: str = "error", init_process_group: bool = True) -> SpawnResult:
     """Run ``fn(rank, *args)`` on ``nprocs`` ranks of a deterministic in-process cluster.
 
     Inside ``fn``, torch.distributed is already initialised with the ``"fakepg"`` backend
     (``dist.init_process_group`` by unmodified code is accepted and returns the same
-    world). Ranks run one at a time, switching only where one must wait for another, so
+    world). ``init_process_group=False`` starts each rank as torchrun starts a worker
+    instead: nothing initialised until the program calls ``dist.init_process_group``, whose
+    backend and timeout then hold (``fakerun`` and :mod:`fakepg.suites` run ranks so). Ranks run one at a time, switching only where one must wait for another, so
     the same program and ``seed`` give bitwise-identical results and traces.
 
     ``seed`` fixes each rank's initial torch/Python/numpy RNG state (a function of seed
@@ -113,12 +115,16 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
         # ops of a rank process run elsewhere, so their timing would be silently wrong.
         raise ValueError("fakepg.spawn: hooks (simddp's co-simulation) need isolation='thread': "
                          "a rank process's ops run outside the world's threads")
+    if not isinstance(init_process_group, bool):
+        raise TypeError(f"fakepg.spawn: init_process_group must be True (the world is initialised "
+                        f"before fn runs) or False (fn initialises it), got {init_process_group!r}")
     if not _SPAWN_LOCK.acquire(blocking=False):
         raise FakePGError("another fakepg world is running in this process; worlds run one "
                           "after another (use pytest-xdist for parallelism)")
     try:
         return _run_world(fn, tuple(args), nprocs, seed, hooks, hang_timeout, master_port, env,
-                          timeout, backend, schedule, hazard_modes, faults, isolation, gloo)
+                          timeout, backend, schedule, hazard_modes, faults, isolation, gloo,
+                          init_process_group)
     finally:
         _SPAWN_LOCK.release()
 
@@ -135,7 +141,7 @@ def spawn_nested(fn: Callable[..., Any], args: Sequence[Any], nprocs: int, *, se
 
 def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_env,
                timeout, backend, schedule, hazard_modes=None, faults=(),
-               isolation="thread", gloo_hazards=None) -> SpawnResult:
+               isolation="thread", gloo_hazards=None, init=True) -> SpawnResult:
     __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
     register_backend()
     t0 = time.perf_counter()
@@ -154,18 +160,18 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_e
     children = None
     if isolation == "process":  # fork the ranks' processes before any rank thread exists
         from .process_mode import Children
-        children = Children(fn, args, processes, seed)
+        children = Children(fn, args, processes, seed, init)
         fn, args = children.serve, ()
     try:
         return _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backend,
-                          cluster, processes, host, schedule, t0)
+                          cluster, processes, host, schedule, t0, init and children is None)
     finally:
         if children is not None:
             children.close()
 
 
 def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backend, cluster,
-               processes, host, schedule, t0) -> SpawnResult:
+               processes, host, schedule, t0, init=True) -> SpawnResult:
     __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
     sched = Scheduler(processes, cluster.hang_report)
     sched.schedule = schedule
@@ -181,8 +187,9 @@ def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backe
             if isinstance(sched.abort_error, _STOPPED):
                 raise sched.abort_error  # stopped before it ever ran
             cluster.hooks.rank_started(rank)
-            _ORIGINAL_INIT(backend=BACKEND_NAME, rank=rank, world_size=nprocs,
-                           store=world_store(_PG_TIMEOUT), timeout=_PG_TIMEOUT)
+            if init:
+                _ORIGINAL_INIT(backend=BACKEND_NAME, rank=rank, world_size=nprocs,
+                               store=world_store(_PG_TIMEOUT), timeout=_PG_TIMEOUT)
             returns[rank] = fn(rank, *args)
             cluster.complete_ready(rank)
         except _faults.RankCrashed:
@@ -215,6 +222,8 @@ def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backe
         _ENDED_RANK_THREADS[:] = [t.native_id for t in threads if t.native_id is not None]
     result = SpawnResult(returns, cluster.trace, nprocs, seed, time.perf_counter() - t0,
                          sorted(cluster.dead))
+    if sched.hang is not None:
+        result.hang_report = sched.hang.report
     if isinstance(sched.abort_error, SpawnTimeoutError):
         raise SpawnTimeoutError(sched.abort_error.report)
     raise_outcome(sched, cluster, failures)
