@@ -16,6 +16,8 @@ test's failure output. ``--fakepg-seed N`` changes the seed of every fake world;
 test's worlds to S seconds of wall clock (``fakepg.spawn(timeout=S)``).
 ``--fakepg-isolation process`` (or ``@pytest.mark.fakepg_isolation("process")``) runs the
 fixture's worlds with every rank in its own OS process (``fakepg.spawn(isolation=...)``).
+``--fakepg-suites`` (``=process``) runs torch ``MultiProcessTestCase`` suites unmodified on the
+fake cluster (:mod:`fakepg.suites`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from .exploration import ExplorationSummary, explore
 from .world import SpawnResult, spawn
 
 _CLUSTER = pytest.StashKey["FakeCluster"]()
+_SUITES = pytest.StashKey[Any]()  # the entered fake_cluster_suites() of --fakepg-suites
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -43,17 +46,36 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="run every fake cluster of the fake_cluster fixture with ranks as "
                          "threads (default) or as OS processes (a fakepg_isolation marker "
                          "overrides it)")
+    group.addoption("--fakepg-suites", nargs="?", const="thread", default=None,
+                    choices=("thread", "process"), metavar="ISOLATION",
+                    help="run every torch MultiProcessTestCase (DTensorTestBase, "
+                         "DistributedTest, your own) on the fake cluster instead of one OS "
+                         "process per rank; ranks as threads (default) or as forked processes "
+                         "(--fakepg-suites=process); torch's own return-code rules decide")
     group.addoption("--fakepg-schedule", default=None, metavar="TOKEN",
                     help="replay one schedule (a token fakepg.explore printed) in every fake "
                          "cluster run through the fake_cluster fixture")
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    suites = config.getoption("--fakepg-suites", None)
+    if suites is not None:
+        from .suites import fake_cluster_suites  # only when asked: it imports torch
+
+        seed = config.getoption("--fakepg-seed")
+        config.stash[_SUITES] = fake_cluster_suites(suites, 0 if seed is None else seed)
+        config.stash[_SUITES].__enter__()
     config.addinivalue_line("markers", "world_size(n): number of ranks for the fake_cluster fixture")
     config.addinivalue_line("markers", "fakepg_timeout(seconds): wall-clock limit of each world "
                                        "the fake_cluster fixture runs")
     config.addinivalue_line("markers", "fakepg_isolation(mode): 'thread' or 'process' for the "
                                        "worlds the fake_cluster fixture runs")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    suites = config.stash.get(_SUITES, None)
+    if suites is not None:
+        suites.__exit__(None, None, None)
 
 
 class FakeCluster:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import time
 import traceback
 from typing import Any, Callable, Iterator, TypeVar
@@ -79,6 +80,19 @@ def _exit_code(code: object) -> int:
     return 1
 
 
+def _class_thread_locals(cls: type) -> list[tuple[threading.local, dict[str, Any]]]:
+    """The test class's class-level ``threading.local`` objects with this thread's values.
+
+    A process runs its test on the thread that imported the module, which set them
+    (torch's device-type tests keep their precision so); a rank thread starts with them set."""
+    found = []
+    for klass in cls.__mro__:
+        for value in vars(klass).values():
+            if isinstance(value, threading.local):
+                found.append((value, dict(vars(value))))
+    return found
+
+
 def _start_processes(self: Any, proc: Any) -> None:
     """``MultiProcessTestCase._start_processes``: one rank per process slot, none started yet
     (the world runs when the main process joins them)."""
@@ -100,10 +114,13 @@ def _join_processes(self: Any, fn: Callable[..., Any]) -> None:
     cls, test_name, file_name = type(self), self._current_test_name(), self.file_name
     pipes = [p.child_conn for p in self.processes]
     kwargs = {"fake_pg": getattr(self, "fake_pg", False)}
+    thread_locals = _class_thread_locals(cls)
 
     def rank_process(rank: int) -> int:
         # The body of a rank's process: its exit code is what sys.exit said, 0 when _run
         # returned, 1 for an exception that escaped (multiprocessing prints it and exits 1).
+        for tls, values in thread_locals:
+            vars(tls).update(values)
         try:
             cls._run(rank, test_name, file_name, pipes[rank], **kwargs)
         except SystemExit as e:
