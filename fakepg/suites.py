@@ -31,7 +31,7 @@ import time
 import traceback
 from typing import Any, Callable, Iterator, TypeVar
 
-from .arguments import integer
+from .arguments import integer, number
 from .errors import SpawnTimeoutError
 from .world import spawn
 
@@ -130,7 +130,7 @@ def _join_processes(self: Any, fn: Callable[..., Any]) -> None:
             return 1
         return 0
 
-    timeout = float(get_timeout(self.id()))
+    timeout = float(self.fakepg_timeout or get_timeout(self.id()))
     start = time.time()
     try:
         result = spawn(rank_process, nprocs=len(self.processes), seed=self.fakepg_seed,
@@ -151,11 +151,13 @@ def _join_processes(self: Any, fn: Callable[..., Any]) -> None:
 
 class FakeClusterProcesses:
     """Put first among a ``MultiProcessTestCase`` subclass's bases: its ranks run on the fake
-    cluster. ``fakepg_isolation`` (``"thread"`` or ``"process"``) and ``fakepg_seed`` are
-    class attributes to override."""
+    cluster. ``fakepg_isolation`` (``"thread"`` or ``"process"``), ``fakepg_seed`` and
+    ``fakepg_timeout`` (seconds of wall clock per test; None: torch's ``get_timeout``) are class
+    attributes to override."""
 
     fakepg_isolation = "thread"
     fakepg_seed = 0
+    fakepg_timeout: float | None = None
     _start_processes = _start_processes
     _join_processes = _join_processes
 
@@ -177,10 +179,13 @@ def _require_suite_class(cls: object) -> None:
 
 
 def on_fake_cluster(cls: _C | None = None, *, isolation: str = "thread",
-                    seed: int = 0) -> _C | Callable[[_C], _C]:
+                    seed: int = 0, timeout: float | None = None) -> _C | Callable[[_C], _C]:
     """Class decorator: this ``MultiProcessTestCase`` subclass (and its subclasses) runs its
-    ranks on the fake cluster. ``@on_fake_cluster`` or ``@on_fake_cluster(isolation=...)``."""
+    ranks on the fake cluster. ``@on_fake_cluster`` or ``@on_fake_cluster(isolation=...)``;
+    ``timeout``: seconds of wall clock per test (default: torch's ``get_timeout``)."""
     isolation, seed = _check(isolation, seed)
+    if timeout is not None:
+        timeout = number("fakepg.suites: timeout", timeout, positive=True, hint="seconds, or None")
 
     def decorate(klass: _C) -> _C:
         _require_suite_class(klass)
@@ -188,6 +193,7 @@ def on_fake_cluster(cls: _C | None = None, *, isolation: str = "thread",
         klass._join_processes = _join_processes  # type: ignore[attr-defined]
         klass.fakepg_isolation = isolation  # type: ignore[attr-defined]
         klass.fakepg_seed = seed  # type: ignore[attr-defined]
+        klass.fakepg_timeout = timeout  # type: ignore[attr-defined]
         return klass
 
     return decorate if cls is None else decorate(cls)
@@ -200,7 +206,8 @@ def fake_cluster_suites(isolation: str = "thread", seed: int = 0) -> Iterator[No
     from torch.testing._internal.common_distributed import MultiProcessTestCase
 
     isolation, seed = _check(isolation, seed)
-    names = ("_start_processes", "_join_processes", "fakepg_isolation", "fakepg_seed")
+    names = ("_start_processes", "_join_processes", "fakepg_isolation", "fakepg_seed",
+             "fakepg_timeout")
     saved = {n: vars(MultiProcessTestCase).get(n) for n in names}
     on_fake_cluster(MultiProcessTestCase, isolation=isolation, seed=seed)
     try:

@@ -81,11 +81,11 @@ def test_master_addr_master_port_rdzv_id_role_and_max_restarts_reach_every_rank(
     keys = ["MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "ROLE_NAME", "TORCHELASTIC_MAX_RESTARTS"]
     script = _script(tmp_path, _ENV_SCRIPT.format(keys=keys))
     assert main(["--nproc_per_node=2", "--master-addr", "10.1.2.3", "--master_port", "4242",
-                 "--rdzv-id", "job7", "--role", "trainer", "--max-restarts", "3", script]) == 0
+                 "--rdzv-id", "job7", "--role", "trainer", "--max-restarts", "0", script]) == 0
     seen = _per_rank_json(capsys.readouterr().out)
     assert seen[0] == seen[1] == {"MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "4242",
                                   "TORCHELASTIC_RUN_ID": "job7", "ROLE_NAME": "trainer",
-                                  "TORCHELASTIC_MAX_RESTARTS": "3"}
+                                  "TORCHELASTIC_MAX_RESTARTS": "0"}
 
 
 def test_torch_detects_a_torchelastic_launch_in_every_rank(tmp_path, capsys):
@@ -105,6 +105,28 @@ def test_every_torchrun_flag_is_accepted():
 
     ours = set(_parser()._option_string_actions)
     assert set(get_args_parser()._option_string_actions) <= ours and "--seed" in ours
+
+
+def test_help_leads_with_fakeruns_own_flags_and_sorts_torchruns_by_what_fakerun_does(capsys):
+    assert main(["--help"]) == 0
+    text = capsys.readouterr().out
+    sections = ["fakerun's own options:", "torchrun options fakerun acts on:",
+                "torchrun options with one possible value (any other is refused, exit status 2):",
+                "torchrun options accepted and ignored (nothing to act on in one process):"]
+    where = [text.index(s) for s in sections]
+    assert where == sorted(where)
+    own, acted, single, ignored = (text[a:b] for a, b in zip(where, where[1:] + [len(text)]))
+    assert all(f in own for f in ("--isolation", "--timeout", "--seed"))
+    assert all(f in acted for f in ("--nproc-per-node", "--local-ranks-filter", "--tee", "-m, --module"))
+    assert all(f in single for f in ("--nnodes", "--node-rank", "--max-restarts", "--no-python",
+                                     "--rdzv-endpoint"))
+    assert all(f in ignored for f in ("--standalone", "--rdzv-backend", "--start-method"))
+
+
+def test_help_fits_80_columns(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["--help"]) == 0
+    assert max(map(len, capsys.readouterr().out.splitlines())) <= 80
 
 
 def test_process_and_rendezvous_flags_are_accepted_with_nothing_to_act_on(tmp_path, capsys):
@@ -189,6 +211,9 @@ def test_tee_and_redirects_write_torchruns_per_rank_log_files(tmp_path, capsys):
     (["--local-ranks-filter", "a,b"], "--local-ranks-filter a,b: expected a comma-separated list"),
     (["--tee", "9"], "--tee 9: expected 0-3"),
     (["--timeout", "0"], "--timeout 0.0: expected a number of seconds > 0"),
+    (["--max-restarts", "3"], "--max-restarts 3: fakerun does not restart a failed run"),
+    (["--rdzv-endpoint", "node7.cluster:29400"],
+     "--rdzv-endpoint node7.cluster:29400: a rendezvous on another host joins several nodes"),
 ])
 def test_a_command_line_that_cannot_run_here_is_one_clear_line_and_exit_2(tmp_path, capsys, argv, says):
     script = _script(tmp_path, "raise AssertionError('must not run')\n")
