@@ -88,7 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         g = "" if gloo is None else "timeout" if gloo.timed_out else gloo.outcomes.get(name, "-")
         counts[(f, g)] = counts.get((f, g), 0) + 1
         mark = "!=" if gloo is not None and f != g else "  "
-        print(f"{mark} {name:<90.90} fakepg: {f:<7}" + (f" gloo: {g}" if gloo else ""))
+        secs = f"{fake.seconds.get(name, 0.0):6.2f} s"
+        if gloo is not None:
+            secs += f" / {gloo.seconds.get(name, 0.0):6.1f} s"
+        print(f"{mark} {name:<78.78} fakepg: {f:<7}" + (f" gloo: {g:<7}" if gloo else "") + secs)
     print(f"\n{len(names)} tests; verdict counts (fakepg, gloo):")
     for (f, g), n in sorted(counts.items()):
         print(f"  {f:<8} {g or '-':<8} {n}")
