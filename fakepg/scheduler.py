@@ -168,6 +168,8 @@ class Scheduler:
                               if s.state == BLOCKED and s.deadline is not None)
                 self._wake.wait(max(0.0, wake_at - time.monotonic()))
                 nxt = self._pick(rank)
+            if nxt is None and self._expire_waits_on_finished_peers():
+                nxt = self._pick(rank)
             if nxt is None and any(s.state == BLOCKED for s in self.slots):
                 # Nobody can run, somebody waits: a hang, decided exactly.
                 report = self._describe_world()
@@ -180,6 +182,20 @@ class Scheduler:
                 return
             self.current = nxt
             self.slots[nxt].sem.release()
+
+    def _expire_waits_on_finished_peers(self) -> bool:
+        """Timed waits on peers that have all finished (see ``TimedWait.waits_for``) end now
+        with their timeout's error, on their ranks alone; True if there was one."""
+        found = False
+        for slot in self.slots:
+            timed = slot.timed
+            if slot.state != BLOCKED or timed is None or timed.waits_for is None:
+                continue
+            if all(self.slots[r].state == DONE for r in timed.waits_for()):
+                timed.peers_gone = True
+                slot.deadline = 0.0  # runnable now; its block() raises timed.expired()
+                found = True
+        return found
 
     def _pick(self, rank: int) -> int | None:
         if self.schedule.active:  # every runnable rank is an option, round-robin order first
