@@ -308,9 +308,25 @@ def test_ranks_that_handle_their_timeout_and_finish_exit_0_as_under_torchrun(tmp
     assert "[rank0]:handled: True" in out and "[rank1]:finished" in out
 
 
+_CAUGHT_MONITORED_BARRIER = """
+    import datetime, torch.distributed as dist
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 0:
+        try:
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=2))  # rank 1 has returned
+        except RuntimeError as e:
+            print("handled:", str(e).splitlines()[0], flush=True)
+    print("finished", flush=True)
+"""
+
+
 @pytest.mark.gloo
-def test_ranks_that_handle_their_timeout_exit_as_torchrun_and_gloo_do(tmp_path):
-    script = _script(tmp_path, _CAUGHT_HANG)
+@pytest.mark.parametrize("program, handled", [
+    (_CAUGHT_HANG, "handled: True"),
+    (_CAUGHT_MONITORED_BARRIER, "handled: [Rank 0]: Rank 1 failed to pass monitoredBarrier in 2000 ms"),
+])
+def test_ranks_that_handle_their_timeout_exit_as_torchrun_and_gloo_do(tmp_path, program, handled):
+    script = _script(tmp_path, program)
     real = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                            "--master-port", "29561", script], capture_output=True, text=True,
                           timeout=120)
@@ -318,7 +334,7 @@ def test_ranks_that_handle_their_timeout_exit_as_torchrun_and_gloo_do(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert fake.returncode == real.returncode == 0, (real.stderr[-2000:], fake.stderr[-2000:])
     unprefixed = sorted(line.partition(":")[2] for line in fake.stdout.splitlines())
-    assert unprefixed == sorted(real.stdout.splitlines()) == ["finished", "finished", "handled: True"]
+    assert unprefixed == sorted(real.stdout.splitlines()) == ["finished", "finished", handled]
 
 
 def test_a_monitored_barrier_whose_peer_returned_raises_gloos_timeout_on_the_waiting_rank(
