@@ -28,6 +28,7 @@ from .process.process_mode import RankProcessDiedError
 from .fidelity.store import FakeStore
 from .fidelity import compat  # fakepg.compat.cuda_synchronize_noop() and other CPU shims
 from .choices import faults  # fakepg.faults.crash / raise_in for spawn(faults=[...])
+from .launch import suites  # fakepg.suites: torch's MultiProcessTestCase suites on the fake cluster
 from .ops.trace import CollectiveRecord, dump_flight_recorder, flight_recorder_dump, from_json, to_json
 
 register_backend()

@@ -8,6 +8,9 @@ mismatch report and the command that replays it to the test's failure output.
 wall clock (``fakepg.spawn(timeout=S)``). ``--fakepg-isolation process`` (or
 ``@pytest.mark.fakepg_isolation("process")``) runs the fixture's worlds with every rank in its
 own OS process (``fakepg.spawn(isolation=...)``); ``--fakepg-schedule TOKEN`` replays a schedule.
+``--fakepg-suites`` (``=process``) runs torch ``MultiProcessTestCase`` suites unmodified on the
+fake cluster (:mod:`fakepg.launch.suites`, public as ``fakepg.suites``): the light half calls
+:func:`start_suites` and :func:`stop_suites`.
 """
 
 from __future__ import annotations
@@ -21,6 +24,26 @@ from .arguments import integer, number
 from .errors import FakePGError
 from .launch.explore import ExplorationSummary, explore
 from .launch.spawn import SpawnResult, spawn
+
+_SUITES = pytest.StashKey[Any]()  # the entered fake_cluster_suites() of --fakepg-suites
+
+
+def start_suites(config: pytest.Config) -> None:
+    """``--fakepg-suites[=process]``: every ``MultiProcessTestCase`` of the session runs its
+    ranks as one fake world (until :func:`stop_suites`)."""
+    from .launch.suites import fake_cluster_suites
+
+    seed = config.getoption("--fakepg-seed")
+    suites = fake_cluster_suites(config.getoption("--fakepg-suites"), 0 if seed is None else seed)
+    suites.__enter__()
+    config.stash[_SUITES] = suites
+
+
+def stop_suites(config: pytest.Config) -> None:
+    """The end of the session: ``MultiProcessTestCase`` starts its processes again."""
+    suites = config.stash.get(_SUITES, None)
+    if suites is not None:
+        suites.__exit__(None, None, None)
 
 
 class FakeCluster:

@@ -22,13 +22,13 @@ from ..arguments import function, integer, number, of_type
 from ..world.binding import bind_thread, current_cluster
 from ..world.checks import Checkers
 from ..world.cluster import Cluster
-from ..errors import CollectiveHangError, FakePGError, RankFailedError, SpawnTimeoutError
+from ..errors import FakePGError, RankFailedError, SpawnTimeoutError
 from ..world.hooks import WorldHooks
 from ..fidelity.gloo_checks import ArgumentChecks
 from ..fidelity.gloo_hazards import GlooHazards
 from ..fidelity.nccl_hazards import NcclHazards, parse_modes
 from ..world.isolation import ProcessState
-from ..world.outcome import SpawnResult, exception_site, raise_outcome
+from ..world.outcome import SpawnResult, during_hang, exception_site, raise_outcome
 from ..fidelity.originals import PG_TIMEOUT, TORCH_INIT_PROCESS_GROUP
 from ..fidelity.patches import world_patches
 from ..process import mp_spawn
@@ -56,12 +56,14 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
           schedule: "Schedule | str | None" = None,
           nccl_hazards: str | Mapping[str, str] | None = None,
           faults: Sequence[Any] | None = None, isolation: str = "thread",
-          gloo_hazards: str = "error") -> SpawnResult:
+          gloo_hazards: str = "error", init_process_group: bool = True) -> SpawnResult:
     """Run ``fn(rank, *args)`` on ``nprocs`` ranks of a deterministic in-process cluster.
 
     Inside ``fn``, torch.distributed is already initialised with the ``"fakepg"`` backend
     (``dist.init_process_group`` by unmodified code is accepted and returns the same
-    world). Ranks run one at a time, switching only where one must wait for another, so
+    world). ``init_process_group=False`` starts each rank as torchrun starts a worker
+    instead: nothing initialised until the program calls ``dist.init_process_group``, whose
+    backend and timeout then hold (``fakerun`` and :mod:`fakepg.suites` run ranks so). Ranks run one at a time, switching only where one must wait for another, so
     the same program and ``seed`` give bitwise-identical results and traces.
 
     ``seed`` fixes each rank's initial torch/Python/numpy RNG state (a function of seed
@@ -125,12 +127,16 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
         # ops of a rank process run elsewhere, so their timing would be silently wrong.
         raise ValueError("fakepg.spawn: hooks (simddp's co-simulation) need isolation='thread': "
                          "a rank process's ops run outside the world's threads")
+    if not isinstance(init_process_group, bool):
+        raise TypeError(f"fakepg.spawn: init_process_group must be True (the world is initialised "
+                        f"before fn runs) or False (fn initialises it), got {init_process_group!r}")
     if not _SPAWN_LOCK.acquire(blocking=False):
         raise FakePGError("another fakepg world is running in this process; worlds run one "
                           "after another (use pytest-xdist for parallelism)")
     try:
         result = _run_world(fn, tuple(args), nprocs, seed, hooks, hang_timeout, master_port, env,
-                            timeout, backend, schedule, hazard_modes, faults, isolation, gloo)
+                            timeout, backend, schedule, hazard_modes, faults, isolation, gloo,
+                            init_process_group)
     except BaseException as failure:
         try:
             schedule.check_replayed()
@@ -155,7 +161,7 @@ def spawn_nested(fn: Callable[..., Any], args: Sequence[Any], nprocs: int, *, se
 
 def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_env,
                timeout, backend, schedule, hazard_modes=None, faults=(),
-               isolation="thread", gloo_hazards=None) -> SpawnResult:
+               isolation="thread", gloo_hazards=None, init=True) -> SpawnResult:
     __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
     register_backend()
     t0 = time.perf_counter()
@@ -176,15 +182,15 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_e
     if isolation == "process":  # fork the ranks' processes before any rank thread exists
         from ..process.process_mode import forked_ranks
         with forked_ranks(fn, args, processes, seed, ended_rank_thread_ids(),
-                          spawn_nested) as children:
+                          spawn_nested, init) as children:  # each child initialises its own
             return _run_ranks(children.serve, (), nprocs, seed, hang_timeout, master_port,
-                              timeout, backend, cluster, processes, host, schedule, t0)
+                              timeout, backend, cluster, processes, host, schedule, t0, False)
     return _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backend,
-                      cluster, processes, host, schedule, t0)
+                      cluster, processes, host, schedule, t0, init)
 
 
 def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backend, cluster,
-               processes, host, schedule, t0) -> SpawnResult:
+               processes, host, schedule, t0, init=True) -> SpawnResult:
     __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
     sched = Scheduler(processes, cluster.hang_report)
     sched.schedule = schedule
@@ -201,8 +207,9 @@ def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backe
             if isinstance(sched.abort_error, _STOPPED):
                 raise sched.abort_error  # stopped before it ever ran
             cluster.hooks.rank_started(rank)
-            TORCH_INIT_PROCESS_GROUP(backend=BACKEND_NAME, rank=rank, world_size=nprocs,
-                           store=world_store(PG_TIMEOUT), timeout=PG_TIMEOUT)
+            if init:
+                TORCH_INIT_PROCESS_GROUP(backend=BACKEND_NAME, rank=rank, world_size=nprocs,
+                                         store=world_store(PG_TIMEOUT), timeout=PG_TIMEOUT)
             returns[rank] = fn(rank, *args)
             cluster.complete_ready(rank)
         except _faults.RankCrashed:
@@ -219,7 +226,7 @@ def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backe
             ends_world = ends_world and not isinstance(sched.abort_error, _STOPPED)
             # raised while unwinding from the hang verdict (a `with lock:` whose lock the
             # verdict released): a consequence of the hang, which stays the reported cause
-            ends_world = ends_world and not (sched.hang is not None and _during_hang(e))
+            ends_world = ends_world and not (sched.hang is not None and during_hang(e))
             if ends_world and cluster.failed_rank is None:
                 cluster.failed_rank = rank
                 site = exception_site(e)
@@ -243,6 +250,8 @@ def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backe
         _ENDED_RANK_THREADS[:] = [t.native_id for t in threads if t.native_id is not None]
     result = SpawnResult(returns, cluster.trace, nprocs, seed, time.perf_counter() - t0,
                          sorted(cluster.dead))
+    if sched.hang is not None:
+        result.hang_report = sched.hang.report
     if isinstance(sched.abort_error, SpawnTimeoutError):
         raise SpawnTimeoutError(sched.abort_error.report)
     raise_outcome(sched, cluster, failures)
@@ -293,15 +302,6 @@ def _run_threads(threads: list[threading.Thread], sched: Scheduler, cluster: Clu
             torch.autograd.set_multithreading_enabled(multithreading)
             host.install()
             sys.excepthook = excepthook  # init_process_group prefixes it with "[rankN]"
-
-
-def _during_hang(e: BaseException) -> bool:
-    seen = e.__context__
-    while seen is not None:
-        if isinstance(seen, CollectiveHangError):
-            return True
-        seen = seen.__context__
-    return False
 
 
 def _str_env(env: Mapping[str, str]) -> dict[str, str]:

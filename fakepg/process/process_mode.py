@@ -136,8 +136,8 @@ def _unlink_segments_of(pids: Sequence[int]) -> None:
 
 @contextlib.contextmanager
 def forked_ranks(fn: Callable[..., Any], args: Sequence[Any], processes: list[ProcessState],
-                 seed: int, ended_threads: Sequence[int],
-                 start_world: StartWorld) -> Iterator["Children"]:
+                 seed: int, ended_threads: Sequence[int], start_world: StartWorld,
+                 init: bool = True) -> Iterator["Children"]:
     """The world's rank processes while the block runs; every one killed and reaped after it.
     A SIGTERM to this process meanwhile (in its main thread, where no handler of the program's
     is installed) ends the world as Ctrl-C does, then terminates the process as SIGTERM would."""
@@ -155,7 +155,7 @@ def forked_ranks(fn: Callable[..., Any], args: Sequence[Any], processes: list[Pr
     if handle:
         signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        children = Children(fn, args, processes, seed, ended_threads, start_world)
+        children = Children(fn, args, processes, seed, ended_threads, start_world, init)
         try:
             yield children
         finally:
@@ -171,10 +171,12 @@ class Children:
     """The rank processes of one world, forked at construction; ``serve`` is each proxy.
 
     ``ended_threads``: the OS ids of the last world's rank threads (waited for before forking);
-    ``start_world`` runs a world a rank process starts (``torch.multiprocessing.spawn``)."""
+    ``start_world`` runs a world a rank process starts (``torch.multiprocessing.spawn``);
+    ``init``: whether each child initialises the world before ``fn`` (False: ``fn`` does)."""
 
     def __init__(self, fn: Callable[..., Any], args: Sequence[Any], processes: list[ProcessState],
-                 seed: int, ended_threads: Sequence[int], start_world: StartWorld):
+                 seed: int, ended_threads: Sequence[int], start_world: StartWorld,
+                 init: bool = True):
         self.nprocs = len(processes)
         self.pids: list[int] = []
         self.channels: list[Channel] = []
@@ -203,7 +205,7 @@ class Children:
                 pid = os.fork()
                 if pid == 0:  # pragma: no cover - runs in the child, which never returns
                     _child_main(rank, self.nprocs, pipes, fn, tuple(args), processes[rank], parent,
-                                seed, start_world)
+                                seed, start_world, init)
                 self.pids.append(pid)
         except BaseException:
             self.channels = [Channel(p) for p, _ in pipes]
@@ -269,8 +271,8 @@ class Children:
 
 
 def _child_main(rank: int, nprocs: int, pipes: list, fn: Callable[..., Any], args: tuple,
-                state: ProcessState, parent: int, seed: int,
-                start_world: StartWorld) -> None:  # pragma: no cover - in the child
+                state: ProcessState, parent: int, seed: int, start_world: StartWorld,
+                init: bool) -> None:  # pragma: no cover - in the child
     """The forked child's whole life; never returns."""
     code = 0
     try:
@@ -297,7 +299,7 @@ def _child_main(rank: int, nprocs: int, pipes: list, fn: Callable[..., Any], arg
         channel = Channel(pipes[rank][1])
         remote.install(rank, nprocs, channel, seed, start_world)
         channel.recv_reply()  # "go": the proxy holds the baton
-        ok, payload = remote.run(fn, args)
+        ok, payload = remote.run(fn, args, init)
         for stream in (sys.stdout, sys.stderr):
             closer = getattr(stream, "close_rank", None)
             try:

@@ -52,6 +52,8 @@ saved before spawn and put back after it):
     preferred linalg/BLAS backends
   - torch.autograd.set_detect_anomaly (a process-global switch in torch)
   - torch.set_printoptions
+  - sys.argv (each rank starts with its own copy of the caller's: a rank that rewrites it,
+    in place or by assignment, changes only its own, as in a separate process)
   - torch.set_num_threads: the value each rank asked for is put back when it resumes
     (the intra-op pool itself is one per process: ranks never run concurrently, so each
     rank's ops run with the thread count it asked for); a rank starts with the count its
@@ -392,7 +394,7 @@ class ProcessState:
     """Everything a separate process would own, for one rank (or for the host)."""
 
     __slots__ = ("torch_rng", "py_rng", "np_rng", "env", "c10d", "switches", "print_opts",
-                 "num_threads", "singletons")
+                 "num_threads", "singletons", "argv")
 
     def __init__(self) -> None:
         self.torch_rng: torch.Tensor | None = None
@@ -404,6 +406,7 @@ class ProcessState:
         self.print_opts: dict[str, Any] | None = None
         self.num_threads: int | None = None
         self.singletons: list[Any] = []
+        self.argv: list[str] | None = None
 
     @classmethod
     def for_rank(cls, rank: int, nprocs: int, seed: int,
@@ -420,6 +423,7 @@ class ProcessState:
         st.switches = capture_switches()
         st.print_opts = dict(vars(_PRINT_OPTS))
         st.num_threads = torch.get_num_threads()
+        st.argv = list(sys.argv)
         omp = env.get("OMP_NUM_THREADS")
         if omp is not None and omp.isdigit() and int(omp) > 0:
             # a process started with it (torchrun's workers: 1) sizes its intra-op pool so
@@ -443,6 +447,7 @@ class ProcessState:
         self.num_threads = _process_threads = torch.get_num_threads()
         if len(self.singletons) < len(_SINGLETONS):
             self.singletons += [_UNSET] * (len(_SINGLETONS) - len(self.singletons))
+        self.argv = sys.argv
         for i, (module, owner, attr, _) in enumerate(_SINGLETONS):
             obj = sys.modules.get(module) if owner is None else _singleton_owner(module, owner)
             if obj is not None:
@@ -468,6 +473,8 @@ class ProcessState:
             vars(_PRINT_OPTS).update(self.print_opts)
         if self.num_threads is not None:
             _install_num_threads(self.num_threads)
+        if self.argv is not None:
+            sys.argv = self.argv
         if len(self.singletons) < len(_SINGLETONS):
             self.singletons += [_UNSET] * (len(_SINGLETONS) - len(self.singletons))
         for i, (module, owner, attr, fresh) in enumerate(_SINGLETONS):

@@ -62,18 +62,31 @@ def backend_of(cluster: Any) -> str:
 class TimedWait:
     """A scheduler wait's deadline and the errors it fails with (see ``Scheduler.block``)."""
 
-    __slots__ = ("sched", "rank", "seconds", "deadline", "message", "error")
+    __slots__ = ("sched", "rank", "seconds", "deadline", "message", "error", "waits_for",
+                 "peers_gone")
 
     def __init__(self, sched: Scheduler, rank: int, seconds: float, message: Callable[[], str],
-                 error: type[TimedOutError] = BackendTimeoutError):
+                 error: type[TimedOutError] = BackendTimeoutError,
+                 waits_for: Callable[[], list[int]] | None = None):
         self.sched, self.rank, self.seconds = sched, rank, seconds
         self.deadline = monotonic() + seconds
         self.message, self.error = message, error
+        # A wait on named peers alone (monitored_barrier: a recv from each, with a timeout): the
+        # ranks it still waits for. Once all of them have finished, only its own timeout can
+        # end it, on this rank alone, as gloo's does; the rest of the world is not hung.
+        self.waits_for = waits_for
+        self.peers_gone = False
 
     def expired(self) -> TimedOutError:
-        """The deadline passed while another rank could still have satisfied the wait."""
-        head = (f"fakepg: rank {self.rank} gave up after its timeout of {self.seconds:g} s "
-                f"while other ranks were still running. Per rank at that moment:")
+        """The deadline passed while another rank could still have satisfied the wait (or the
+        ranks it waits for have all finished: see ``waits_for``)."""
+        if self.peers_gone:
+            head = (f"fakepg: rank {self.rank}'s wait can never be satisfied: the ranks it waits "
+                    f"for have finished, so it fails with its timeout's error now instead of "
+                    f"after {self.seconds:g} s. Per rank at that moment:")
+        else:
+            head = (f"fakepg: rank {self.rank} gave up after its timeout of {self.seconds:g} s "
+                    f"while other ranks were still running. Per rank at that moment:")
         return self.error(self.message(), head + "\n" + rank_states(self.sched), expired=True)
 
     def hung(self, report: str) -> TimedOutError:
@@ -111,7 +124,9 @@ def collective_wait(cluster: Any, call: Any, seconds: float | None = None,
                                    rank=missing[0] if missing else "?")
         return timeout_message(backend, "monitored_root", ms=ms, rank=missing[0] if missing else "?")
 
-    return TimedWait(cluster.scheduler, call.rank, max(seconds, 1e-9), message)
+    waits_for = coll.missing_ranks if call.op == "monitored_barrier" else None
+    return TimedWait(cluster.scheduler, call.rank, max(seconds, 1e-9), message,
+                     waits_for=waits_for)
 
 
 # -- time.sleep, the clocks and Python's own waits on rank threads ---------------------------

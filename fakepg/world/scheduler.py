@@ -34,6 +34,7 @@ NEW, RUNNING, BLOCKED, DONE = "new", "running", "blocked", "done"
 # The real clock, taken before fakepg.liveness makes time.monotonic a preemption point on
 # rank threads: the scheduler's own reads of it must not preempt.
 monotonic = time.monotonic
+_real_sleep = time.sleep  # likewise, before rank threads' time.sleep hands the baton over
 _INF = float("inf")
 # Threads the ranks started that are in a real time.sleep (fakepg.liveness counts them):
 # such a thread will do something, so the ranks' python waits are not over yet.
@@ -173,7 +174,7 @@ class Scheduler:
         ``timeout`` seconds passed (False). While it waits the others run; if none can, the
         world is hung once nothing else in the process moved for ``inactivity`` seconds."""
         if self.abort_error is not None:
-            raise self.abort_error
+            return self._python_wait_after_end(ready, timeout)
         if ready():
             return True
         deadline = None if timeout is None else monotonic() + max(0.0, timeout)
@@ -182,6 +183,21 @@ class Scheduler:
         if self.abort_error is not None:
             raise self.abort_error
         return bool(ready())
+
+    def _python_wait_after_end(self, ready: Callable[[], bool], timeout: float | None) -> bool:
+        """A python wait once the world has ended (a rank that caught its hang or timeout
+        error cleans up, as torch's test harness joins its pipe-listener thread): no baton
+        to hand over, so wait for real, for the inactivity window at most; what has not
+        happened by then never will, and the world's error is raised."""
+        window = self.inactivity if timeout is None else min(max(0.0, timeout), self.inactivity)
+        end = monotonic() + window
+        while not ready():
+            if monotonic() >= end:
+                if timeout is not None and timeout <= self.inactivity:
+                    return False  # the program's own timeout passed first
+                raise self.abort_error  # type: ignore[misc]
+            _real_sleep(0.001)
+        return True
 
     def preempt_expired(self, rank: int) -> None:
         """A point where a busy rank looks at the clock: if another rank's timed wait has
@@ -289,6 +305,8 @@ class Scheduler:
                     pause = min(pause, 0.01)
                 self._wake.wait(max(0.0, pause))
                 nxt = self._pick(rank)
+            if nxt is None and self._expire_waits_on_finished_peers():
+                nxt = self._pick(rank)
             if nxt is None and any(s.state == BLOCKED for s in self.slots):
                 # Nobody can run, somebody waits: a hang, decided exactly.
                 report = self._describe_world()
@@ -301,6 +319,20 @@ class Scheduler:
                 return
             self.current = nxt
             self.slots[nxt].sem.release()
+
+    def _expire_waits_on_finished_peers(self) -> bool:
+        """Timed waits on peers that have all finished (see ``TimedWait.waits_for``) end now
+        with their timeout's error, on their ranks alone; True if there was one."""
+        found = False
+        for slot in self.slots:
+            timed = slot.timed
+            if slot.state != BLOCKED or timed is None or timed.waits_for is None:
+                continue
+            if all(self.slots[r].state == DONE for r in timed.waits_for()):
+                timed.peers_gone = True
+                slot.deadline = 0.0  # runnable now; its block() raises timed.expired()
+                found = True
+        return found
 
     def _pick(self, rank: int) -> int | None:
         if self.schedule.active:  # every runnable rank is an option, round-robin order first

@@ -195,14 +195,15 @@ def install(rank: int, nprocs: int, channel: Channel, seed: int,
     return stack
 
 
-def run(fn: Callable[..., Any], args: tuple) -> tuple[bool, Any]:
-    """Run the rank's function in an initialised world; (True, pickled return value) or
-    (False, packed exception)."""
+def run(fn: Callable[..., Any], args: tuple, init: bool = True) -> tuple[bool, Any]:
+    """Run the rank's function (in an initialised world unless ``init`` is False: then the
+    program initialises it); (True, pickled return value) or (False, packed exception)."""
     import pickle
 
     me = _rank.me()
     try:
-        _start_world()
+        if init:
+            _start_world()
         value = fn(me.rank, *args)
         try:
             outcome: tuple[bool, Any] = (True, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
