@@ -44,17 +44,42 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="run every fake cluster of the fake_cluster fixture with ranks as "
                          "threads (default) or as OS processes (a fakepg_isolation marker "
                          "overrides it)")
+    group.addoption("--fakepg-suites", nargs="?", const="thread", default=None,
+                    choices=("thread", "process"), metavar="ISOLATION",
+                    help="run every torch MultiProcessTestCase (DTensorTestBase, "
+                         "DistributedTest, your own) on the fake cluster instead of one OS "
+                         "process per rank; ranks as threads (default) or as forked processes "
+                         "(--fakepg-suites=process); torch's own return-code rules decide")
     group.addoption("--fakepg-schedule", default=None, metavar="TOKEN",
                     help="replay one schedule (a token fakepg.explore printed) in every fake "
                          "cluster run through the fake_cluster fixture")
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--fakepg-suites", None) is not None:
+        from fakepg.pytest_plugin import start_suites  # asked for fakepg: its import is paid
+
+        start_suites(config)
     config.addinivalue_line("markers", "world_size(n): number of ranks for the fake_cluster fixture")
     config.addinivalue_line("markers", "fakepg_timeout(seconds): wall-clock limit of each world "
                                        "the fake_cluster fixture runs")
     config.addinivalue_line("markers", "fakepg_isolation(mode): 'thread' or 'process' for the "
                                        "worlds the fake_cluster fixture runs")
+    token = config.getoption("--fakepg-schedule", None)
+    if token is not None:  # a corrupt token stops the session before any test runs
+        from fakepg.choices.schedule import decode  # asked for fakepg: its import is paid
+
+        try:
+            decode(token)
+        except ValueError as e:
+            raise pytest.UsageError(f"--fakepg-schedule: {e}") from None
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if config.getoption("--fakepg-suites", None) is not None:
+        from fakepg.pytest_plugin import stop_suites
+
+        stop_suites(config)
 
 
 @pytest.fixture

@@ -37,6 +37,24 @@ class PeerCrashedError(FakePGError):
     ends_world = True
 
 
+class SharedStateError(FakePGError):
+    """A rank used an object another rank created, reached through state that all rank
+    threads share (a library's module global): thread mode cannot isolate it. The message
+    names the global and says to declare it with ``fakepg.per_rank_globals`` or to run the
+    ranks as processes (``isolation="process"``). It fails its rank and ends the world."""
+
+    ends_world = True
+
+
+class NativeWaitError(FakePGError):
+    """A rank was about to wait inside native code (C++, Rust) on something only the fake
+    world could provide -- which native code cannot reach, in thread or process mode -- such
+    as a native ``TCPStore`` client of the world's own store address. Raised at once instead
+    of the native timeout; it fails its rank and ends the world."""
+
+    ends_world = True
+
+
 class CollectiveHangError(FakePGError):
     """No rank can make progress: every unfinished rank waits on something that
     cannot complete. ``.report`` holds the per-rank report as text."""

@@ -8,6 +8,9 @@ mismatch report and the command that replays it to the test's failure output.
 wall clock (``fakepg.spawn(timeout=S)``). ``--fakepg-isolation process`` (or
 ``@pytest.mark.fakepg_isolation("process")``) runs the fixture's worlds with every rank in its
 own OS process (``fakepg.spawn(isolation=...)``); ``--fakepg-schedule TOKEN`` replays a schedule.
+``--fakepg-suites`` (``=process``) runs torch ``MultiProcessTestCase`` suites unmodified on the
+fake cluster (:mod:`fakepg.launch.suites`, public as ``fakepg.suites``): the light half calls
+:func:`start_suites` and :func:`stop_suites`.
 """
 
 from __future__ import annotations
@@ -17,9 +20,30 @@ from typing import Any, Callable, Sequence
 
 import pytest
 
+from .arguments import integer, number
 from .errors import FakePGError
 from .launch.explore import ExplorationSummary, explore
 from .launch.spawn import SpawnResult, spawn
+
+_SUITES = pytest.StashKey[Any]()  # the entered fake_cluster_suites() of --fakepg-suites
+
+
+def start_suites(config: pytest.Config) -> None:
+    """``--fakepg-suites[=process]``: every ``MultiProcessTestCase`` of the session runs its
+    ranks as one fake world (until :func:`stop_suites`)."""
+    from .launch.suites import fake_cluster_suites
+
+    seed = config.getoption("--fakepg-seed")
+    suites = fake_cluster_suites(config.getoption("--fakepg-suites"), 0 if seed is None else seed)
+    suites.__enter__()
+    config.stash[_SUITES] = suites
+
+
+def stop_suites(config: pytest.Config) -> None:
+    """The end of the session: ``MultiProcessTestCase`` starts its processes again."""
+    suites = config.stash.get(_SUITES, None)
+    if suites is not None:
+        suites.__exit__(None, None, None)
 
 
 class FakeCluster:
@@ -72,13 +96,28 @@ class FakeCluster:
         return f"{cmd} --fakepg-schedule {token}" if token else cmd
 
 
+def _marker_value(marker: Any, convert: Callable[[str, Any], Any], example: str) -> Any:
+    """The one positional argument of a fakepg marker, checked (None without the marker)."""
+    if marker is None:
+        return None
+    name = f"@pytest.mark.{marker.name}"
+    if marker.kwargs or len(marker.args) != 1:
+        given = ", ".join([*map(repr, marker.args), *(f"{k}={v!r}" for k, v in marker.kwargs.items())])
+        raise TypeError(f"{name} takes one positional argument, e.g. {name}({example}); "
+                        f"got {marker.name}({given})")
+    return convert(name, marker.args[0])
+
+
 def cluster_for(request: pytest.FixtureRequest) -> FakeCluster:
     """The ``fake_cluster`` fixture's value for one test, from its markers and the options."""
-    marker = request.node.get_closest_marker("world_size")
-    nprocs = int(marker.args[0]) if marker and marker.args else 2
+    nprocs = _marker_value(request.node.get_closest_marker("world_size"),
+                           lambda name, v: integer(name, v, minimum=1, hint="the number of ranks"),
+                           "4") or 2
     seed = request.config.getoption("--fakepg-seed")
-    limit = request.node.get_closest_marker("fakepg_timeout")
-    timeout = float(limit.args[0]) if limit and limit.args else request.config.getoption("--fakepg-timeout")
+    timeout = _marker_value(request.node.get_closest_marker("fakepg_timeout"),
+                            lambda name, v: number(name, v, positive=True, hint="seconds"), "30")
+    if timeout is None:
+        timeout = request.config.getoption("--fakepg-timeout")
     mode = request.node.get_closest_marker("fakepg_isolation")
     isolation = (str(mode.args[0]) if mode and mode.args
                  else request.config.getoption("--fakepg-isolation") or "thread")

@@ -28,8 +28,8 @@ _GLUE, _LIBRARY, _USER = 0, 1, 2
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _TORCH_TESTING_DIR = _TORCH_DIR + "testing" + os.sep
-_FAKEPG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_STDLIB_DIRS = tuple({
+FAKEPG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+STDLIB_DIRS = tuple({
     os.path.dirname(os.path.abspath(threading.__file__)) + os.sep,
     *(os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")),
 })
@@ -51,12 +51,12 @@ def _classify(filename: str) -> int:
         return _GLUE if filename.startswith("<frozen") else _USER
     if filename.startswith(_TORCH_TESTING_DIR):
         return _USER
-    if (filename.startswith((_TORCH_DIR, _FAKEPG_DIR, *_extra_skip))
+    if (filename.startswith((_TORCH_DIR, FAKEPG_DIR, *_extra_skip))
             or os.path.basename(filename) == "typing_extensions.py"):
         return _GLUE
     if any(d in filename for d in _PACKAGE_DIRS):
         return _LIBRARY  # checked before the stdlib: site-packages may live inside it
-    if filename.startswith(_STDLIB_DIRS):
+    if filename.startswith(STDLIB_DIRS):
         return _GLUE
     return _USER
 
@@ -68,10 +68,11 @@ def _kind(filename: str) -> int:
     return kind
 
 
-def user_site(depth: int = 1) -> str:
+def user_site(depth: int = 1, frame: FrameType | None = None) -> str:
     """Where the caller's collective came from: ``file:line`` of the user's frame, with
-    ``(via lib/file.py:line)`` when an installed library issued it for the user."""
-    frame = sys._getframe(depth)
+    ``(via lib/file.py:line)`` when an installed library issued it for the user. ``frame``:
+    start there instead of ``depth`` frames up."""
+    frame = sys._getframe(depth) if frame is None else frame
     start = frame
     kinds = _kinds
     while frame is not None:

@@ -81,11 +81,11 @@ def test_master_addr_master_port_rdzv_id_role_and_max_restarts_reach_every_rank(
     keys = ["MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "ROLE_NAME", "TORCHELASTIC_MAX_RESTARTS"]
     script = _script(tmp_path, _ENV_SCRIPT.format(keys=keys))
     assert main(["--nproc_per_node=2", "--master-addr", "10.1.2.3", "--master_port", "4242",
-                 "--rdzv-id", "job7", "--role", "trainer", "--max-restarts", "3", script]) == 0
+                 "--rdzv-id", "job7", "--role", "trainer", "--max-restarts", "0", script]) == 0
     seen = _per_rank_json(capsys.readouterr().out)
     assert seen[0] == seen[1] == {"MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "4242",
                                   "TORCHELASTIC_RUN_ID": "job7", "ROLE_NAME": "trainer",
-                                  "TORCHELASTIC_MAX_RESTARTS": "3"}
+                                  "TORCHELASTIC_MAX_RESTARTS": "0"}
 
 
 def test_torch_detects_a_torchelastic_launch_in_every_rank(tmp_path, capsys):
@@ -105,6 +105,28 @@ def test_every_torchrun_flag_is_accepted():
 
     ours = set(_parser()._option_string_actions)
     assert set(get_args_parser()._option_string_actions) <= ours and "--seed" in ours
+
+
+def test_help_leads_with_fakeruns_own_flags_and_sorts_torchruns_by_what_fakerun_does(capsys):
+    assert main(["--help"]) == 0
+    text = capsys.readouterr().out
+    sections = ["fakerun's own options:", "torchrun options fakerun acts on:",
+                "torchrun options with one possible value (any other is refused, exit status 2):",
+                "torchrun options accepted and ignored (nothing to act on in one process):"]
+    where = [text.index(s) for s in sections]
+    assert where == sorted(where)
+    own, acted, single, ignored = (text[a:b] for a, b in zip(where, where[1:] + [len(text)]))
+    assert all(f in own for f in ("--isolation", "--timeout", "--seed"))
+    assert all(f in acted for f in ("--nproc-per-node", "--local-ranks-filter", "--tee", "-m, --module"))
+    assert all(f in single for f in ("--nnodes", "--node-rank", "--max-restarts", "--no-python",
+                                     "--rdzv-endpoint"))
+    assert all(f in ignored for f in ("--standalone", "--rdzv-backend", "--start-method"))
+
+
+def test_help_fits_80_columns(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["--help"]) == 0
+    assert max(map(len, capsys.readouterr().out.splitlines())) <= 80
 
 
 def test_process_and_rendezvous_flags_are_accepted_with_nothing_to_act_on(tmp_path, capsys):
@@ -189,6 +211,9 @@ def test_tee_and_redirects_write_torchruns_per_rank_log_files(tmp_path, capsys):
     (["--local-ranks-filter", "a,b"], "--local-ranks-filter a,b: expected a comma-separated list"),
     (["--tee", "9"], "--tee 9: expected 0-3"),
     (["--timeout", "0"], "--timeout 0.0: expected a number of seconds > 0"),
+    (["--max-restarts", "3"], "--max-restarts 3: fakerun does not restart a failed run"),
+    (["--rdzv-endpoint", "node7.cluster:29400"],
+     "--rdzv-endpoint node7.cluster:29400: a rendezvous on another host joins several nodes"),
 ])
 def test_a_command_line_that_cannot_run_here_is_one_clear_line_and_exit_2(tmp_path, capsys, argv, says):
     script = _script(tmp_path, "raise AssertionError('must not run')\n")
@@ -197,10 +222,154 @@ def test_a_command_line_that_cannot_run_here_is_one_clear_line_and_exit_2(tmp_pa
     assert err.startswith(f"fakerun: error: {says}") and err.count("\n") == 1 and "Traceback" not in err
 
 
-def test_a_per_rank_argument_macro_is_refused_with_advice(tmp_path, capsys):
-    script = _script(tmp_path, "raise AssertionError('must not run')\n")
-    assert main(["--nproc-per-node", "2", script, "--local-rank=${local_rank}"]) == 2
-    assert "read LOCAL_RANK from the environment" in capsys.readouterr().err
+def _fakerun(argv: list[str]) -> str:
+    """fakerun's stdout, run as a command (rank processes write to the real stdout)."""
+    proc = subprocess.run([sys.executable, "-m", "fakepg.launch.fakerun", *argv], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_each_rank_owns_its_sys_argv_with_torchruns_local_rank_macro(tmp_path, isolation):
+    # A wrapper that rewrites sys.argv (in place, as argparse-based launchers do) changes only
+    # its own rank's, as in torchrun's separate processes.
+    script = _script(tmp_path, """
+        import os, sys, torch, torch.distributed as dist
+        if os.environ["RANK"] == "1":
+            sys.argv[1:] = ["--rewritten"]
+        dist.init_process_group("gloo")
+        dist.all_reduce(torch.ones(1))  # every other rank ran before this one resumes
+        print(sys.argv[1:], flush=True)
+    """)
+    out = _fakerun(["--isolation", isolation, "--nproc-per-node", "3", script,
+                    "--local-rank=${local_rank}"])
+    assert sorted(out.splitlines()) == [
+        "[rank0]:['--local-rank=0']", "[rank1]:['--rewritten']", "[rank2]:['--local-rank=2']"]
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_the_default_group_waits_for_the_programs_own_init_process_group_and_its_timeout(
+        tmp_path, isolation):
+    # torchrun's worker starts with nothing initialised: a library that checks
+    # is_initialized() runs its own init, and the timeout it passes holds.
+    script = _script(tmp_path, """
+        import datetime, time, torch, torch.distributed as dist
+        print("before", dist.is_initialized(), flush=True)
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=0.5))
+        print("after", dist.is_initialized(), dist.get_backend(), flush=True)
+        if dist.get_rank() == 0:
+            t0 = time.monotonic()
+            try:
+                dist.all_reduce(torch.ones(1))
+            except RuntimeError as e:
+                print("timed out", "0.5 s" in str(e) or "500ms" in str(e), flush=True)
+        else:
+            time.sleep(2)  # still running: rank 0's wait fails at its own deadline
+    """)
+    out = _fakerun(["--isolation", isolation, "--nproc-per-node", "2", script]).splitlines()
+    assert "[rank0]:before False" in out and "[rank1]:before False" in out
+    assert "[rank0]:after True gloo" in out and "[rank0]:timed out True" in out
+
+
+def test_a_collective_before_init_process_group_fails_as_under_torchrun(tmp_path, capsys):
+    script = _script(tmp_path, """
+        import torch, torch.distributed as dist
+        dist.all_reduce(torch.ones(1))
+    """)
+    assert main(["--nproc-per-node", "2", script]) == 1
+    assert "Default process group has not been initialized" in capsys.readouterr().err
+
+
+def test_spawn_keeps_its_initialised_world_unless_asked_for_torchruns_state():
+    assert fakepg.spawn(lambda r: dist.is_initialized(), nprocs=2).returns == [True, True]
+    fresh = fakepg.spawn(lambda r: dist.is_initialized(), nprocs=2, init_process_group=False)
+    assert fresh.returns == [False, False]
+    with pytest.raises(TypeError, match="init_process_group must be True"):
+        fakepg.spawn(lambda r: None, nprocs=2, init_process_group="no")
+
+
+_CAUGHT_HANG = """
+    import datetime, torch, torch.distributed as dist
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=1))
+    if dist.get_rank() == 0:
+        try:
+            dist.all_reduce(torch.ones(1))  # rank 1 never joins: gloo fails at the timeout
+        except RuntimeError as e:
+            print("handled:", isinstance(e, RuntimeError), flush=True)
+    print("finished", flush=True)
+"""
+
+
+def test_ranks_that_handle_their_timeout_and_finish_exit_0_as_under_torchrun(tmp_path, capsys):
+    script = _script(tmp_path, _CAUGHT_HANG)
+    assert main(["--nproc-per-node", "2", script]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "[rank0]:handled: True" in out and "[rank1]:finished" in out
+
+
+_CAUGHT_MONITORED_BARRIER = """
+    import datetime, torch.distributed as dist
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 0:
+        try:
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=2))  # rank 1 has returned
+        except RuntimeError as e:
+            print("handled:", str(e).splitlines()[0], flush=True)
+    print("finished", flush=True)
+"""
+
+
+@pytest.mark.gloo
+@pytest.mark.parametrize("program, handled", [
+    (_CAUGHT_HANG, "handled: True"),
+    (_CAUGHT_MONITORED_BARRIER, "handled: [Rank 0]: Rank 1 failed to pass monitoredBarrier in 2000 ms"),
+])
+def test_ranks_that_handle_their_timeout_exit_as_torchrun_and_gloo_do(tmp_path, program, handled):
+    script = _script(tmp_path, program)
+    real = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           "--master-port", "29561", script], capture_output=True, text=True,
+                          timeout=120)
+    fake = subprocess.run([sys.executable, "-m", "fakepg.launch.fakerun", "--nproc-per-node", "2", script],
+                          capture_output=True, text=True, timeout=120)
+    assert fake.returncode == real.returncode == 0, (real.stderr[-2000:], fake.stderr[-2000:])
+    unprefixed = sorted(line.partition(":")[2] for line in fake.stdout.splitlines())
+    assert unprefixed == sorted(real.stdout.splitlines()) == ["finished", "finished", handled]
+
+
+def test_a_monitored_barrier_whose_peer_returned_raises_gloos_timeout_on_the_waiting_rank(
+        tmp_path, capsys):
+    script = _script(tmp_path, """
+        import datetime, torch.distributed as dist
+        dist.init_process_group("gloo")
+        if dist.get_rank() == 0:
+            try:
+                dist.monitored_barrier(timeout=datetime.timedelta(seconds=2))
+            except RuntimeError as e:
+                print("caught:", str(e).splitlines()[0], flush=True)
+            print("went on", flush=True)
+    """)
+    assert main(["--nproc-per-node", "2", script]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["[rank0]:caught: [Rank 0]: Rank 1 failed to pass monitoredBarrier in 2000 ms",
+                   "[rank0]:went on"]
+
+
+def test_a_ranks_own_error_is_reported_as_the_cause_not_as_the_hang_it_leaves(tmp_path, capsys):
+    script = _script(tmp_path, """
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        t = torch.ones(1)
+        if dist.get_rank() == 0:
+            dist.send(t, dst=5)  # no such rank
+        else:
+            dist.recv(t, src=0)
+    """)
+    assert main(["--nproc-per-node", "2", script]) == 1
+    err = capsys.readouterr().err
+    first = err.splitlines()[0]
+    assert first.startswith("fakerun: rank 0 failed: InvalidCollectiveError") and "invalid peer rank: 5" in first
+    assert "then the other ranks waited on it" in err and "rank 1: blocked waiting on recv" in err
 
 
 def test_a_missing_script_is_one_line_and_exit_2(tmp_path, capsys):

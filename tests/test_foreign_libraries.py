@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 ACCELERATE = '''
 import hashlib, os, torch
@@ -163,3 +164,75 @@ def test_lightning_ddp_spawn_under_fakerun_isolation_process_trains_as_real_spaw
         results.append((tmp_path / "result-main.txt").read_text().split())
     real, fake = results
     assert fake == real
+
+
+DEEPSPEED = '''
+import hashlib, os, torch, deepspeed
+import deepspeed.comm.torch
+# Its CPU shared-memory op serves inference all_reduce only; JIT-building it takes minutes.
+deepspeed.comm.torch.build_shm_op = lambda: None
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+config = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
+          "optimizer": {"type": "Adam", "params": {"lr": 0.01, "torch_adam": True}},
+          "zero_optimization": {"stage": STAGE, "reduce_bucket_size": 64,
+                                "allgather_bucket_size": 64},
+          "steps_per_print": 10**6}
+engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                       config=config)
+g = torch.Generator().manual_seed(100 + engine.global_rank)
+losses = []
+for _ in range(4):
+    x, y = torch.randn(4, 8, generator=g), torch.randn(4, 4, generator=g)
+    loss = torch.nn.functional.mse_loss(engine(x), y)
+    engine.backward(loss)
+    engine.step()
+    losses.append(loss.item())
+w = b"".join(p.detach().numpy().tobytes() for p in engine.module.parameters())
+with open(f"result-{os.environ['RANK']}.txt", "w") as f:
+    f.write(f"{engine.global_rank} {engine.world_size} {losses} {hashlib.md5(w).hexdigest()}")
+'''
+
+
+@pytest.mark.gloo
+@pytest.mark.parametrize("stage", [1, 2], ids=["zero1", "zero2"])
+def test_deepspeed_zero_under_thread_mode_fakerun_trains_as_under_torchrun(stage, tmp_path):
+    """DeepSpeed keeps its backend and groups in module globals (fakepg.world.isolation declares
+    them per rank): in threads every rank used rank 0's world group before."""
+    pytest.importorskip("deepspeed")
+    script = DEEPSPEED.replace("STAGE", str(stage))
+    real = launch(["torch.distributed.run"], script, tmp_path)
+    assert [row[:2] for row in real] == [["0", "2"], ["1", "2"]]
+    assert launch(["fakepg.launch.fakerun"], script, tmp_path) == real
+
+
+def test_torchft_manager_fails_at_once_naming_its_native_store_wait_in_both_modes():
+    """torchft's Manager connects a native TCPStore client (bound at import) to the world's
+    store and runs its quorum in Rust over gRPC: neither can reach the fake world. Before, it
+    hung in thread mode and timed out after 64 s in process mode, with no hint."""
+    pytest.importorskip("torchft")
+    import datetime
+
+    import fakepg
+    from torchft import Manager, ProcessGroupGloo
+    from torchft.coordination import LighthouseServer
+
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1)
+    limit = datetime.timedelta(seconds=60)
+
+    def train(rank):
+        model = torch.nn.Linear(4, 2)
+        Manager(pg=ProcessGroupGloo(), min_replica_size=1, load_state_dict=model.load_state_dict,
+                state_dict=model.state_dict, replica_id="r0", lighthouse_addr=lighthouse.address(),
+                rank=rank, world_size=2, store_addr="127.0.0.1", store_port=29500,
+                use_async_quorum=False, timeout=limit, quorum_timeout=limit, connect_timeout=limit)
+
+    try:
+        for isolation in ("thread", "process"):
+            with pytest.raises(fakepg.RankFailedError) as info:
+                fakepg.spawn(train, nprocs=2, isolation=isolation, timeout=50)
+            assert isinstance(info.value.__cause__, fakepg.NativeWaitError)
+            assert "(via torchft/manager.py:" in str(info.value.__cause__)
+            assert "--isolation process alike" in str(info.value.__cause__)
+    finally:
+        lighthouse.shutdown()

@@ -165,22 +165,31 @@ def test_an_unhandled_timeout_fails_its_rank():
     assert isinstance(info.value.__cause__, fakepg.BackendTimeoutError)
 
 
-def test_monitored_barrier_no_rank_can_reach_fails_at_once_with_the_timeout_error():
+def test_monitored_barrier_whose_peer_returned_fails_at_once_with_a_timeout_the_rank_can_catch():
     caught = []
 
     def body(rank):
-        if rank == 0:
+        if rank < 2:
             try:
                 dist.monitored_barrier(timeout=datetime.timedelta(hours=1))
             except dist.DistBackendError as e:
                 caught.append(e)
+            # Not a hang of the world: the two ranks that caught it go on together, as on gloo.
+            t = torch.ones(1)
+            dist.all_reduce(t, group=dist.new_group([0, 1]))
+            return t.item()
+        dist.new_group([0, 1])
+        return None  # rank 2 returns without reaching the barrier
 
-    with pytest.raises(fakepg.CollectiveHangError) as info:
-        fakepg.spawn(body, nprocs=2)
-    assert "rank 1: finished (returned)" in info.value.report
-    (err,) = caught
-    assert str(err).startswith("[Rank 0]: Rank 1 failed to pass monitoredBarrier in 3600000 ms")
-    assert not err.expired and "fails at once" in str(err)
+    result = fakepg.spawn(body, nprocs=3)
+    assert result.returns == [2.0, 2.0, None] and result.hang_report is None
+    root, peer = caught
+    assert str(root).startswith("[Rank 0]: Rank 2 failed to pass monitoredBarrier in 3600000 ms")
+    assert str(peer).startswith("Rank 1 successfully reached monitoredBarrier, but received errors")
+    assert "the ranks it waits for have finished" in str(root) and "rank 2: finished" in str(root)
+    # Uncaught, it is the rank's own failure, reported as such.
+    with pytest.raises(fakepg.RankFailedError, match="rank 0 failed: BackendTimeoutError"):
+        fakepg.spawn(lambda r: dist.monitored_barrier() if r == 0 else None, nprocs=2)
 
 
 TIMEOUT_TEST = '''

@@ -78,7 +78,8 @@ def test_every_process_group_collective_is_a_registered_op_that_fakepg_implement
     op = ops.lookup(method)
     assert op is ops.get(op.name)
     assert method in ops.c10d_methods()
-    assert getattr(FakeProcessGroup, method) is ops.c10d_methods()[method]
+    # (behind the world checkers' `calling` hook: fakepg.fidelity.gloo_checks)
+    assert inspect.unwrap(getattr(FakeProcessGroup, method)) is ops.c10d_methods()[method]
 
 
 @pytest.mark.parametrize("name", _api_collectives())

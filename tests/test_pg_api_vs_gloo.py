@@ -8,6 +8,7 @@ the gist being the message up to fakepg's " (rank ..." suffix and torch's C++ tr
 
 from __future__ import annotations
 
+import datetime
 from typing import Any, Callable
 
 import pytest
@@ -144,3 +145,170 @@ def test_the_group_gives_its_gloo_backend_for_cpu():
         return type(pg._get_backend(torch.device("cpu"))).__name__, pg.name()
 
     assert fakepg.spawn(body, nprocs=2, backend="gloo").returns == [("ProcessGroupGloo", "gloo")] * 2
+
+
+# -- a bare ProcessGroupGloo: gloo's own argument checks (torch's test_c10d_gloo.py's *_checks) --
+
+def _gloo_check_probes(rank: int, pg: Any, n: int) -> dict[str, Callable[[], Any]]:
+    """Malformed calls, as torch's test_c10d_gloo.py makes them, each refused by gloo."""
+    t1, t2, t3 = torch.zeros(1), torch.zeros(1, dtype=torch.float64), torch.zeros(2)
+    sp2 = torch.sparse_coo_tensor([[0]], [1], size=(2,))
+    sp4 = torch.sparse_coo_tensor([[0]], [1], size=(4,))
+    sp1 = torch.sparse_coo_tensor([[0]], [1], size=(1,))
+
+    def opts(kind: Any, root: int, tensor: int | None = None, op: Any = None) -> Any:
+        o = kind()
+        if root is not None:
+            o.rootRank = root
+        if tensor is not None:
+            o.rootTensor = tensor
+        if op is not None:
+            o.reduceOp = op
+        return o
+
+    B, R = dist.BroadcastOptions, dist.ReduceOptions
+    S, G = dist.ScatterOptions, dist.GatherOptions
+    other = (rank + 1) % n
+    outs = lambda: [[torch.zeros(1)] for _ in range(n)]  # noqa: E731
+    return {
+        "broadcast root -1": lambda: pg.broadcast([t1], opts(B, -1, 0)),
+        "broadcast root n": lambda: pg.broadcast([t1], opts(B, n, 0)),
+        "broadcast root tensor -1": lambda: pg.broadcast([t1], opts(B, rank, -1)),
+        "broadcast root tensor 1": lambda: pg.broadcast([t1], opts(B, rank, 1)),
+        "broadcast []": lambda: pg.broadcast([], opts(B, rank, 0)),
+        "broadcast types": lambda: pg.broadcast([t1, t2], opts(B, rank, 0)),
+        "broadcast sizes": lambda: pg.broadcast([t1, t3], opts(B, rank, 0)),
+        "allreduce []": lambda: pg.allreduce([], dist.AllreduceOptions()),
+        "allreduce types": lambda: pg.allreduce([t1, t1, t2]),
+        "allreduce sizes": lambda: pg.allreduce([t1, t3]),
+        "allreduce_coalesced []": lambda: pg.allreduce_coalesced([], dist.AllreduceCoalescedOptions()),
+        "allreduce_coalesced types": lambda: pg.allreduce_coalesced([t1, t2], dist.AllreduceCoalescedOptions()),
+        "allreduce_coalesced layouts": lambda: pg.allreduce_coalesced([t1, sp1], dist.AllreduceCoalescedOptions()),
+        "allreduce_coalesced sparse": lambda: pg.allreduce_coalesced([sp1, sp1.clone()], dist.AllreduceCoalescedOptions()),
+        "sparse allreduce layouts": lambda: pg.allreduce([t1, sp2]),
+        "sparse allreduce sizes": lambda: pg.allreduce([sp2, sp4]),
+        "sparse allreduce MAX": lambda: pg.allreduce([sp4], opts(dist.AllreduceOptions, None, op=dist.ReduceOp.MAX)),
+        "scatter root -1": lambda: pg.scatter([t1], [], opts(S, -1)),
+        "scatter root n": lambda: pg.scatter([t1], [], opts(S, n)),
+        "scatter no output": lambda: pg.scatter([], [], opts(S, 0)),
+        "scatter two outputs": lambda: pg.scatter([t1, t1], [], opts(S, 0)),
+        "scatter root without input": lambda: pg.scatter([t1], [], opts(S, rank)),
+        "scatter root with two inputs": lambda: pg.scatter([t1], [[t1] * n, [t1] * n], opts(S, rank)),
+        "scatter short input": lambda: pg.scatter([t1], [[t1] * (n - 1)], opts(S, rank)),
+        "scatter long input": lambda: pg.scatter([t1], [[t1] * (n + 1)], opts(S, rank)),
+        "scatter types": lambda: pg.scatter([t1], [[t2] * n], opts(S, rank)),
+        "scatter sizes": lambda: pg.scatter([t1], [[t3] * n], opts(S, rank)),
+        "scatter input on non-root": lambda: pg.scatter([t1], [[t1] * n], opts(S, other)),
+        "gather root -1": lambda: pg.gather([], [t1], opts(G, -1)),
+        "gather root n": lambda: pg.gather([], [t1], opts(G, n)),
+        "gather no input": lambda: pg.gather([], [], opts(G, 0)),
+        "gather two inputs": lambda: pg.gather([], [t1, t1], opts(G, 0)),
+        "gather root without output": lambda: pg.gather([], [t1], opts(G, rank)),
+        "gather root with two outputs": lambda: pg.gather([[t1] * n, [t1] * n], [t1], opts(G, rank)),
+        "gather short output": lambda: pg.gather([[t1] * (n - 1)], [t1], opts(G, rank)),
+        "gather long output": lambda: pg.gather([[t1] * (n + 1)], [t1], opts(G, rank)),
+        "gather types": lambda: pg.gather([[t2] * n], [t1], opts(G, rank)),
+        "gather sizes": lambda: pg.gather([[t3] * n], [t1], opts(G, rank)),
+        "gather output on non-root": lambda: pg.gather([[t1] * n], [t1], opts(G, other)),
+        "allgather []": lambda: pg.allgather([], []),
+        "allgather no output": lambda: pg.allgather([], [t1]),
+        "allgather two outputs": lambda: pg.allgather([[t1] * n, [t1] * n], [t1]),
+        "allgather short output": lambda: pg.allgather([[t1] * (n - 1)], [t1]),
+        "allgather long output": lambda: pg.allgather([[t1] * (n + 1)], [t1]),
+        "allgather input types": lambda: pg.allgather([[t1, t1] * n, [t1, t1] * n], [t1, t2]),
+        "allgather input sizes": lambda: pg.allgather([[t1, t1] * n, [t1, t1] * n], [t1, t3]),
+        "allgather output types": lambda: pg.allgather([([t1, t2] * n)[:n]], [t1]),
+        "allgather output sizes": lambda: pg.allgather([([t1, t3] * n)[:n]], [t1]),
+        "allgather_coalesced output size": lambda: pg.allgather_coalesced([[torch.zeros(0)]] + outs()[1:], [t1]),
+        "allgather_coalesced output type": lambda: pg.allgather_coalesced([[t2]] + outs()[1:], [t1]),
+        "allgather_coalesced too many lists": lambda: pg.allgather_coalesced(outs() + [[t1]], [t1]),
+        "all_gather_coalesced (torch.distributed)": lambda: dist.all_gather_coalesced([[torch.zeros(0)]] + outs()[1:], [t1], pg),
+        "reduce root -1": lambda: pg.reduce([t1], opts(R, -1, 0)),
+        "reduce root n": lambda: pg.reduce([t1], opts(R, n, 0)),
+        "reduce root tensor 1": lambda: pg.reduce([t1], opts(R, rank, 1)),
+        "reduce two tensors": lambda: pg.reduce([t1, t1], opts(R, rank, 0)),
+    }
+
+
+def _check_outcomes(rank: int, pg: Any, n: int) -> dict[str, tuple]:
+    out = {name: _outcome(fn) for name, fn in _gloo_check_probes(rank, pg, n).items()}
+    out["options._timeout"] = _outcome(lambda: str(pg.options._timeout))
+    pg._set_default_timeout(datetime.timedelta(seconds=23))
+    out["options._timeout after _set_default_timeout"] = _outcome(lambda: str(pg.options._timeout))
+    return out
+
+
+def _sparse_allreduce(rank: int, pg: Any, n: int) -> list[Any]:
+    from torch.testing._internal.common_distributed import simple_sparse_reduce_tests
+
+    out = []
+    for per_rank in (1, 2):
+        for inputs, _ in simple_sparse_reduce_tests(rank, n, num_inputs=per_rank):
+            fut = pg.allreduce(inputs).get_future()
+            fut.wait()
+            out.append([(t._nnz(), t.is_coalesced(), t._indices().tolist(), t._values().tolist())
+                        for t in (*fut.value(), *inputs)])
+    return out
+
+
+@pytest.fixture(scope="module")
+def bare_gloo_real_and_fake():
+    """The same probes on bare ProcessGroupGloo objects: real ones on threads, and in a fake
+    world the ones ``dist.ProcessGroupGloo(store, rank, size, timeout)`` builds there."""
+    def both(rank: int, pg: Any, n: int) -> tuple:
+        return _check_outcomes(rank, pg, n), _sparse_allreduce(rank, pg, n)
+
+    def fake(rank: int) -> tuple:
+        store = dist.FileStore("fakepg-bare-gloo-probes", N)  # the fake world's, not a file
+        return both(rank, dist.ProcessGroupGloo(store, rank, N, datetime.timedelta(seconds=20)), N)
+
+    return run_gloo(both, N), fakepg.spawn(fake, nprocs=N).returns
+
+
+def test_a_bare_gloo_group_refuses_each_malformed_call_as_real_gloo_does(bare_gloo_real_and_fake):
+    (real, fake) = bare_gloo_real_and_fake
+    for r in range(N):
+        checks_real, checks_fake = real[r][0], fake[r][0]
+        differ = {k: (checks_real[k], checks_fake[k]) for k in checks_real
+                  if checks_real[k] != checks_fake[k]}
+        assert not differ, f"rank {r}: (gloo, fakepg) differ on {differ}"
+    assert real[0][0]["allreduce []"] == ("error", "RuntimeError",
+                                         "ProcessGroupGloo::allreduce: requires non-empty tensor list")
+    assert len(real[0][0]) == 58  # 56 malformed calls, the options before and after
+
+
+def test_sparse_allreduce_gives_gloos_indices_values_and_nnz(bare_gloo_real_and_fake):
+    (real, fake) = bare_gloo_real_and_fake
+    assert [f[1] for f in fake] == [r[1] for r in real]
+
+
+def test_a_process_groups_dispatcher_refuses_calls_without_tensors_before_gloo_does():
+    # (checked on real gloo behind a dist.ProcessGroup: the schema names the method's op)
+    calls = {"broadcast_": lambda pg: pg.broadcast([], dist.BroadcastOptions()),
+             "allgather_": lambda pg: pg.allgather([], []),
+             "allreduce_coalesced_": lambda pg: pg.allreduce_coalesced([], dist.AllreduceCoalescedOptions())}
+
+    def body(rank):
+        pg = c10d._get_default_group()
+        return {schema: _outcome(lambda: call(pg)) for schema, call in calls.items()}
+
+    got = fakepg.spawn(body, nprocs=2, backend="gloo").returns[0]
+    for schema in calls:
+        assert got[schema] == ("error", "NotImplementedError", (
+            "There were no tensor arguments to this function (e.g., you passed an empty list of "
+            f"Tensors), but no fallback function is registered for schema c10d::{schema}."))
+
+
+def test_a_bare_gloo_group_in_a_rank_process_refuses_as_real_gloo_does(bare_gloo_real_and_fake):
+    # (process mode moves dense tensors only: the sparse probes get its own clear refusal)
+    real = bare_gloo_real_and_fake[0]
+
+    def fake(rank: int) -> dict[str, tuple]:
+        store = dist.FileStore("fakepg-bare-gloo-probes", N)
+        return _check_outcomes(rank, dist.ProcessGroupGloo(store, rank, N, datetime.timedelta(seconds=20)), N)
+
+    got = fakepg.spawn(fake, nprocs=N, isolation="process").returns
+    for r in range(N):
+        dense = [k for k in real[r][0] if "sparse" not in k and "layouts" not in k]
+        assert len(dense) == 53
+        assert {k: got[r][k] for k in dense} == {k: real[r][0][k] for k in dense}

@@ -162,9 +162,9 @@ def test_a_timed_store_wait_nobody_can_satisfy_fails_at_once_as_a_store_timeout(
             except dist.DistStoreError as e:  # what HashStore raises, without the hour's wait
                 caught.append(e)
 
-    with pytest.raises(fakepg.CollectiveHangError) as info:
-        fakepg.spawn(body, nprocs=2)
-    assert "rank 0: blocked waiting on store get on HashStore" in info.value.report
+    # rank 0 handled the timeout and returned: the world succeeds, as torchrun's would
+    result = fakepg.spawn(body, nprocs=2)
+    assert "rank 0: blocked waiting on store get on HashStore" in result.hang_report
     (e,) = caught
     assert str(e).startswith("Wait timeout\nfakepg: hang detected")
     assert "fails at once because no rank can satisfy it" in str(e)

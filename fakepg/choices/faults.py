@@ -71,6 +71,12 @@ def raise_in(rank: int, at: int = 0, exc: BaseException | type[BaseException] = 
 
 def check(faults: Sequence[Any] | None, nprocs: int) -> tuple[Any, ...]:
     """spawn's ``faults=`` argument, checked against the world size."""
+    if isinstance(faults, (Crash, RaiseIn)):
+        raise TypeError(f"fakepg.spawn: faults must be a list of faults, got the single fault "
+                        f"{faults!r}; write faults=[{faults!r}]")
+    if faults is not None and not isinstance(faults, (list, tuple)):
+        raise TypeError(f"fakepg.spawn: faults must be a list of faults from fakepg.faults "
+                        f"(crash, raise_in), got {type(faults).__name__} {faults!r}")
     out = tuple(faults or ())
     for f in out:
         if not isinstance(f, (Crash, RaiseIn)):

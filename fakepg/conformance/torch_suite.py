@@ -2,11 +2,12 @@
 
 Runs the test methods of ``DistributedTest._DistTestBase``
 (``torch.testing._internal.distributed.distributed_test``, shipped in torch's wheel: the suite
-behind torch's ``test/distributed/test_distributed_spawn.py``) the way torch's
-``TestDistBackend._run`` does — ``init_process_group`` with a ``file://`` init method, the suite's
-file barrier, the test, the barrier, ``destroy_process_group`` — once on fakepg (every rank a
-thread, or a process with ``--isolation process``) and once on real multi-process gloo, and
-prints one row per test with both outcomes.
+behind torch's ``test/distributed/test_distributed_spawn.py``) once on fakepg, as that file
+declares the suite, through :mod:`fakepg.suites` (torch's own ``TestDistBackend._run`` per rank,
+torch's return-code rules; every rank a thread, or a process with ``--isolation process``), and
+once on real multi-process gloo (forked processes running the same steps as
+``TestDistBackend._run``), and prints one row per test with both outcomes. For any other
+``MultiProcessTestCase`` suite in a test file, see :mod:`fakepg.conformance.suites`.
 
     python -m fakepg.conformance.torch_suite                       # every test, world size 2
     python -m fakepg.conformance.torch_suite -k allreduce -k ddp   # names with a pattern
@@ -98,13 +99,19 @@ def _rank_barrier():
     return sync
 
 
-def run_rank(rank: int, test_name: str, init_file: str, out_dir: str | None = None) -> str:
-    """One rank of one test, as torch's TestDistBackend._run runs it; returns the outcome."""
+def run_rank(rank: int, test_name: str, init_file: str, out_dir: str) -> str:
+    """One rank of one test on real gloo, as torch's TestDistBackend._run runs it; writes and
+    returns the outcome."""
     import torch.distributed as dist
     from torch.testing._internal import common_utils
 
     suite = _suite_class()
     outcome = "pass"
+    if getattr(getattr(suite, test_name), "__unittest_skip__", False):
+        outcome = "skip"  # unittest skips it before any process starts
+        with open(os.path.join(out_dir, f"rank{rank}"), "w") as f:
+            f.write(outcome)
+        return outcome
     try:
         self = suite(test_name)
         self.rank, self.file_name = rank, init_file
@@ -123,14 +130,11 @@ def run_rank(rank: int, test_name: str, init_file: str, out_dir: str | None = No
             outcome = "skip"
         self._barrier()
         dist.destroy_process_group()
-    except BaseException as e:  # noqa: BLE001 - reported, then re-raised on the fake cluster
-        if out_dir is None:
-            raise
+    except BaseException as e:  # noqa: BLE001 - reported in the rank's outcome file
         outcome = "fail: " + _first_line(e)
         traceback.print_exc()
-    if out_dir is not None:
-        with open(os.path.join(out_dir, f"rank{rank}"), "w") as f:
-            f.write(outcome)
+    with open(os.path.join(out_dir, f"rank{rank}"), "w") as f:
+        f.write(outcome)
     return outcome
 
 
@@ -156,29 +160,44 @@ def _combine(outcomes: list[str]) -> str:
 
 
 def run_fake(test_name: str, world_size: int, tmp: str, isolation: str, timeout: float) -> str:
-    import fakepg
+    """One test on the fake cluster through :mod:`fakepg.suites` (torch's own
+    ``TestDistBackend`` with only its process start-up replaced); returns the outcome."""
     from torch.testing._internal.distributed import distributed_test as dt
 
-    init_file = tempfile.mktemp(dir=tmp, prefix="init")
-    kwargs = {} if isolation == "thread" else {"isolation": isolation}
+    from ..launch.suites import on_fake_cluster
+
+    class Spawned(_suite_class()):  # as torch's test_distributed_spawn.py declares it
+        def setUp(self):
+            super().setUp()
+            self._spawn_processes()
+
+    on_fake_cluster(Spawned, isolation=isolation, timeout=timeout)
+    os.environ["TEMP_DIR"] = tmp  # setUp makes a fresh one per test; put the caller's back
     saved = dt.Barrier.sync
     if isolation == "thread":
         dt.Barrier.sync = staticmethod(_rank_barrier())
+    result = unittest.TestResult()
     try:
-        res = fakepg.spawn(run_rank, args=(test_name, init_file), nprocs=world_size,
-                           timeout=timeout, **kwargs)
-        return _combine(list(res.returns))
-    except fakepg.SpawnTimeoutError:
-        return "timeout"
-    except fakepg.CollectiveHangError as e:
-        return "hang: " + str(e).splitlines()[0][:100]
-    except fakepg.RankFailedError as e:
-        cause = e.__cause__ if e.__cause__ is not None else e
-        return "fail: " + _first_line(cause)
-    except fakepg.FakePGError as e:
-        return "fail: " + _first_line(e)
+        Spawned(test_name).run(result)
     finally:
         dt.Barrier.sync = saved
+        os.environ["TEMP_DIR"] = tmp
+    if result.errors or result.failures:
+        return "fail: " + _exception_line((result.errors + result.failures)[0][1])
+    return "skip" if result.skipped else "pass"
+
+
+def _exception_line(text: str) -> str:
+    """The first line of the first rank's exception in the traceback of torch's verdict
+    ("Process i exited with error code 10 and exception: ..."), else the verdict's own."""
+    head, marker, rank_part = text.partition("exited with error code 10 and exception:")
+    lines = (rank_part if marker else head).splitlines()
+    frames = [i for i, line in enumerate(lines) if line.startswith("  File ")]
+    after = frames[0] if frames else 0
+    for line in lines[after:]:
+        if line and not line.startswith(" ") and not line.startswith("Traceback"):
+            return line.strip()[:110]
+    return (lines[-1] if lines else "").strip()[:110]
 
 
 def run_gloo(test_name: str, world_size: int, tmp: str, timeout: float) -> str:

@@ -56,14 +56,14 @@ _C10_DTYPE = {torch.float32: "float", torch.float64: "double", torch.float16: "c
               torch.bool: "bool"}
 
 
-def _options(t: torch.Tensor) -> str:
+def tensor_options_text(t: torch.Tensor) -> str:
     """A tensor's options as c10 prints them in gloo's messages."""
     return (f"TensorOptions(dtype={_C10_DTYPE.get(t.dtype, str(t.dtype))}, device={t.device}, "
             f"layout=Strided, requires_grad=false (default), pinned_memory=false (default), "
             f"memory_format=(nullopt))")
 
 
-def _sizes(t: torch.Tensor) -> str:
+def sizes_text(t: torch.Tensor) -> str:
     return "(" + ", ".join(map(str, t.shape)) + ")"
 
 
@@ -81,16 +81,6 @@ def _gloo_refusal(call: "Call") -> Refusal | None:
     root, size = call.root, len(call.record.group_ranks)
     if root is not None and not 0 <= root < size:
         return Refusal(RuntimeError, f"ProcessGroupGloo::{call.spec.fr_name}: invalid root rank: {root}")
-    if call.op == "all_reduce" and len(call.inputs) > 1:
-        # gloo's message names index 0 whichever tensor differs; so does fakepg's
-        first = call.inputs[0]
-        for t in call.inputs:
-            if t.dtype != first.dtype:
-                return Refusal(RuntimeError, f"ProcessGroupGloo::allreduce: invalid tensor type at "
-                                             f"index 0 (expected {_options(first)}, got {_options(t)})")
-            if t.shape != first.shape:
-                return Refusal(RuntimeError, f"ProcessGroupGloo::allreduce: invalid tensor size at "
-                                             f"index 0 (expected {_sizes(first)}, got {_sizes(t)})")
     if call.op == "all_to_all":
         # gloo's alltoall moves equal-sized blocks: every tensor must match the first
         tensors = [t for t in (*call.inputs, *call.outputs) if isinstance(t, torch.Tensor)]

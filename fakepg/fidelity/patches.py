@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from ..errors import FakePGError
-from . import backends, ddp_checks
+from . import backends, ddp_checks, foreign_backends
 from ..world.binding import current_cluster
 from ..world.checks import running_callback_of
 from ..world.process_group import BACKEND_NAME, FakeFuture, FakeProcessGroup, requested_backend
@@ -45,6 +45,10 @@ def world_patches(nprocs: int) -> contextlib.ExitStack:
         stack.enter_context(mock.patch.object(mod, "init_process_group", init))
         stack.enter_context(mock.patch.object(mod, "monitored_barrier", _fake_monitored_barrier))
     stack.enter_context(mock.patch.object(c10d, "_new_process_group_helper", _fake_pg_helper))
+    gloo = foreign_backends.GlooConstructor(c10d.ProcessGroupGloo,
+                                           foreign_backends.make_thread_group)
+    for mod in (dist, c10d):  # a registered creator's (or a test's) own gloo group
+        stack.enter_context(mock.patch.object(mod, "ProcessGroupGloo", gloo))
     for mod in (dist, c10d):
         stack.enter_context(mock.patch.object(mod, "get_backend", _fake_get_backend))
     if not hasattr(torch._C, "_nccl_version"):
@@ -132,6 +136,9 @@ def _fake_init_process_group(nprocs: int) -> Callable[..., Any]:
         if rank not in (-1, None) and int(rank) != me:
             raise ValueError(f"rank {me}: init_process_group(rank={rank}) at {site} on the "
                              f"thread of rank {me}")
+        if foreign_backends.foreign(backend):
+            return _init_foreign(cluster, me, nprocs, backend, timeout, group_name, pg_options,
+                                 device_id, **kwargs)
         asked = backends.from_request(backend)
         if asked is not None:
             cluster.backend = asked
@@ -151,6 +158,23 @@ def _fake_init_process_group(nprocs: int) -> Callable[..., Any]:
     return init_process_group
 
 
+def _init_foreign(cluster: Any, me: int, nprocs: int, backend: Any, timeout: Any,
+                  group_name: str, pg_options: Any, device_id: Any, **kwargs: Any) -> None:
+    """``init_process_group`` of a backend that is not a personality (a registered one, or
+    one torch lacks): torch's own, on the world's store, rank and size. A default group that
+    spawn made for the program's convenience gives way to it."""
+    if c10d.is_initialized():
+        default = c10d._get_default_group()
+        if cluster.initialised_by_program.get(me) is not None:
+            raise ValueError("trying to initialize the default process group twice!")
+        c10d.destroy_process_group(default)
+    store = world_store(timeout or PG_TIMEOUT)
+    TORCH_INIT_PROCESS_GROUP(backend=backend, timeout=timeout, world_size=nprocs, rank=me,
+                             store=store, group_name=group_name, pg_options=pg_options,
+                             device_id=device_id, **kwargs)
+    cluster.initialised_by_program[me] = c10d._get_default_group()
+
+
 @functools.wraps(TORCH_NEW_GROUP_HELPER)
 def _fake_pg_helper(group_size, group_rank, global_ranks_in_group, backend, *args, **kwargs):
     # new_group(backend="gloo"/"nccl"/...) inside a world is a group of the fake world, as
@@ -159,6 +183,9 @@ def _fake_pg_helper(group_size, group_rank, global_ranks_in_group, backend, *arg
     if current_cluster() is None:
         return TORCH_NEW_GROUP_HELPER(group_size, group_rank, global_ranks_in_group, backend,
                                           *args, **kwargs)
+    if foreign_backends.foreign(backend):  # the program's own backend: torch creates it
+        return foreign_backends.torch_creates(TORCH_NEW_GROUP_HELPER, group_size, group_rank,
+                                              global_ranks_in_group, backend, *args, **kwargs)
     # fakepg's own init_process_group calls name BACKEND_NAME: that group follows the world
     asked = None if backend == BACKEND_NAME else backends.from_request(backend)
     with requested_backend(asked):

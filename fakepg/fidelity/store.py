@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch.distributed as dist
 
-from ..errors import StoreTimeoutError
+from ..errors import NativeWaitError, StoreTimeoutError
 
 _ACTIVE: "WorldStores | None" = None  # the running world's stores (one world at a time)
 _private = itertools.count()
@@ -288,3 +288,54 @@ def world_stores(master_addr: str, master_port: int) -> Iterator[WorldStores]:
         _ACTIVE = outer
         for m, name, original in saved:
             setattr(m, name, original)
+
+
+# -- native clients of the world's store ---------------------------------------------------
+_NATIVE_TCPSTORE = dist.TCPStore  # torch's C++ class (the module attribute is patched in worlds)
+
+
+class native_store_guard:
+    """While a world runs, a rank that builds torch's *native* TCPStore client for the world's
+    own address (MASTER_ADDR:MASTER_PORT) -- through a reference to the class taken before the
+    world started, which the patched module attributes do not reach -- fails at once, saying
+    why, instead of retrying inside C++ until its timeout. (A class, not a generator: a rank
+    process drops the ExitStack it is entered on, and a collected generator would undo it.)"""
+
+    def __init__(self, on_rank: Callable[[], bool]) -> None:
+        self._on_rank = on_rank
+        self._original = _NATIVE_TCPSTORE.__init__
+
+    def __enter__(self) -> None:
+        original, on_rank = self._original, self._on_rank
+
+        def __init__(store: Any, *args: Any, **kwargs: Any) -> None:
+            if on_rank():
+                _refuse_native_client(args, kwargs)
+            original(store, *args, **kwargs)
+
+        _NATIVE_TCPSTORE.__init__ = __init__
+
+    def __exit__(self, *exc: Any) -> None:
+        _NATIVE_TCPSTORE.__init__ = self._original
+
+
+def _refuse_native_client(args: tuple, kwargs: dict) -> None:
+    from ..sites import user_site
+
+    host = kwargs.get("host_name", args[0] if args else None)
+    port = kwargs.get("port", args[1] if len(args) > 1 else None)
+    is_master = kwargs.get("is_master", args[3] if len(args) > 3 else False)
+    world = (os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT"))
+    if is_master or host is None or (str(host), str(port)) != world:
+        return  # a store of the program's own (a server it runs, another address)
+    rank = os.environ.get("RANK", "?")
+    raise NativeWaitError(
+        f"rank {rank}: {user_site(3)} builds torch's native TCPStore client for {host}:{port}, "
+        f"the fake world's store (MASTER_ADDR:MASTER_PORT), through a reference to the class "
+        f"taken before the world started (such as `from torch.distributed import TCPStore` at "
+        f"import). That store lives inside fakepg, not on a socket: the native client would "
+        f"retry inside C++ until its timeout, and code that waits inside native code (C++, "
+        f"Rust: a TCPStore client, torchft's quorum over gRPC) cannot be seen or served by the "
+        f"fake world, in thread mode and with --isolation process alike. Look the class up "
+        f"at call time (torch.distributed.TCPStore), or run this program under torchrun with "
+        f"real gloo.")

@@ -11,7 +11,7 @@ the fewest and smallest deviations from the default schedule, and raised as
     fakepg.explore(train, nprocs=2, runs=200)
     # fakepg.ExplorationError: ... 1 deviation from the default schedule:
     #   choice #3 (preempt) took option 1
-    # replay: fakepg.spawn(train, nprocs=2, seed=0, schedule='fp1:AAAAAQ')
+    # replay: fakepg.spawn(train, nprocs=2, seed=0, schedule='fp2:AsDvAwAAAAE')
 
 hypothesis is a test dependency: this module imports it when :func:`explore` runs.
 """
@@ -70,12 +70,15 @@ def explore(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 2, *
     except ImportError:  # pragma: no cover - hypothesis is in the test extra
         raise ImportError("fakepg.explore needs hypothesis: pip install hypothesis "
                           "(or the project's test extra)") from None
-    from ..arguments import integer
+    from ..arguments import function, integer
     from .spawn import spawn
 
-    if not callable(fn):
-        raise TypeError(f"fakepg.explore: fn must be callable, got {type(fn).__name__}")
+    function("fakepg.explore: fn", fn, what="callable")
+    nprocs = integer("fakepg.explore: nprocs", nprocs, minimum=1)
     runs = integer("fakepg.explore: runs", runs, minimum=1)
+    if check is not None:
+        function("fakepg.explore: check", check, what="a function of the SpawnResult (raising "
+                 "to call a run a failure) or None")
     fault_strategy = spawn_kwargs.pop("faults", None)
     if fault_strategy is not None and not isinstance(fault_strategy, st.SearchStrategy):
         spawn_kwargs["faults"], fault_strategy = fault_strategy, None  # fixed faults, every run

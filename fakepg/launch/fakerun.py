@@ -22,22 +22,25 @@ process forked from this one, on the same fake world):
   ``TORCHELASTIC_MAX_RESTARTS``, ``TORCHELASTIC_USE_AGENT_STORE`` (``False``: no agent
   store exists), ``TORCH_NCCL_ASYNC_ERROR_HANDLING``, ``OMP_NUM_THREADS`` (1 with several
   ranks unless set) and, with a log directory, ``TORCHELASTIC_ERROR_FILE``;
-- ``sys.argv`` is ``[script, *args]`` and ``sys.path[0]`` the script's directory, as under
-  ``python script.py``; with ``-m`` the module's file and the current directory, as under
-  ``python -m``;
+- each rank owns its ``sys.argv``: ``[script, *args]`` (torchrun's ``${local_rank}`` replaced
+  by the rank's), and ``sys.path[0]`` is the script's directory, as under ``python script.py``;
+  with ``-m`` the module's file and the current directory, as under ``python -m``;
+- nothing is initialised when the script starts: its own ``dist.init_process_group`` (any
+  backend, any init method) sets the fake world up, with the timeout it passes;
 - every line a rank writes to stdout/stderr is prefixed ``[rank<N>]:`` (or by the template in
   ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``, with ``${rank}``, ``${local_rank}``,
   ``${role_name}``); ``--local-ranks-filter 0,1`` shows only those ranks; ``--redirects``/
   ``--tee`` write ``<log-dir>/<run-id>_*/attempt_0/<rank>/std{out,err}.log`` as torchrun does.
 
 ``dist.init_process_group("nccl"/"gloo"/...)`` joins the fake world, which answers as gloo
-(torchrun's workers on a CPU) until the program asks for another backend. Exit status: 0 on
-success; 1, with the hang, mismatch or failure report on stderr, when the run fails; 2 for a
+(torchrun's workers on a CPU) until the program asks for another backend. Exit status, as
+torchrun's: 0 when every rank finished (also after errors the ranks caught themselves); 1 with
+the root cause on stderr (a rank's own exception, else the hang or mismatch report); 2 for a
 command line that cannot run here (``--nnodes`` above 1, ``--node-rank`` other than 0,
-``--no-python``, ``${local_rank}`` in the script's arguments, a bad ``--nproc-per-node``).
-Flags about processes, rendezvous and signals (``--standalone``, ``--rdzv-*``,
-``--start-method``, ``--monitor-interval``, ``--numa-binding``, ...) are accepted and have
-nothing to act on; a failed run is not restarted (it would fail the same way).
+``--max-restarts`` above 0, ``--rdzv-endpoint`` on another host, ``--no-python``, a bad
+``--nproc-per-node``). Other flags about processes, rendezvous and signals (``--standalone``,
+``--rdzv-backend``, ``--start-method``, ``--monitor-interval``, ``--numa-binding``, ...) are
+accepted and have nothing to act on; ``fakerun --help`` lists each group.
 """
 
 from __future__ import annotations
@@ -66,22 +69,95 @@ class _UsageError(Exception):
     """A command line fakerun cannot run; printed as one line, exit status 2."""
 
 
+# torchrun's flags by what fakerun does with them (by argparse dest). Every one is parsed by
+# torchrun's own parser, so spellings, PET_* variables and defaults stay torchrun's.
+_ACTED_ON = {
+    "nproc_per_node": "the world size",
+    "module": "run the target as python -m does",
+    "run_path": "the script runs in this interpreter (always so here)",
+    "master_addr": "MASTER_ADDR of every rank", "master_port": "MASTER_PORT of every rank",
+    "rdzv_id": "TORCHELASTIC_RUN_ID of every rank (default none, so runs repeat exactly)",
+    "role": "ROLE_NAME", "virtual_local_rank": "LOCAL_RANK 0 for every rank",
+    "log_dir": "where --redirects/--tee write", "redirects": "per-rank log files",
+    "tee": "per-rank log files and the console", "local_ranks_filter": "ranks whose output shows",
+}
+_SINGLE_VALUED = {  # accepted only with the one value that means something in one process
+    "nnodes": "only 1 (or 1:1): the fake cluster is one node; --nproc-per-node sets the world "
+              "size",
+    "node_rank": "only 0",
+    "max_restarts": "only 0: a failed run is not restarted (a deterministic world would fail the "
+                    "same way again)",
+    "rdzv_endpoint": "only a host of this machine (another host means several nodes)",
+    "no_python": "refused: fakerun runs Python scripts and modules in this interpreter",
+}
+_FAKERUN_DESCRIPTION = """\
+torchrun for one process: every rank of the job is a thread of this process
+(or, with --isolation process, a process forked from it) on a deterministic
+fake cluster (fakepg). The script runs unmodified, once per rank, as __main__,
+and starts as a torchrun worker does: its environment (RANK, LOCAL_RANK,
+WORLD_SIZE, MASTER_ADDR, TORCHELASTIC_*), its own sys.argv, and nothing
+initialised until it calls init_process_group (any backend; its timeout holds).
+
+Exit status: 0 when every rank finished, also after errors the ranks handled
+themselves; 1 with the root cause (a rank's exception, or the hang or mismatch
+report) on stderr; 2 for a command line that cannot run here."""
+_FAKERUN_EPILOG = "example: fakerun --nproc-per-node 4 --seed 3 train.py --epochs 2"
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """One spelling per flag (torchrun's dashed one; the underscored one is accepted too), so
+    that the help fits 80 columns."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if not action.option_strings:
+            return super()._format_action_invocation(action)
+        short = [o for o in action.option_strings if not o.startswith("--")]
+        long = [o for o in action.option_strings if o.startswith("--") and "_" not in o]
+        text = ", ".join(short[:1] + long[:1]) or action.option_strings[0]
+        if action.nargs != 0:
+            text += " " + self._format_args(action, self._get_default_metavar_for_optional(action))
+        return text
+
+
 def _parser() -> argparse.ArgumentParser:
+    """fakerun's flags first, then torchrun's own (its parser's actions), grouped by what
+    fakerun does with each."""
     from torch.distributed.run import get_args_parser
 
-    p = get_args_parser()
-    p.prog = "fakerun"
-    p.description = ("torchrun on an in-process fake cluster (fakepg): every rank is a thread "
-                     "of this process; torchrun's flags plus --seed.")
-    p.add_argument("--seed", type=int, default=0,
-                   help="fakepg seed: fixes each rank's initial torch/Python/numpy RNG state")
-    p.add_argument("--isolation", choices=("thread", "process"), default="thread",
-                   help="thread: every rank a thread of this process (fastest); process: every "
-                        "rank its own OS process forked from this one (module globals, pid, cwd, "
-                        "signal handlers per rank), on the same deterministic fake world")
-    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
-                   help="wall-clock limit for the whole world; at expiry every rank's state and "
-                        "Python stack is reported and fakerun exits 1")
+    torchrun = get_args_parser()
+    actions = {a.dest: a for a in torchrun._actions if a.dest != "help"}
+    p = argparse.ArgumentParser(
+        prog="fakerun", formatter_class=_HelpFormatter,
+        usage="fakerun [options] training_script [script args ...]",
+        description=_FAKERUN_DESCRIPTION, epilog=_FAKERUN_EPILOG)
+    own = p.add_argument_group("fakerun's own options")
+    own.add_argument("--isolation", choices=("thread", "process"), default="thread",
+                     help="thread: every rank a thread of this process (fastest); process: "
+                          "every rank its own OS process forked from this one (module globals, "
+                          "pid, cwd, signal handlers per rank), on the same deterministic world")
+    own.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                     help="wall-clock limit for the whole world; at expiry every rank's state "
+                          "and Python stack is reported and fakerun exits 1")
+    own.add_argument("--seed", type=int, default=0,
+                     help="the fake cluster's seed: fixes each rank's initial torch/Python/numpy "
+                          "RNG state (same seed, same results)")
+    acted = p.add_argument_group("torchrun options fakerun acts on")
+    single = p.add_argument_group("torchrun options with one possible value (any other is refused, "
+                                  "exit status 2)")
+    quiet = p.add_argument_group("torchrun options accepted and ignored (nothing to act on in "
+                                 "one process)")
+    for dest, action in actions.items():
+        if not action.option_strings:
+            p._add_action(action)  # training_script, training_script_args
+        elif dest in _ACTED_ON:
+            action.help = _ACTED_ON[dest]
+            acted._add_action(action)
+        elif dest in _SINGLE_VALUED:
+            action.help = _SINGLE_VALUED[dest]
+            single._add_action(action)
+        else:
+            action.help = "torchrun: " + _first_sentence(action.help or "")
+            quiet._add_action(action)
     return p
 
 
@@ -132,12 +208,31 @@ def _check_single_node(args: argparse.Namespace) -> None:
         raise _UsageError(f"--node-rank {args.node_rank}: the fake cluster is one node, rank 0")
     if args.no_python:
         raise _UsageError("--no-python: fakerun runs Python scripts and modules in this interpreter")
-    if args.max_restarts < 0:
-        raise _UsageError(f"--max-restarts {args.max_restarts}: expected an integer >= 0")
-    if args.isolation == "thread" and any("${local_rank}" in a for a in args.training_script_args):
-        raise _UsageError("${local_rank} in the script's arguments would give each rank its own "
-                          "sys.argv, which ranks sharing one interpreter cannot have; read "
-                          "LOCAL_RANK from the environment instead (or use --isolation process)")
+    if args.max_restarts != 0:
+        raise _UsageError(f"--max-restarts {args.max_restarts}: fakerun does not restart a failed "
+                          f"run (its deterministic world would fail the same way again); use 0")
+    if not args.standalone and args.rdzv_endpoint and not _local_host(args.rdzv_endpoint):
+        raise _UsageError(f"--rdzv-endpoint {args.rdzv_endpoint}: a rendezvous on another host "
+                          f"joins several nodes; the fake cluster is one node in this process "
+                          f"(drop the flag, or name localhost)")
+
+
+def _first_sentence(text: str) -> str:
+    head = text.split(". ")[0].strip().rstrip(".")
+    return head if len(head) <= 70 else head[:67] + "..."
+
+
+def _local_host(endpoint: str) -> bool:
+    """Whether a rendezvous endpoint (``host[:port]``) names this machine."""
+    import socket
+
+    host = endpoint.strip()
+    if host.startswith("["):  # [ipv6]:port
+        host = host[1:].partition("]")[0]
+    elif host.count(":") == 1:
+        host = host.partition(":")[0]
+    return host in ("", "localhost", "::1", "0.0.0.0", socket.gethostname()) \
+        or host.startswith("127.")
 
 
 def _plan(args: argparse.Namespace) -> _Plan:
@@ -219,6 +314,11 @@ def _plan_logs(args: argparse.Namespace, plan: _Plan) -> None:
         except ValueError:
             raise _UsageError(f"--local-ranks-filter {args.local_ranks_filter}: expected a "
                               f"comma-separated list of integers, e.g. 0,1,2") from None
+        outside = sorted(r for r in shown if not 0 <= r < plan.nproc)
+        if outside:  # torchrun would show nothing at all, silently
+            raise _UsageError(f"--local-ranks-filter {args.local_ranks_filter}: no local rank "
+                              f"{', '.join(map(str, outside))}; the local ranks are "
+                              f"0..{plan.nproc - 1} (--nproc-per-node {plan.nproc})")
     to_file = [redirects.get(r, Std.NONE) | tees.get(r, Std.NONE) for r in range(plan.nproc)]
     attempt = None
     if args.log_dir or any(to_file):
@@ -329,8 +429,8 @@ def _rank_output(plan: _Plan) -> Iterator[None]:
 
 def _run(plan: _Plan) -> None:
     def rank_main(rank: int) -> None:
-        if plan.isolation == "process":  # its own sys.argv: torchrun's ${local_rank} works
-            sys.argv = [a.replace("${local_rank}", plan.env[rank]["LOCAL_RANK"]) for a in plan.argv]
+        # Each rank owns its sys.argv (fakepg.isolation), with torchrun's ${local_rank} macro.
+        sys.argv = [a.replace("${local_rank}", plan.env[rank]["LOCAL_RANK"]) for a in plan.argv]
         try:
             if plan.module:
                 runpy.run_module(plan.target, run_name="__main__", alter_sys=False)
@@ -340,18 +440,19 @@ def _run(plan: _Plan) -> None:
             if e.code not in (0, None):
                 raise RuntimeError(f"the script exited with status {e.code}") from e
 
-    # Shared by all ranks, set for the run and put back after it (runpy's own swaps of
-    # __main__ interleave across rank threads, so the host's is restored here too).
+    # Set for the run and put back after it (sys.path[0] is shared by the ranks; runpy's own
+    # swaps of __main__ interleave across rank threads, so the host's is restored here too).
     saved_argv, saved_path0, saved_main = sys.argv, sys.path[0], sys.modules.get("__main__")
     sys.argv, sys.path[0] = list(plan.argv), plan.path0
     try:
         with _rank_output(plan):
-            # torchrun's workers on a CPU run on gloo (init_process_group() with no backend, or
-            # a library that skips its own init because the world is already up): the world
-            # starts with gloo's personality, and adds in gloo's order; ("nccl") still switches.
+            # A torchrun worker starts with nothing initialised: the script's own
+            # init_process_group sets the world up, with its timeout. On a CPU that is gloo
+            # (init_process_group() with no backend): the world starts with gloo's personality;
+            # ("nccl") still switches.
             spawn(rank_main, nprocs=plan.nproc, seed=plan.seed, master_port=plan.master_port,
                   env=lambda r: plan.env[r], timeout=plan.timeout, isolation=plan.isolation,
-                  backend="gloo")
+                  backend="gloo", init_process_group=False)
     finally:
         sys.argv = saved_argv
         if sys.path and sys.path[0] == plan.path0:

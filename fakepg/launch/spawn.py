@@ -16,26 +16,27 @@ import torch
 import torch.distributed.distributed_c10d as c10d
 
 from ..fidelity import backends
-from ..world import liveness
+from ..world import isolation, liveness
 from ..choices import faults as _faults
-from ..arguments import integer, number
+from ..arguments import function, integer, number, of_type
 from ..world.binding import bind_thread, current_cluster
 from ..world.checks import Checkers
 from ..world.cluster import Cluster
 from ..errors import FakePGError, RankFailedError, SpawnTimeoutError
 from ..world.hooks import WorldHooks
+from ..fidelity.gloo_checks import ArgumentChecks
 from ..fidelity.gloo_hazards import GlooHazards
 from ..fidelity.nccl_hazards import NcclHazards, parse_modes
 from ..world.isolation import ProcessState
-from ..world.outcome import SpawnResult, exception_site, raise_outcome
+from ..world.outcome import SpawnResult, during_hang, exception_site, raise_outcome
 from ..fidelity.originals import PG_TIMEOUT, TORCH_INIT_PROCESS_GROUP
 from ..fidelity.patches import world_patches
 from ..process import mp_spawn
-from ..world.process_group import BACKEND_NAME, register_backend
+from ..world.process_group import BACKEND_NAME, FakeProcessGroup, register_backend
 from ..fidelity.profiling import world_profilers
 from ..choices.schedule import Schedule, as_schedule
 from ..world.scheduler import Scheduler
-from ..fidelity.store import world_store, world_stores
+from ..fidelity.store import native_store_guard, world_store, world_stores
 from ..world.watchdog import run_to_end
 
 try:  # numpy's global RNG is isolated per rank too; import it up front so all ranks see it
@@ -55,12 +56,14 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
           schedule: "Schedule | str | None" = None,
           nccl_hazards: str | Mapping[str, str] | None = None,
           faults: Sequence[Any] | None = None, isolation: str = "thread",
-          gloo_hazards: str = "error") -> SpawnResult:
+          gloo_hazards: str = "error", init_process_group: bool = True) -> SpawnResult:
     """Run ``fn(rank, *args)`` on ``nprocs`` ranks of a deterministic in-process cluster.
 
     Inside ``fn``, torch.distributed is already initialised with the ``"fakepg"`` backend
     (``dist.init_process_group`` by unmodified code is accepted and returns the same
-    world). Ranks run one at a time, switching only where one must wait for another, so
+    world). ``init_process_group=False`` starts each rank as torchrun starts a worker
+    instead: nothing initialised until the program calls ``dist.init_process_group``, whose
+    backend and timeout then hold (``fakerun`` and :mod:`fakepg.suites` run ranks so). Ranks run one at a time, switching only where one must wait for another, so
     the same program and ``seed`` give bitwise-identical results and traces.
 
     ``seed`` fixes each rank's initial torch/Python/numpy RNG state (a function of seed
@@ -96,9 +99,14 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
         assert result.returns[0].tolist() == [6.0, 6.0]
     """
     __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
-    if not callable(fn):
-        raise TypeError(f"fakepg.spawn: fn must be callable, got {type(fn).__name__} {fn!r}")
+    function("fakepg.spawn: fn", fn, what="callable")
     nprocs = integer("fakepg.spawn: nprocs", nprocs, minimum=1)
+    if env is not None and not callable(env):
+        of_type("fakepg.spawn: env", env, Mapping, "a mapping of variable names to strings, a "
+                "function of the rank returning one, or None", hint="e.g. env={'OMP_NUM_THREADS': '1'}")
+    if hooks is not None:
+        of_type("fakepg.spawn: hooks", hooks, WorldHooks, "a fakepg.WorldHooks (simddp's "
+                "co-simulation passes one) or None")
     seed = integer("fakepg.spawn: seed", seed)
     hang_timeout = number("fakepg.spawn: hang_timeout", hang_timeout, positive=True,
                           hint="seconds of inactivity before a wait hidden in C++ counts as a hang")
@@ -108,6 +116,7 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
         timeout = number("fakepg.spawn: timeout", timeout, positive=True, hint="seconds, or None")
     backends.get(backend)  # a clear error for an unknown name
     schedule = as_schedule(schedule)
+    schedule.check_world(nprocs)
     hazard_modes = parse_modes(nccl_hazards)
     gloo = GlooHazards(gloo_hazards)  # a clear error for an unknown mode
     faults = _faults.check(faults, nprocs)
@@ -118,14 +127,26 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
         # ops of a rank process run elsewhere, so their timing would be silently wrong.
         raise ValueError("fakepg.spawn: hooks (simddp's co-simulation) need isolation='thread': "
                          "a rank process's ops run outside the world's threads")
+    if not isinstance(init_process_group, bool):
+        raise TypeError(f"fakepg.spawn: init_process_group must be True (the world is initialised "
+                        f"before fn runs) or False (fn initialises it), got {init_process_group!r}")
     if not _SPAWN_LOCK.acquire(blocking=False):
         raise FakePGError("another fakepg world is running in this process; worlds run one "
                           "after another (use pytest-xdist for parallelism)")
     try:
-        return _run_world(fn, tuple(args), nprocs, seed, hooks, hang_timeout, master_port, env,
-                          timeout, backend, schedule, hazard_modes, faults, isolation, gloo)
+        result = _run_world(fn, tuple(args), nprocs, seed, hooks, hang_timeout, master_port, env,
+                            timeout, backend, schedule, hazard_modes, faults, isolation, gloo,
+                            init_process_group)
+    except BaseException as failure:
+        try:
+            schedule.check_replayed()
+        except ValueError as unfit:  # a token that did not fit explains the failure
+            raise unfit from failure
+        raise
     finally:
         _SPAWN_LOCK.release()
+    schedule.check_replayed()
+    return result
 
 
 def spawn_nested(fn: Callable[..., Any], args: Sequence[Any], nprocs: int, *, seed: int,
@@ -140,7 +161,7 @@ def spawn_nested(fn: Callable[..., Any], args: Sequence[Any], nprocs: int, *, se
 
 def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_env,
                timeout, backend, schedule, hazard_modes=None, faults=(),
-               isolation="thread", gloo_hazards=None) -> SpawnResult:
+               isolation="thread", gloo_hazards=None, init=True) -> SpawnResult:
     __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
     register_backend()
     t0 = time.perf_counter()
@@ -150,7 +171,7 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_e
     cluster.faults = faults
     # every check the world runs, in the order it runs them: torch looks at the devices before
     # the backend sees the call, so NCCL's device check comes before the refusals
-    cluster.checkers = Checkers([NcclHazards(hazard_modes), backends.Refusals(),
+    cluster.checkers = Checkers([ArgumentChecks(), NcclHazards(hazard_modes), backends.Refusals(),
                                  gloo_hazards if gloo_hazards is not None else GlooHazards()])
     extra = extra_env if callable(extra_env) else (lambda r: extra_env or {})  # noqa: E731
     processes = [ProcessState.for_rank(r, nprocs, seed,
@@ -158,24 +179,22 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_e
                  for r in range(nprocs)]
     host = ProcessState()
     host.save()
-    children = None
     if isolation == "process":  # fork the ranks' processes before any rank thread exists
-        from ..process.process_mode import Children
-        children = Children(fn, args, processes, seed, ended_rank_thread_ids(), spawn_nested)
-        fn, args = children.serve, ()
-    try:
-        return _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backend,
-                          cluster, processes, host, schedule, t0)
-    finally:
-        if children is not None:
-            children.close()
+        from ..process.process_mode import forked_ranks
+        with forked_ranks(fn, args, processes, seed, ended_rank_thread_ids(),
+                          spawn_nested, init) as children:  # each child initialises its own
+            return _run_ranks(children.serve, (), nprocs, seed, hang_timeout, master_port,
+                              timeout, backend, cluster, processes, host, schedule, t0, False)
+    return _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backend,
+                      cluster, processes, host, schedule, t0, init)
 
 
 def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backend, cluster,
-               processes, host, schedule, t0) -> SpawnResult:
+               processes, host, schedule, t0, init=True) -> SpawnResult:
     __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
     sched = Scheduler(processes, cluster.hang_report)
     sched.schedule = schedule
+    sched.inactivity = hang_timeout
     cluster.scheduler = sched
     returns: list[Any] = [None] * nprocs
     failures: dict[int, BaseException] = {}
@@ -188,17 +207,26 @@ def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backe
             if isinstance(sched.abort_error, _STOPPED):
                 raise sched.abort_error  # stopped before it ever ran
             cluster.hooks.rank_started(rank)
-            TORCH_INIT_PROCESS_GROUP(backend=BACKEND_NAME, rank=rank, world_size=nprocs,
-                                     store=world_store(PG_TIMEOUT), timeout=PG_TIMEOUT)
+            if init:
+                TORCH_INIT_PROCESS_GROUP(backend=BACKEND_NAME, rank=rank, world_size=nprocs,
+                                         store=world_store(PG_TIMEOUT), timeout=PG_TIMEOUT)
             returns[rank] = fn(rank, *args)
             cluster.complete_ready(rank)
         except _faults.RankCrashed:
             outcome = "crashed (fakepg.faults.crash)"
         except BaseException as e:  # noqa: BLE001 - every rank failure is reported by spawn
             failures[rank] = e
+            # the world's own abort error is one object raised in every rank: its traceback
+            # holds the other ranks' frames (and groups), so it says nothing about this rank's
+            note = None if e is sched.abort_error else isolation.foreign_group_note(e, rank, FakeProcessGroup)
+            if note is not None:
+                e.add_note(note)
             outcome = f"raised {type(e).__name__}"
             ends_world = not isinstance(e, FakePGError) or getattr(e, "ends_world", False)
             ends_world = ends_world and not isinstance(sched.abort_error, _STOPPED)
+            # raised while unwinding from the hang verdict (a `with lock:` whose lock the
+            # verdict released): a consequence of the hang, which stays the reported cause
+            ends_world = ends_world and not (sched.hang is not None and during_hang(e))
             if ends_world and cluster.failed_rank is None:
                 cluster.failed_rank = rank
                 site = exception_site(e)
@@ -222,6 +250,8 @@ def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backe
         _ENDED_RANK_THREADS[:] = [t.native_id for t in threads if t.native_id is not None]
     result = SpawnResult(returns, cluster.trace, nprocs, seed, time.perf_counter() - t0,
                          sorted(cluster.dead))
+    if sched.hang is not None:
+        result.hang_report = sched.hang.report
     if isinstance(sched.abort_error, SpawnTimeoutError):
         raise SpawnTimeoutError(sched.abort_error.report)
     raise_outcome(sched, cluster, failures)
@@ -257,7 +287,8 @@ def _run_threads(threads: list[threading.Thread], sched: Scheduler, cluster: Clu
     multithreading = torch.autograd.is_multithreading_enabled()
     excepthook = sys.excepthook
     with world_patches(len(threads)) as patched, world_profilers(), \
-            world_stores("127.0.0.1", master_port), liveness.cooperative_sleep():
+            world_stores("127.0.0.1", master_port), liveness.cooperative_sleep(), \
+            isolation.import_snapshots(), native_store_guard(lambda: current_cluster() is not None):
         mp_spawn.warn_in_threads(patched)  # a rank's torch.multiprocessing launch: real processes
         torch.autograd.set_multithreading_enabled(False)  # backward runs on the rank's thread
         torch._C._distributed_c10d._set_thread_isolation_mode(True)

@@ -135,10 +135,6 @@ REDUCE_SCATTER_TENSOR_COALESCED = register(ReduceScatterTensor(
 
 @c10d_method("allreduce")
 def _allreduce(pg, tensors, opts=None):
-    if not isinstance(tensors, torch.Tensor) and not tensors:
-        raise NotImplementedError(
-            "There were no tensor arguments to this function (e.g., you passed an empty list of "
-            "Tensors), but no fallback function is registered for schema c10d::allreduce_.")
     return pg.issue(ALL_REDUCE, as_list(tensors), reduce_op=reduce_op_of(opts))
 
 

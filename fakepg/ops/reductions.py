@@ -155,7 +155,18 @@ def gloo_all_reduce(per_rank: Sequence[Sequence[torch.Tensor]], op: object, name
     reduced, and every tensor gets the result; gloo divides only the first by the world size
     for AVG (ProcessGroupGloo's ``tensors[0] /= size``)."""
     first = per_rank[0]
-    if len(first) < 2 or any(t.layout != torch.strided for ts in per_rank for t in ts):
+    if len(first) < 2:
+        return False
+    if not coalesced and all(t.is_sparse for ts in per_rank for t in ts):
+        # gloo's sparse allreduce sums a rank's tensors, then the ranks' sums, and gives every
+        # tensor the coalesced total (its nnz: the distinct indices of all inputs)
+        total = reduce_tensors([reduce_tensors(list(ts), op, name, RANK) for ts in per_rank],
+                               op, name, GLOO)
+        for ts in per_rank:
+            for t in ts:
+                t.copy_(total)
+        return True
+    if any(t.layout != torch.strided for ts in per_rank for t in ts):
         return False
     if any(t.dtype != first[0].dtype for t in first):
         return False

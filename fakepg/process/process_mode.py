@@ -15,20 +15,26 @@ handlers, the profiler, ``sys.modules``. Tensors move through shared memory
 (:mod:`fakepg.process.wire`). A child that dies (``os._exit``, a signal) fails its rank with
 :class:`RankProcessDiedError` naming its exit status or signal. No child survives
 ``spawn``: on return, on an exception, on Ctrl-C (each is SIGKILLed and reaped), and on
-the parent's own death (``PR_SET_PDEATHSIG``); shared-memory segments are unlinked as they
-are made, so none outlives its processes.
+the parent's own death (``PR_SET_PDEATHSIG``), and on SIGTERM to the parent (the world ends
+as on Ctrl-C, then the parent terminates as SIGTERM asked). Shared-memory segments are unlinked
+as they are made; one a child was making when it was killed is unlinked when it is reaped, so
+none outlives its processes. A world needs two open files per rank in the parent (its pipe):
+past the process's limit ``spawn`` says so, and what to do, before forking anything.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import errno
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from multiprocessing import Pipe
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from ..errors import FakePGError
 from ..world.isolation import ProcessState
@@ -84,14 +90,93 @@ def _wait_for_ended_rank_threads(thread_ids: Sequence[int], limit: float = 2.0) 
             time.sleep(0.0005)
 
 
+_FILES_PER_RANK = 2  # the parent's end of the rank's socket pair, and the child's until forked
+_FILES_SPARE = 32  # what the parent opens besides (received shm fds, logs, the program's own)
+
+
+def _open_files_error(nprocs: int) -> FakePGError | None:
+    """The error for a world whose pipes would pass this process's open-file limit."""
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        now = len(os.listdir("/proc/self/fd"))
+    except (ImportError, OSError, ValueError):  # pragma: no cover - not Linux
+        return None
+    need = now + _FILES_PER_RANK * nprocs + _FILES_SPARE
+    if soft == resource.RLIM_INFINITY or need <= soft:
+        return None
+    hard_text = "unlimited" if hard == resource.RLIM_INFINITY else str(hard)
+    suggest = need if hard == resource.RLIM_INFINITY else min(hard, max(need, 2 * soft))
+    fix = (f"raise it (`ulimit -n {suggest}` in the shell that starts Python, or "
+           f"resource.setrlimit(resource.RLIMIT_NOFILE, ({suggest}, resource.getrlimit("
+           f"resource.RLIMIT_NOFILE)[1])) before spawn)" if need <= hard or
+           hard == resource.RLIM_INFINITY else
+           f"the hard limit ({hard_text}) is below that too: run fewer ranks per world")
+    return FakePGError(
+        f"fakepg.spawn(isolation='process') with {nprocs} ranks needs about {need} open files "
+        f"in this process ({_FILES_PER_RANK} per rank for its pipe, {now} open now, "
+        f"{_FILES_SPARE} to spare), but its limit is {soft} (RLIMIT_NOFILE; hard limit "
+        f"{hard_text}): {fix}; or use isolation='thread', which opens no file per rank")
+
+
+def _unlink_segments_of(pids: Sequence[int]) -> None:
+    """Unlink torch's shm segments named after these (ended) processes: one a child was
+    making (``/dev/shm/torch_<pid>_...``, unlinked by torch right after mapping it) when it
+    was killed would outlive it."""
+    try:
+        names = os.listdir("/dev/shm")
+    except OSError:  # pragma: no cover - no /dev/shm
+        return
+    prefixes = tuple(f"torch_{pid}_" for pid in pids)
+    for name in names:
+        if name.startswith(prefixes):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join("/dev/shm", name))
+
+
+@contextlib.contextmanager
+def forked_ranks(fn: Callable[..., Any], args: Sequence[Any], processes: list[ProcessState],
+                 seed: int, ended_threads: Sequence[int], start_world: StartWorld,
+                 init: bool = True) -> Iterator["Children"]:
+    """The world's rank processes while the block runs; every one killed and reaped after it.
+    A SIGTERM to this process meanwhile (in its main thread, where no handler of the program's
+    is installed) ends the world as Ctrl-C does, then terminates the process as SIGTERM would."""
+    error = _open_files_error(len(processes))
+    if error is not None:
+        raise error
+    handle = (threading.current_thread() is threading.main_thread()
+              and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
+    terminated: list[int] = []
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        terminated.append(signum)
+        raise KeyboardInterrupt("SIGTERM")
+
+    if handle:
+        signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        children = Children(fn, args, processes, seed, ended_threads, start_world, init)
+        try:
+            yield children
+        finally:
+            children.close()
+    finally:
+        if handle:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            if terminated:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+
 class Children:
     """The rank processes of one world, forked at construction; ``serve`` is each proxy.
 
     ``ended_threads``: the OS ids of the last world's rank threads (waited for before forking);
-    ``start_world`` runs a world a rank process starts (``torch.multiprocessing.spawn``)."""
+    ``start_world`` runs a world a rank process starts (``torch.multiprocessing.spawn``);
+    ``init``: whether each child initialises the world before ``fn`` (False: ``fn`` does)."""
 
     def __init__(self, fn: Callable[..., Any], args: Sequence[Any], processes: list[ProcessState],
-                 seed: int, ended_threads: Sequence[int], start_world: StartWorld):
+                 seed: int, ended_threads: Sequence[int], start_world: StartWorld,
+                 init: bool = True):
         self.nprocs = len(processes)
         self.pids: list[int] = []
         self.channels: list[Channel] = []
@@ -102,7 +187,17 @@ class Children:
                 stream.flush()
             except Exception:  # noqa: BLE001
                 pass
-        pipes = [Pipe() for _ in range(self.nprocs)]  # (parent end, child end): socket pairs
+        pipes = []  # (parent end, child end): socket pairs
+        try:
+            for _ in range(self.nprocs):
+                pipes.append(Pipe())
+        except OSError as e:
+            for ends in pipes:
+                for end in ends:
+                    end.close()
+            if e.errno == errno.EMFILE:  # the estimate was short: the same advice
+                raise _open_files_error(self.nprocs) or e from None
+            raise
         parent = os.getpid()
         _wait_for_ended_rank_threads(ended_threads)
         try:
@@ -110,7 +205,7 @@ class Children:
                 pid = os.fork()
                 if pid == 0:  # pragma: no cover - runs in the child, which never returns
                     _child_main(rank, self.nprocs, pipes, fn, tuple(args), processes[rank], parent,
-                                seed, start_world)
+                                seed, start_world, init)
                 self.pids.append(pid)
         except BaseException:
             self.channels = [Channel(p) for p, _ in pipes]
@@ -172,11 +267,12 @@ class Children:
                 ch.close()
             except OSError:
                 pass
+        _unlink_segments_of(self.pids)
 
 
 def _child_main(rank: int, nprocs: int, pipes: list, fn: Callable[..., Any], args: tuple,
-                state: ProcessState, parent: int, seed: int,
-                start_world: StartWorld) -> None:  # pragma: no cover - in the child
+                state: ProcessState, parent: int, seed: int, start_world: StartWorld,
+                init: bool) -> None:  # pragma: no cover - in the child
     """The forked child's whole life; never returns."""
     code = 0
     try:
@@ -203,7 +299,7 @@ def _child_main(rank: int, nprocs: int, pipes: list, fn: Callable[..., Any], arg
         channel = Channel(pipes[rank][1])
         remote.install(rank, nprocs, channel, seed, start_world)
         channel.recv_reply()  # "go": the proxy holds the baton
-        ok, payload = remote.run(fn, args)
+        ok, payload = remote.run(fn, args, init)
         for stream in (sys.stdout, sys.stderr):
             closer = getattr(stream, "close_rank", None)
             try:

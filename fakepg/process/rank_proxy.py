@@ -115,12 +115,13 @@ class Proxy:
 
     # -- requests ----------------------------------------------------------------------
     def _group(self, desc: tuple) -> FakeProcessGroup:
-        gid, name, ranks, timeout, requested, grank = desc
+        gid, name, ranks, timeout, requested, grank, bare = desc
         pg = self.groups.get(gid)
         if pg is None:
             with requested_backend(requested):
                 pg = FakeProcessGroup(self.cluster, self.rank, grank, len(ranks),
                                       datetime.timedelta(seconds=timeout))
+            pg._bare_backend = bare
             pg._gstate = self.cluster.group(name, tuple(ranks), timeout)
             self.groups[gid] = pg
         return pg

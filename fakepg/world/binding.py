@@ -8,19 +8,27 @@ from the host's.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .cluster import Cluster
 
-_local = threading.local()
+# per thread: .binding, (cluster, rank) on a rank thread; read inline where a call costs too much
+# (the clocks a busy loop reads)
+thread_binding = threading.local()
 
 
 def current_cluster() -> tuple["Cluster", int] | None:
     """(cluster, global rank) of the calling rank thread, or None outside a fake world."""
-    return getattr(_local, "binding", None)
+    return getattr(thread_binding, "binding", None)
 
 
 def bind_thread(cluster: "Cluster | None", rank: int = -1) -> None:
-    _local.binding = None if cluster is None else (cluster, rank)
+    thread_binding.binding = None if cluster is None else (cluster, rank)
+
+
+# A process a rank thread forks (multiprocessing, os.fork) is no rank: its time.sleep and
+# waits are the real ones, and it holds no baton (there are no other ranks in it).
+os.register_at_fork(after_in_child=lambda: bind_thread(None))

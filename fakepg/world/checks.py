@@ -26,6 +26,11 @@ class Checker:
     """One check of a world's collectives. Every hook is optional (the base does nothing);
     a hook raises to fail the rank that made the call, or warns."""
 
+    def calling(self, pg: Any, method: str, args: tuple, kwargs: dict) -> None:
+        """A ProcessGroup ``method`` (``allreduce``, ``broadcast``, ...) of ``pg`` called with
+        the program's own arguments, before any call is made of them: raise to refuse them,
+        as c10d's dispatcher and a backend check a call's arguments first."""
+
     def issuing(self, call: "Call") -> None:
         """Before ``call`` reaches the world, as torch checks devices and arguments before a
         backend sees a call: raise to refuse it."""
@@ -66,6 +71,12 @@ class Checkers:
             if not isinstance(c, Checker):
                 raise TypeError(f"a world's checks must be fakepg.world.checks.Checker instances, "
                                 f"got {type(c).__name__}")
+        # every collective call passes `calling`: only the checkers that look at it are asked
+        self.calls_checked = tuple(c for c in self.all if type(c).calling is not Checker.calling)
+
+    def calling(self, pg: Any, method: str, args: tuple, kwargs: dict) -> None:
+        for c in self.calls_checked:
+            c.calling(pg, method, args, kwargs)
 
     def issuing(self, call: "Call") -> None:
         for c in self.all:

@@ -47,6 +47,7 @@ class Cluster:
         # per rank: the default group the program itself initialised (spawn's own does not
         # count), so a second init_process_group is refused as torch refuses it
         self.initialised_by_program: dict[int, Any] = {}
+        self.direct_groups: dict[int, int] = {}  # per rank: ProcessGroupGloo(...) built directly
 
     # -- groups -----------------------------------------------------------------
     def group(self, name: str, ranks: tuple[int, ...], timeout: float = 1800.0) -> GroupState:

@@ -40,6 +40,8 @@ def hang_report(cluster: "Cluster") -> str:
             text = f"finished ({slot.outcome}){extra}"
         elif slot.state == NEW:
             text = f"never started{extra}"
+        elif slot.waiting_for is not None:  # running, but the watchdog found it blocked
+            text = f"blocked {slot.waiting_for()}{extra}"
         else:
             text = f"running{extra}"
         unmatched = [c for c in cluster.outstanding[slot.rank] if not c.collective.settled]
@@ -63,6 +65,16 @@ def hang_report(cluster: "Cluster") -> str:
             lines.append(f"    pending #{coll.seq} {coll.op}: issued by {issued}; "
                          f"still waits for ranks {rank_list(coll.missing_ranks())}")
     lines.extend(cluster.checkers.hang_notes())
+    python = [s.rank for s in sched.slots if s.state == BLOCKED and s.python_wait]
+    if python:
+        lines.append(
+            f"Ranks {rank_list(python)} wait in Python's own synchronisation (a queue, event, "
+            f"lock, condition or future): after {sched.inactivity:g} s in which no rank could "
+            f"run and no other thread of the process did anything, nothing can release them. "
+            f"Between processes ranks share no Python objects, so a wait on another rank "
+            f"through one never ends either; if the object is a module global the ranks share "
+            f"only in thread mode (one per process under torchrun), run the ranks as processes "
+            f"(fakerun --isolation process, or fakepg.spawn(..., isolation='process')).")
     lines.append("Typical causes: ranks with different numbers of batches (use "
                  "torch.distributed.algorithms.Join), a rank that skipped backward or "
                  "returned early, or collectives issued in different orders.")

@@ -13,11 +13,16 @@ What is per rank, what cannot be, and what fakepg does about each: see ``ISOLATI
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import hashlib
+import importlib.abc
+import importlib.machinery
 import os
 import random
 import sys
-from typing import Any, Callable
+import types
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed.distributed_c10d as c10d
@@ -47,19 +52,25 @@ saved before spawn and put back after it):
     preferred linalg/BLAS backends
   - torch.autograd.set_detect_anomaly (a process-global switch in torch)
   - torch.set_printoptions
+  - sys.argv (each rank starts with its own copy of the caller's: a rank that rewrites it,
+    in place or by assignment, changes only its own, as in a separate process)
   - torch.set_num_threads: the value each rank asked for is put back when it resumes
     (the intra-op pool itself is one per process: ranks never run concurrently, so each
     rank's ops run with the thread count it asked for); a rank starts with the count its
     OMP_NUM_THREADS gives (fakerun, like torchrun, sets 1 for several ranks)
   - training libraries' process singletons, once imported: accelerate's PartialState,
-    AcceleratorState and GradientState; Lightning's rank_zero_only.rank (each rank starts
+    AcceleratorState and GradientState; Lightning's rank_zero_only.rank; DeepSpeed's
+    communication backend, groups and comm state (deepspeed.comm, deepspeed.utils.groups, ...);
+    and the module globals a program declares with fakepg.per_rank_globals (each rank starts
     with what a fresh process would have)
 Per rank already, because torch keeps it per thread and each rank is a thread:
   grad mode (torch.no_grad, set_grad_enabled), inference mode, autocast, the default
   device (torch.set_default_device), torch.set_flush_denormal, CUDA's current device.
   A rank starts with torch's defaults for these, as a new process does.
 Not isolated (one per process; a rank that changes it changes it for all):
-  - other module globals of libraries (and of torch outside the list above)
+  - other module globals of libraries (and of torch outside the list above); a process
+    group one rank reaches through such a global fails the other rank with an error that
+    names the global and isolation="process" (docs/threads-and-waits.md)
   - the current directory (os.chdir), signal handlers, sys.path, sys.modules, open files
   - the inter-op thread pool size (torch refuses to change it once work has run)
   - CUDA generators and CUDA caching-allocator settings
@@ -247,26 +258,143 @@ def _lightning_rank() -> int:
 # attribute, attribute, value in a fresh process). Each rank gets its own, as a process
 # would: accelerate's Borg states (whose rank, device and data sharding every Accelerator
 # reads) and Lightning's rank_zero_only.rank (which decides where rank-zero output goes).
-# Swapped only once their module is imported. Libraries not listed need isolation="process".
-_SINGLETONS = (
+# An owner of None is the module itself; an attribute of None is every data global of the
+# module (see _is_data); a fresh value of None is a copy of what the module's import left
+# there (see _fresh). Swapped only once their module is imported; per_rank_globals() adds
+# entries. Libraries not listed need isolation="process".
+_SINGLETONS: list[tuple[str, str | None, str | None, Callable[[], Any] | None]] = [
     ("accelerate.state", "PartialState", "_shared_state", dict),
     ("accelerate.state", "AcceleratorState", "_shared_state", dict),
     ("accelerate.state", "GradientState", "_shared_state", dict),
     ("lightning_utilities.core.rank_zero", "rank_zero_only", "rank", _lightning_rank),
-)
+    # DeepSpeed keeps its communication backend (deepspeed.comm's ``cdb``), its world, data-,
+    # model-, expert- and sequence-parallel groups, and its activation checkpointing and
+    # pipeline state in module globals: shared, every rank used rank 0's groups ("Group ...
+    # is not registered").
+    *((module, None, None, None) for module in (
+        "deepspeed.comm.comm", "deepspeed.comm.torch", "deepspeed.utils.groups",
+        "deepspeed.runtime.activation_checkpointing.checkpointing", "deepspeed.runtime.pipe.p2p",
+        "deepspeed.runtime.sequence_parallel.parallel_state_sp",
+        "deepspeed.runtime.comm.coalesced_collectives", "deepspeed.runtime.utils")),
+]
 _UNSET = object()
+_IMPORTED: dict[str, dict[str, Any]] = {}  # module -> its data globals as its import left them
 
 
-def _singleton_owner(module: str, owner: str) -> Any:
+def per_rank_globals(module: str, *names: str) -> None:
+    """Give each rank of a thread-mode world its own value of ``module``'s globals ``names``
+    (all its data globals when none are named), as separate processes would have.
+
+    A rank starts from the values a fresh import of ``module`` gives (from the caller's
+    values when the module was imported before ``spawn``), and keeps its own from then on:
+    they are swapped at hand-offs like the RNGs. Call it before the world starts, e.g. at the
+    top of the test module or in ``conftest.py``::
+
+        fakepg.per_rank_globals("mylib.state", "_GROUP", "_CACHE")
+    """
+    if not isinstance(module, str) or not module:
+        raise TypeError(f"fakepg.per_rank_globals: module must be a module name (str), got {module!r}")
+    bad = [n for n in names if not (isinstance(n, str) and n.isidentifier())]
+    if bad:
+        raise TypeError(f"fakepg.per_rank_globals: names must be global names of {module} "
+                        f"(identifiers), got {bad!r}")
+    for entry in ([(module, None, None, None)] if not names else
+                  [(module, None, n, None) for n in names]):
+        if entry not in _SINGLETONS:
+            _SINGLETONS.append(entry)
+
+
+def _is_data(name: str, value: Any) -> bool:
+    """A module global that is state (not a function, class, module or dunder)."""
+    return not (name.startswith("__") or isinstance(value, (types.ModuleType, types.FunctionType,
+                                                           types.BuiltinFunctionType, type)))
+
+
+def _data_globals(mod: types.ModuleType) -> dict[str, Any]:
+    return {k: v for k, v in vars(mod).items() if _is_data(k, v)}
+
+
+def _copy(value: Any) -> Any:
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # noqa: BLE001 - a lock, a C object: one shared object, as before
+        return value
+
+
+def _fresh(module: str, attr: str | None) -> Any:
+    """A rank's first value of a per-rank module global: a copy of what the import left."""
+    snapshot = _IMPORTED.get(module)
+    if snapshot is None:  # imported where the hook did not see it: what is there now
+        mod = sys.modules[module]
+        snapshot = _IMPORTED[module] = {k: _copy(v) for k, v in _data_globals(mod).items()}
+    if attr is None:
+        return {k: _copy(v) for k, v in snapshot.items()}
+    value = snapshot.get(attr, _UNSET)
+    return value if value is _UNSET else _copy(value)
+
+
+class _ImportSnapshots(importlib.abc.MetaPathFinder):
+    """Records the data globals of a per-rank module as its import leaves them, before the
+    rank that imported it changes them: the state every other rank starts from."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name in _IMPORTED or not any(e[0] == name and e[1] is None for e in _SINGLETONS):
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run = loader.exec_module
+
+        def exec_module(mod: types.ModuleType) -> None:
+            run(mod)
+            _IMPORTED[name] = {k: _copy(v) for k, v in _data_globals(mod).items()}
+
+        loader.exec_module = exec_module
+        return spec
+
+
+@contextlib.contextmanager
+def import_snapshots() -> Iterator[None]:
+    """While a world runs: note the import-time globals of per-rank modules."""
+    finder = _ImportSnapshots()
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+
+
+def _singleton_owner(module: str, owner: str | None) -> Any:
     mod = sys.modules.get(module)
-    return None if mod is None else getattr(mod, owner, None)
+    return None if mod is None or owner is None else getattr(mod, owner, None)
+
+
+def _get(obj: Any, attr: str | None) -> Any:
+    return _data_globals(obj) if attr is None else getattr(obj, attr, _UNSET)
+
+
+def _put(obj: Any, attr: str | None, value: Any) -> None:
+    if attr is not None:
+        if value is _UNSET:
+            if hasattr(obj, attr):
+                delattr(obj, attr)
+        elif getattr(obj, attr, _UNSET) is not value:
+            setattr(obj, attr, value)
+        return
+    live = vars(obj)
+    for k in [k for k, v in live.items() if k not in value and _is_data(k, v)]:
+        del live[k]  # a global this rank never had (another rank created it)
+    for k, v in value.items():
+        if live.get(k, _UNSET) is not v:
+            live[k] = v
 
 
 class ProcessState:
     """Everything a separate process would own, for one rank (or for the host)."""
 
     __slots__ = ("torch_rng", "py_rng", "np_rng", "env", "c10d", "switches", "print_opts",
-                 "num_threads", "singletons")
+                 "num_threads", "singletons", "argv")
 
     def __init__(self) -> None:
         self.torch_rng: torch.Tensor | None = None
@@ -277,7 +405,8 @@ class ProcessState:
         self.switches: tuple | None = None
         self.print_opts: dict[str, Any] | None = None
         self.num_threads: int | None = None
-        self.singletons: list[Any] = [_UNSET] * len(_SINGLETONS)
+        self.singletons: list[Any] = []
+        self.argv: list[str] | None = None
 
     @classmethod
     def for_rank(cls, rank: int, nprocs: int, seed: int,
@@ -294,6 +423,7 @@ class ProcessState:
         st.switches = capture_switches()
         st.print_opts = dict(vars(_PRINT_OPTS))
         st.num_threads = torch.get_num_threads()
+        st.argv = list(sys.argv)
         omp = env.get("OMP_NUM_THREADS")
         if omp is not None and omp.isdigit() and int(omp) > 0:
             # a process started with it (torchrun's workers: 1) sizes its intra-op pool so
@@ -315,10 +445,15 @@ class ProcessState:
         if self.print_opts != opts:
             self.print_opts = dict(opts)
         self.num_threads = _process_threads = torch.get_num_threads()
+        if len(self.singletons) < len(_SINGLETONS):
+            self.singletons += [_UNSET] * (len(_SINGLETONS) - len(self.singletons))
+        self.argv = sys.argv
         for i, (module, owner, attr, _) in enumerate(_SINGLETONS):
-            obj = _singleton_owner(module, owner)
+            obj = sys.modules.get(module) if owner is None else _singleton_owner(module, owner)
             if obj is not None:
-                self.singletons[i] = getattr(obj, attr, _UNSET)
+                if owner is None and module not in _IMPORTED:
+                    _fresh(module, attr)  # first seen here: what it holds is the fresh state
+                self.singletons[i] = _get(obj, attr)
 
     def install(self) -> None:
         """Make this state the live one (the owner is about to run)."""
@@ -338,10 +473,66 @@ class ProcessState:
             vars(_PRINT_OPTS).update(self.print_opts)
         if self.num_threads is not None:
             _install_num_threads(self.num_threads)
+        if self.argv is not None:
+            sys.argv = self.argv
+        if len(self.singletons) < len(_SINGLETONS):
+            self.singletons += [_UNSET] * (len(_SINGLETONS) - len(self.singletons))
         for i, (module, owner, attr, fresh) in enumerate(_SINGLETONS):
-            obj = _singleton_owner(module, owner)
+            obj = sys.modules.get(module) if owner is None else _singleton_owner(module, owner)
             if obj is not None:
                 if self.singletons[i] is _UNSET:  # first run since its import: a fresh one
-                    self.singletons[i] = fresh()
-                if getattr(obj, attr, _UNSET) is not self.singletons[i]:
-                    setattr(obj, attr, self.singletons[i])
+                    self.singletons[i] = fresh() if fresh is not None else _fresh(module, attr)
+                _put(obj, attr, self.singletons[i])
+
+
+# -- what thread mode cannot isolate: say so ------------------------------------------------
+
+def _holder_of(obj: Any) -> str | None:
+    """``module.name`` of a module global that holds ``obj`` (directly or in a dict, list or
+    tuple it holds), or None."""
+    for modname, mod in list(sys.modules.items()):
+        try:
+            items = list(vars(mod).items())
+        except TypeError:
+            continue
+        for name, value in items:
+            if value is obj:
+                return f"{modname}.{name}"
+            kind = type(value)  # not isinstance: it reads __class__, which some globals warn on
+            if kind is dict:
+                inner = list(value.values())
+            elif kind is list or kind is tuple:
+                inner = list(value)
+            else:
+                continue
+            if any(v is obj for v in inner):
+                return f"{modname}.{name}"
+    return None
+
+
+def shared_object_message(what: str, obj: Any, owner: int, rank: int) -> str:
+    """Why rank ``rank`` holds ``obj`` (``what``) that rank ``owner`` made, and what to do."""
+    holder = _holder_of(obj)
+    where = (f"it is held by {holder}, a module global" if holder is not None
+             else "it reached rank " f"{rank} through an object")
+    fix = (f"declare it per rank with fakepg.per_rank_globals({holder.rsplit('.', 1)[0]!r}, "
+           f"{holder.rsplit('.', 1)[1]!r}) before the world starts, or "
+           if holder is not None else "")
+    return (f"fakepg: rank {rank} used {what} that rank {owner} created: {where} that all "
+            f"ranks share in thread mode (under torchrun every process has its own). Thread "
+            f"mode cannot isolate it: {fix}run the ranks as processes "
+            f"(fakerun --isolation process, or fakepg.spawn(..., isolation='process')).")
+
+
+def foreign_group_note(exc: BaseException, rank: int, group_type: type) -> str | None:
+    """For a rank's exception raised while it used a process group (a ``group_type``, the
+    world's ProcessGroup class: handed in, since the group's module imports this one's
+    users) that another rank created (a library's module global, shared by rank threads):
+    the explanation, else None."""
+    tb = exc.__traceback__
+    while tb is not None:
+        for value in list(tb.tb_frame.f_locals.values()):
+            if isinstance(value, group_type) and value._global_rank != rank:
+                return shared_object_message("a process group", value, value._global_rank, rank)
+        tb = tb.tb_next
+    return None

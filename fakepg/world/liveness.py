@@ -17,7 +17,7 @@ import traceback
 from typing import Any, Callable, Iterator
 
 from ..errors import BackendTimeoutError, FakePGError, WorldAbortedError, TimedOutError
-from .scheduler import BLOCKED, DONE, NEW, RUNNING, Scheduler
+from .scheduler import BLOCKED, DONE, NEW, RUNNING, Scheduler, helpers_sleeping, monotonic
 
 _REAL_SLEEP = time.sleep
 
@@ -62,18 +62,31 @@ def backend_of(cluster: Any) -> str:
 class TimedWait:
     """A scheduler wait's deadline and the errors it fails with (see ``Scheduler.block``)."""
 
-    __slots__ = ("sched", "rank", "seconds", "deadline", "message", "error")
+    __slots__ = ("sched", "rank", "seconds", "deadline", "message", "error", "waits_for",
+                 "peers_gone")
 
     def __init__(self, sched: Scheduler, rank: int, seconds: float, message: Callable[[], str],
-                 error: type[TimedOutError] = BackendTimeoutError):
+                 error: type[TimedOutError] = BackendTimeoutError,
+                 waits_for: Callable[[], list[int]] | None = None):
         self.sched, self.rank, self.seconds = sched, rank, seconds
-        self.deadline = time.monotonic() + seconds
+        self.deadline = monotonic() + seconds
         self.message, self.error = message, error
+        # A wait on named peers alone (monitored_barrier: a recv from each, with a timeout): the
+        # ranks it still waits for. Once all of them have finished, only its own timeout can
+        # end it, on this rank alone, as gloo's does; the rest of the world is not hung.
+        self.waits_for = waits_for
+        self.peers_gone = False
 
     def expired(self) -> TimedOutError:
-        """The deadline passed while another rank could still have satisfied the wait."""
-        head = (f"fakepg: rank {self.rank} gave up after its timeout of {self.seconds:g} s "
-                f"while other ranks were still running. Per rank at that moment:")
+        """The deadline passed while another rank could still have satisfied the wait (or the
+        ranks it waits for have all finished: see ``waits_for``)."""
+        if self.peers_gone:
+            head = (f"fakepg: rank {self.rank}'s wait can never be satisfied: the ranks it waits "
+                    f"for have finished, so it fails with its timeout's error now instead of "
+                    f"after {self.seconds:g} s. Per rank at that moment:")
+        else:
+            head = (f"fakepg: rank {self.rank} gave up after its timeout of {self.seconds:g} s "
+                    f"while other ranks were still running. Per rank at that moment:")
         return self.error(self.message(), head + "\n" + rank_states(self.sched), expired=True)
 
     def hung(self, report: str) -> TimedOutError:
@@ -111,15 +124,21 @@ def collective_wait(cluster: Any, call: Any, seconds: float | None = None,
                                    rank=missing[0] if missing else "?")
         return timeout_message(backend, "monitored_root", ms=ms, rank=missing[0] if missing else "?")
 
-    return TimedWait(cluster.scheduler, call.rank, max(seconds, 1e-9), message)
+    waits_for = coll.missing_ranks if call.op == "monitored_barrier" else None
+    return TimedWait(cluster.scheduler, call.rank, max(seconds, 1e-9), message,
+                     waits_for=waits_for)
 
 
-# -- time.sleep on rank threads --------------------------------------------------------------
+# -- time.sleep, the clocks and Python's own waits on rank threads ---------------------------
 def _cooperative_sleep(seconds: float) -> None:
     from .binding import current_cluster
     binding = current_cluster()
-    if binding is None:
-        return _REAL_SLEEP(seconds)
+    if binding is None:  # a thread a rank started (or a process it forked): really sleep
+        helpers_sleeping[0] += 1
+        try:
+            return _REAL_SLEEP(seconds)
+        finally:
+            helpers_sleeping[0] -= 1
     seconds = float(seconds)
     if seconds < 0:
         raise ValueError("sleep length must be non-negative")
@@ -128,19 +147,121 @@ def _cooperative_sleep(seconds: float) -> None:
     return None
 
 
+def _preempting(clock: Callable[[], Any]) -> Callable[[], Any]:
+    """``clock`` that, on a rank thread, lets another rank whose timed wait expired fail
+    first: a rank busy-waiting on the clock would otherwise hold the baton past every
+    deadline (gloo fails the waiting rank at its deadline)."""
+    from .binding import thread_binding  # read inline: clocks are read in hot loops
+
+    def read() -> Any:
+        binding = getattr(thread_binding, "binding", None)
+        if binding is not None and monotonic() >= binding[0].scheduler.next_deadline:
+            binding[0].scheduler.preempt_expired(binding[1])
+        return clock()
+
+    read.__name__, read.__doc__ = clock.__name__, clock.__doc__
+    return read
+
+
+_REAL_COND_WAIT = threading.Condition.wait
+_REAL_JOIN = threading.Thread.join
+# The standard library's modules whose waits are Python's own synchronisation: the outermost
+# of their frames under the program's names the primitive it called.
+_PRIMITIVES = {"threading.py": "threading", "queue.py": "queue", "_base.py": "concurrent.futures",
+               "thread.py": "concurrent.futures", "pool.py": "multiprocessing.pool"}
+
+
+def python_wait_site(frame: Any, primitive: str) -> tuple[str, str]:
+    """(primitive, the program's line) of a wait on Python's own synchronisation made at
+    ``frame`` (``primitive``: its name when no standard-library frame says more)."""
+    from ..sites import FAKEPG_DIR, STDLIB_DIRS, user_site
+
+    f = frame
+    while f is not None:
+        filename = f.f_code.co_filename
+        if not filename.startswith(FAKEPG_DIR):
+            module = _PRIMITIVES.get(filename.rsplit("/", 1)[-1])
+            if module is None or not filename.startswith(STDLIB_DIRS):
+                break
+            owner = f.f_locals.get("self")
+            name = f.f_code.co_name
+            primitive = (f"{module}.{type(owner).__name__}.{name}" if owner is not None
+                         else f"{module}.{name}")
+        f = f.f_back
+    return primitive, user_site(frame=frame)
+
+
+def _describe(frame: Any, primitive: str) -> Callable[[], str]:
+    primitive, site = python_wait_site(frame, primitive)
+    text = f"{primitive} at {site} (Python's own synchronisation)"
+    return lambda: text
+
+
+def _cooperative_wait(self: threading.Condition, timeout: float | None = None) -> bool:
+    """``Condition.wait`` on a rank thread (and so ``Event.wait``, ``Queue.get``/``put``,
+    ``Semaphore``, ``Barrier``, futures' ``result``): the others run while it waits."""
+    from .binding import current_cluster
+    binding = current_cluster()
+    if binding is None:
+        return _REAL_COND_WAIT(self, timeout)
+    if not self._is_owned():  # type: ignore[attr-defined]
+        raise RuntimeError("cannot wait on un-acquired lock")
+    cluster, rank = binding
+    waiter = threading._allocate_lock()  # type: ignore[attr-defined]
+    waiter.acquire()
+    self._waiters.append(waiter)  # type: ignore[attr-defined]
+    saved = self._release_save()  # type: ignore[attr-defined]
+    got = False
+    try:
+        got = cluster.scheduler.python_wait(rank, lambda: not waiter.locked(),
+                                            _describe(sys._getframe(1), "threading.Condition.wait"), timeout)
+        return got
+    finally:
+        self._acquire_restore(saved)  # type: ignore[attr-defined]
+        if not got:
+            try:
+                self._waiters.remove(waiter)  # type: ignore[attr-defined]
+            except ValueError:
+                pass
+
+
+def _cooperative_join(self: threading.Thread, timeout: float | None = None) -> None:
+    """``Thread.join`` on a rank thread: the others run while the thread finishes."""
+    from .binding import current_cluster
+    binding = current_cluster()
+    if binding is None or not self._started.is_set() or self is threading.current_thread():  # type: ignore[attr-defined]
+        return _REAL_JOIN(self, timeout)
+    cluster, rank = binding
+    cluster.scheduler.python_wait(rank, lambda: not self.is_alive(),
+                                  _describe(sys._getframe(1), "threading.Thread.join"), timeout)
+    if not self.is_alive():
+        _REAL_JOIN(self, 0)
+    return None
+
+
 @contextlib.contextmanager
 def cooperative_sleep() -> Iterator[None]:
-    """While a world runs, ``time.sleep`` on a rank thread lets the other ranks run."""
-    saved = time.sleep
+    """While a world runs, ``time.sleep`` and Python's own waits on a rank thread let the
+    other ranks run, and a rank reading the clock lets one whose timed wait expired fail."""
+    saved = {name: getattr(time, name) for name in ("sleep", "time", "monotonic", "perf_counter")}
     time.sleep = _cooperative_sleep
+    for name in ("time", "monotonic", "perf_counter"):
+        setattr(time, name, _preempting(saved[name]))
+    threading.Condition.wait = _cooperative_wait  # type: ignore[method-assign]
+    threading.Thread.join = _cooperative_join  # type: ignore[method-assign]
     try:
         yield
     finally:
-        time.sleep = saved
+        for name, value in saved.items():
+            setattr(time, name, value)
+        threading.Condition.wait = _REAL_COND_WAIT  # type: ignore[method-assign]
+        threading.Thread.join = _REAL_JOIN  # type: ignore[method-assign]
 
 
 # -- reports ---------------------------------------------------------------------------------
 def _state(slot: Any) -> str:
+    if slot.preempted:
+        return "running (a loop reading the clock, paused while timed-out ranks fail)"
     if slot.state == BLOCKED and slot.sleeping:
         return f"sleeping in {slot.waiting_for()}"
     if slot.state == BLOCKED:

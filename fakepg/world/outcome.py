@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..ops import trace as _trace
-from ..errors import CollectiveHangError, CollectiveMismatchError, RankFailedError
+from ..errors import (CollectiveHangError, CollectiveMismatchError, RankFailedError,
+                      WorldAbortedError)
 from ..sites import short_path
 from ..ops.trace import CollectiveRecord
 
@@ -27,6 +28,9 @@ class SpawnResult:
     seed: int
     wall_time: float = 0.0
     crashed: list[int] = field(default_factory=list)  # ranks an injected crash ended
+    # The hang report of a verdict every rank handled itself (caught the error it raised and
+    # returned, as a torchrun worker that catches its timeout exits 0); None when none was.
+    hang_report: str | None = None
 
     def to_json(self, path: str | os.PathLike | None = None) -> str:
         """The collective trace as JSON (bitwise identical for identical runs)."""
@@ -51,20 +55,50 @@ class SpawnResult:
 
 
 def raise_outcome(sched: "Scheduler", cluster: "Cluster", failures: dict[int, BaseException]) -> None:
-    """Raise what the world's end means for the caller (nothing when every rank returned)."""
+    """Raise what the world's end means for the caller: nothing when every rank returned, also
+    after a hang verdict that every rank handled (``torch.multiprocessing.spawn`` and torchrun
+    succeed when every worker exits 0)."""
     __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
     if cluster.failed_rank is not None:
         r = cluster.failed_rank
         e = failures[r]
         raise RankFailedError(r, f"rank {r} failed: {type(e).__name__}: {e}\n"
                                  f"(raised at {exception_site(e)})") from e
-    if sched.hang is not None:
+    own = {r: e for r, e in failures.items() if not _consequence(e)}
+    if sched.hang is not None and own:
+        # A rank's own error (an invalid peer, say) left the others waiting on it: that error
+        # is the cause, as torchrun reports the first worker that failed; the hang follows.
+        r = min(own)
+        e = own[r]
+        raise RankFailedError(r, f"rank {r} failed: {type(e).__name__}: {e}\n(raised at "
+                                 f"{exception_site(e)}); then the other ranks waited on it:\n"
+                                 f"{sched.hang.report}") from e
+    if sched.hang is not None and failures:
         raise CollectiveHangError(sched.hang.report)
     for e in failures.values():
         if isinstance(e, CollectiveMismatchError):
             raise CollectiveMismatchError(*e.args)
     for r, e in failures.items():
         raise RankFailedError(r, f"rank {r} failed: {type(e).__name__}: {e}") from e
+
+
+def _consequence(e: BaseException) -> bool:
+    """Whether ``e`` is what another rank's state did to this one (a hang verdict, a world
+    ended elsewhere, a mismatch every member sees, an error raised while unwinding from the
+    hang verdict) rather than the rank's own failure."""
+    return isinstance(e, (CollectiveHangError, WorldAbortedError, CollectiveMismatchError)) \
+        or during_hang(e)
+
+
+def during_hang(e: BaseException) -> bool:
+    """Whether ``e`` was raised while a hang verdict unwound (a ``with lock:`` whose lock the
+    verdict released fails on its release): a consequence of the hang, the reported cause."""
+    seen = e.__context__
+    while seen is not None:
+        if isinstance(seen, CollectiveHangError):
+            return True
+        seen = seen.__context__
+    return False
 
 
 def exception_site(e: BaseException) -> str:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import threading
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -22,9 +23,10 @@ from .binding import current_cluster
 from .cluster import Cluster
 from .liveness import collective_wait
 from ..ops.matching import Call, GroupState
-from ..errors import FakePGError
+from ..errors import FakePGError, SharedStateError
 from ..ops.base import dtype_name, tensors_of
 from .events import collective_event
+from .isolation import shared_object_message
 # re-exported: the names other modules (and programs) import from here
 from .python_group import (BACKEND_NAME, PythonProcessGroup, creating_backend,  # noqa: F401
                            gloo_backend_for_logging, in_join_shadow, requested_backend)
@@ -49,6 +51,12 @@ def forced_call(site: str, in_backward: bool, hidden_wait: bool):
         yield
     finally:
         _forced.call = saved
+
+
+def call_site(depth: int = 1) -> str:
+    """The user's line that issued the call being made (the rank process's, in process mode)."""
+    forced = getattr(_forced, "call", None)
+    return user_site(depth + 1) if forced is None else forced[0]
 
 
 def _global(ranks: tuple[int, ...], group_rank: int) -> int:
@@ -96,6 +104,10 @@ class FakeProcessGroup(PythonProcessGroup):
     def timeout(self) -> datetime.timedelta:
         return self._timeout
 
+    def _timeout_set(self, timeout: datetime.timedelta) -> None:
+        if self._gstate is not None:  # (every member sets it, as every gloo rank does)
+            self._gstate.timeout = timeout.total_seconds()
+
     def shutdown(self) -> None:
         # destroy_process_group's graceful end: a finished rank's groups stop taking calls,
         # and peers still waiting on it keep their hang verdict (unlike abort)
@@ -127,6 +139,11 @@ class FakeProcessGroup(PythonProcessGroup):
         """
         forced = getattr(_forced, "call", None)
         site = user_site(2) if forced is None else forced[0]
+        if forced is None:
+            binding = current_cluster()
+            if binding is not None and binding[1] != self._global_rank and binding[0] is self._cluster:
+                raise SharedStateError(shared_object_message(
+                    f"a process group ({op.name} at {site})", self, self._global_rank, binding[1]))
         g = self._gstate or self._group_state()
         if self._destroyed:
             raise FakePGError(f"rank {self._global_rank}: {op.name} on group {g.label} at {site}, "
@@ -211,9 +228,23 @@ class FakeProcessGroup(PythonProcessGroup):
         return CoalescedWork(self._cluster, works)
 
 
-# The collective methods (allreduce, broadcast, ...), as the op registry defines them.
+def _checked(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` (the op registry's ProcessGroup method ``name``) behind the world's checkers'
+    ``calling`` hook, which sees the program's own arguments (gloo's argument checks:
+    fakepg.fidelity.gloo_checks)."""
+
+    @functools.wraps(method)
+    def checked(pg: "FakeProcessGroup", *args: Any, **kwargs: Any) -> Any:
+        pg._cluster.checkers.calling(pg, name, args, kwargs)
+        return method(pg, *args, **kwargs)
+
+    return checked
+
+
+# The collective methods (allreduce, broadcast, ...), as the op registry defines them, behind
+# the argument checks of the door a call comes through.
 for _name, _method in ops.c10d_methods().items():
-    setattr(FakeProcessGroup, _name, _method)
+    setattr(FakeProcessGroup, _name, _checked(_name, _method))
 
 
 def create_fake_group(store, rank, world_size, timeout):

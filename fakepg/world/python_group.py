@@ -29,6 +29,8 @@ class PythonProcessGroup(dist.ProcessGroup):
     """
 
     backend_name = BACKEND_NAME
+    # (global ranks, name) of a group built outside c10d's registry (fakepg.fidelity.foreign_backends)
+    _fixed_membership: tuple[tuple[int, ...], str] | None = None
 
     def __init__(self, rank: int, size: int):
         super().__init__(rank, size)
@@ -38,6 +40,8 @@ class PythonProcessGroup(dist.ProcessGroup):
     def _ranks_and_name(self, nprocs: int) -> tuple[tuple[int, ...], str]:
         """This group's global ranks (by group rank) and its name in traces and reports:
         c10d's group name, else "default" for the whole world, else its rank list."""
+        if self._fixed_membership is not None:
+            return self._fixed_membership
         mapping = c10d._world.pg_group_ranks.get(self)
         if mapping:
             ranks = tuple(g for g, _ in sorted(mapping.items(), key=lambda kv: kv[1]))
@@ -50,6 +54,28 @@ class PythonProcessGroup(dist.ProcessGroup):
         if not name:
             name = "default" if len(ranks) == nprocs else f"group{list(ranks)}"
         return ranks, name
+
+    # -- what a bare ProcessGroupGloo also answers (fakepg.fidelity.foreign_backends builds such groups)
+    _bare_backend = False  # built as a bare ProcessGroupGloo: gloo's checks, no dispatcher
+    _gloo_options: Any = None  # the ProcessGroupGloo._Options it was built with
+    _timeout: datetime.timedelta
+
+    @property
+    def options(self) -> Any:
+        """gloo's options object, as ``ProcessGroupGloo.options`` gives it (its ``_timeout``
+        is the group's)."""
+        if self._gloo_options is None:
+            self._gloo_options = dist.ProcessGroupGloo._Options()
+        self._gloo_options._timeout = self._timeout
+        return self._gloo_options
+
+    def _set_default_timeout(self, timeout: datetime.timedelta) -> None:
+        """The timeout of this group's later collectives (``ProcessGroupGloo``'s method)."""
+        self._timeout = timeout
+        self._timeout_set(timeout)
+
+    def _timeout_set(self, timeout: datetime.timedelta) -> None:
+        """Where the group's waits learn the new timeout (each mode's group says)."""
 
     def getBackendName(self) -> str:  # noqa: N802 - C++ trampoline name
         return self.backend_name

@@ -11,6 +11,12 @@ in a wait with a timeout (a :class:`~fakepg.world.liveness.TimedWait`) is runnab
 deadline. While some rank sleeps, nobody is hung: when no rank can run, the scheduler
 really sleeps until the earliest deadline. Without sleepers, timed waits do not delay the
 verdict -- a wait nobody can ever satisfy fails at once, with its timeout's error.
+
+A rank may also wait in Python's own synchronisation (a ``queue.Queue``, ``threading.Event``,
+``Condition``, a future: :mod:`fakepg.liveness` makes those waits park here, as *python
+waits*). Another rank, or a thread the ranks started, may release it; so when no rank can
+run and one waits so, the verdict comes after an inactivity window (``inactivity`` seconds)
+in which no other thread of the process did anything.
 """
 
 from __future__ import annotations
@@ -25,10 +31,66 @@ from ..choices.schedule import Schedule
 
 NEW, RUNNING, BLOCKED, DONE = "new", "running", "blocked", "done"
 
+# The real clock, taken before fakepg.liveness makes time.monotonic a preemption point on
+# rank threads: the scheduler's own reads of it must not preempt.
+monotonic = time.monotonic
+_real_sleep = time.sleep  # likewise, before rank threads' time.sleep hands the baton over
+_INF = float("inf")
+# Threads the ranks started that are in a real time.sleep (fakepg.liveness counts them):
+# such a thread will do something, so the ranks' python waits are not over yet.
+helpers_sleeping = [0]
+
+
+class _Wake:
+    """A one-shot event on a bare lock: the scheduler's real waits run on rank threads, where
+    threading.Event's (Condition.wait) is cooperative while a world runs."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._set = False
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            self._lock.release()
+
+    def wait(self, seconds: float) -> bool:
+        if self._set:
+            return True
+        if self._lock.acquire(timeout=max(0.0, seconds)):
+            self._lock.release()
+            return True
+        return False
+
+
+class ThreadActivity:
+    """Whether threads other than the ranks' used CPU since the last call (they may yet
+    release a rank that waits in Python's own synchronisation)."""
+
+    def __init__(self, slots: list["RankSlot"]) -> None:
+        self.slots = slots
+        self.last = self._others()
+
+    def _others(self) -> float:
+        ranks = 0.0
+        for slot in self.slots:
+            t = slot.thread
+            try:
+                ranks += time.clock_gettime(time.pthread_getcpuclockid(t.ident))  # type: ignore[union-attr]
+            except (AttributeError, OSError, TypeError):
+                pass
+        return time.process_time() - ranks
+
+    def busy(self, threshold: float = 0.002) -> bool:
+        now = self._others()
+        busy, self.last = now - self.last > threshold or helpers_sleeping[0] > 0, now
+        return busy
+
 
 class RankSlot:
     __slots__ = ("rank", "sem", "state", "ready", "waiting_for", "process", "thread", "outcome",
-                 "deadline", "timed", "sleeping")
+                 "deadline", "timed", "sleeping", "python_wait", "preempted")
 
     def __init__(self, rank: int, process: ProcessState) -> None:
         self.rank = rank
@@ -43,6 +105,8 @@ class RankSlot:
         self.deadline: float | None = None  # time.monotonic() at which a timed wait/sleep ends
         self.timed: Any = None  # the TimedWait of the current wait, if it has a timeout
         self.sleeping = False  # in time.sleep: runnable at its deadline, keeps the world live
+        self.python_wait = False  # in Python's own synchronisation (see Scheduler.python_wait)
+        self.preempted = False  # busy on the clock, paused for another rank's expired wait
 
 
 class Scheduler:
@@ -55,10 +119,14 @@ class Scheduler:
         self.abort_error: FakePGError | None = None  # set once: every later wait raises it
         self.hang: CollectiveHangError | None = None
         self.finished = threading.Event()
-        self.last_progress_time = time.monotonic()
+        self.last_progress_time = monotonic()
+        self.inactivity = 1.0  # seconds of a world idle but for python waits before the verdict
+        self.python_verdict = False  # the hang verdict came from the inactivity window
+        self.stuck: list[int] = []  # ranks blocked on a lock nobody can release: not joined
+        self.next_deadline = _INF  # earliest deadline of a parked timed wait (for preemption)
         self._describe_world = describe_world
         self._mu = threading.Lock()
-        self._wake = threading.Event()  # set by abort: ends a real sleep until a deadline
+        self._wake = _Wake()  # set by abort: ends a real sleep until a deadline
         self.schedule = Schedule()  # the controlled choices (fakepg.choices.schedule); default: none
 
     # -- called on rank threads, by the baton holder ------------------------------
@@ -94,11 +162,61 @@ class Scheduler:
         """``time.sleep`` on a rank thread: let the others run; runnable again at the deadline."""
         if self.abort_error is not None:
             raise self.abort_error
-        until = time.monotonic() + max(0.0, seconds)
+        until = monotonic() + max(0.0, seconds)
         self._park(rank, lambda: False, lambda: f"time.sleep({seconds:g})",
                    None, until, sleeping=True)
         if self.abort_error is not None:
             raise self.abort_error
+
+    def python_wait(self, rank: int, ready: Callable[[], bool], waiting_for: Callable[[], str],
+                    timeout: float | None) -> bool:
+        """A wait in Python's own synchronisation: yield until ``ready()`` holds (True) or
+        ``timeout`` seconds passed (False). While it waits the others run; if none can, the
+        world is hung once nothing else in the process moved for ``inactivity`` seconds."""
+        if self.abort_error is not None:
+            return self._python_wait_after_end(ready, timeout)
+        if ready():
+            return True
+        deadline = None if timeout is None else monotonic() + max(0.0, timeout)
+        self._park(rank, ready, waiting_for, None, deadline, sleeping=deadline is not None,
+                   python_wait=True)
+        if self.abort_error is not None:
+            raise self.abort_error
+        return bool(ready())
+
+    def _python_wait_after_end(self, ready: Callable[[], bool], timeout: float | None) -> bool:
+        """A python wait once the world has ended (a rank that caught its hang or timeout
+        error cleans up, as torch's test harness joins its pipe-listener thread): no baton
+        to hand over, so wait for real, for the inactivity window at most; what has not
+        happened by then never will, and the world's error is raised."""
+        window = self.inactivity if timeout is None else min(max(0.0, timeout), self.inactivity)
+        end = monotonic() + window
+        while not ready():
+            if monotonic() >= end:
+                if timeout is not None and timeout <= self.inactivity:
+                    return False  # the program's own timeout passed first
+                raise self.abort_error  # type: ignore[misc]
+            _real_sleep(0.001)
+        return True
+
+    def preempt_expired(self, rank: int) -> None:
+        """A point where a busy rank looks at the clock: if another rank's timed wait has
+        passed its deadline meanwhile, let that rank fail now, as it would on its own
+        process, before going on."""
+        now = monotonic()
+        if now < self.next_deadline or self.abort_error is not None or self.current != rank:
+            return
+        later = [s.deadline for s in self.slots if s.state == BLOCKED and s.deadline is not None
+                 and (s.timed is not None or s.python_wait) and s.deadline > now]
+        self.next_deadline = min(later, default=_INF)
+        if any(s.state == BLOCKED and s.rank != rank and s.deadline is not None
+               and (s.timed is not None or s.python_wait) and s.deadline <= now for s in self.slots):
+            slot = self.slots[rank]
+            slot.preempted = True
+            try:
+                self.sleep(rank, 0.0)
+            finally:
+                slot.preempted = False
 
     def preempt(self, rank: int) -> None:
         """A point where another process could have run first (a store operation): under an
@@ -111,10 +229,14 @@ class Scheduler:
             self.sleep(rank, 0.0)
 
     def _park(self, rank: int, ready: Callable[[], bool], waiting_for: Callable[[], str],
-              timed: Any, deadline: float | None, sleeping: bool = False) -> None:
+              timed: Any, deadline: float | None, sleeping: bool = False,
+              python_wait: bool = False) -> None:
         slot = self.slots[rank]
         slot.ready, slot.waiting_for = ready, waiting_for
         slot.timed, slot.deadline, slot.sleeping = timed, deadline, sleeping
+        slot.python_wait = python_wait
+        if deadline is not None and (timed is not None or python_wait) and deadline < self.next_deadline:
+            self.next_deadline = deadline
         slot.state = BLOCKED
         slot.process.save()
         self._hand_over(rank)
@@ -122,7 +244,7 @@ class Scheduler:
         slot.process.install()
         slot.state = RUNNING
         slot.ready = slot.waiting_for = slot.timed = slot.deadline = None
-        slot.sleeping = False
+        slot.sleeping = slot.python_wait = False
         self.current = rank
         self._tick()
 
@@ -147,26 +269,43 @@ class Scheduler:
 
     # -- internals --------------------------------------------------------------
     def _tick(self) -> None:
-        self.last_progress_time = time.monotonic()
+        self.last_progress_time = monotonic()
 
     def _runnable(self, slot: RankSlot) -> bool:
         if slot.state == NEW:
             return True
         if slot.state == BLOCKED:
             return (self.abort_error is not None or bool(slot.ready())
-                    or (slot.deadline is not None and time.monotonic() >= slot.deadline))
+                    or (slot.deadline is not None and monotonic() >= slot.deadline))
         return False
 
     def _hand_over(self, rank: int) -> None:
         with self._mu:
             nxt = self._pick(rank)
-            while nxt is None and self.abort_error is None and any(
-                    s.state == BLOCKED and s.sleeping for s in self.slots):
-                # Nobody can run now, but a sleeper will: wait (really) for the first deadline.
+            activity: ThreadActivity | None = None
+            idle_since = 0.0
+            while nxt is None and self.abort_error is None:
+                sleepers = any(s.state == BLOCKED and s.sleeping for s in self.slots)
+                python = any(s.state == BLOCKED and s.python_wait for s in self.slots)
+                if not sleepers and not python:
+                    break
+                # Nobody can run now, but a sleeper will at its deadline, and a python wait
+                # may be released by a thread the ranks started: wait (really).
                 self.current = None
-                wake_at = min(s.deadline for s in self.slots
-                              if s.state == BLOCKED and s.deadline is not None)
-                self._wake.wait(max(0.0, wake_at - time.monotonic()))
+                now = monotonic()
+                pause = min((s.deadline for s in self.slots
+                             if s.state == BLOCKED and s.deadline is not None), default=_INF) - now
+                if python:
+                    if activity is None or activity.busy():
+                        activity = activity or ThreadActivity(self.slots)
+                        idle_since = now
+                    elif not sleepers and now - idle_since >= self.inactivity:
+                        self.python_verdict = True
+                        break
+                    pause = min(pause, 0.01)
+                self._wake.wait(max(0.0, pause))
+                nxt = self._pick(rank)
+            if nxt is None and self._expire_waits_on_finished_peers():
                 nxt = self._pick(rank)
             if nxt is None and any(s.state == BLOCKED for s in self.slots):
                 # Nobody can run, somebody waits: a hang, decided exactly.
@@ -180,6 +319,20 @@ class Scheduler:
                 return
             self.current = nxt
             self.slots[nxt].sem.release()
+
+    def _expire_waits_on_finished_peers(self) -> bool:
+        """Timed waits on peers that have all finished (see ``TimedWait.waits_for``) end now
+        with their timeout's error, on their ranks alone; True if there was one."""
+        found = False
+        for slot in self.slots:
+            timed = slot.timed
+            if slot.state != BLOCKED or timed is None or timed.waits_for is None:
+                continue
+            if all(self.slots[r].state == DONE for r in timed.waits_for()):
+                timed.peers_gone = True
+                slot.deadline = 0.0  # runnable now; its block() raises timed.expired()
+                found = True
+        return found
 
     def _pick(self, rank: int) -> int | None:
         if self.schedule.active:  # every runnable rank is an option, round-robin order first

@@ -3,12 +3,19 @@ inactivity fallback that catches the baton holder stuck in a wait inside C++."""
 
 from __future__ import annotations
 
+import builtins
+import dis
+import linecache
+import re
+import sys
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import liveness
 from ..errors import CollectiveHangError, SpawnTimeoutError
+from .scheduler import ThreadActivity
+from ..sites import STDLIB_DIRS, user_site
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -30,7 +37,7 @@ def run_to_end(sched: "Scheduler", cluster: "Cluster", threads: list[threading.T
             error = SpawnTimeoutError(liveness.timeout_report(sched, timeout))
             stuck = liveness.end_ranks(sched, cluster, error)
         for rank, t in enumerate(threads):
-            if rank not in stuck:
+            if rank not in stuck and rank not in sched.stuck:
                 t.join()
     except BaseException:  # KeyboardInterrupt (or anything) in the caller: no rank outlives it
         error = liveness.WorldInterrupted(
@@ -40,6 +47,10 @@ def run_to_end(sched: "Scheduler", cluster: "Cluster", threads: list[threading.T
             sched._hand_over(len(threads) - 1)  # started ranks end once they get the baton
         liveness.end_ranks(sched, cluster, error)
         raise
+    if sched.stuck:  # blocked on a lock only its owner can release (an RLock)
+        raise CollectiveHangError(f"{sched.abort_error.report}\nrank {sched.stuck[0]}'s thread "
+                                  f"could not be stopped: only the lock's owner can release it; "
+                                  f"it is left running")
     if stuck:  # in C code that never returns to Python: nothing more can be done
         raise SpawnTimeoutError(f"{sched.abort_error.report}\nranks {stuck} could not be stopped "
                                 f"(they are inside C code); their threads are left running")
@@ -52,6 +63,8 @@ def _watch(sched: "Scheduler", cluster: "Cluster", hang_timeout: float, deadline
     # both could shift when the garbage collector runs or how long a tensor stays referenced
     # (autograd then clones instead of stealing a gradient) and so break determinism.
     seen: tuple | None = None
+    activity: ThreadActivity | None = None
+    lock: Any = _UNKNOWN
     while not sched.finished.wait(0.05):
         if deadline is not None and time.monotonic() >= deadline:
             return False
@@ -60,31 +73,41 @@ def _watch(sched: "Scheduler", cluster: "Cluster", hang_timeout: float, deadline
             seen = None
             continue
         idle = time.monotonic() - sched.last_progress_time
-        if idle < hang_timeout / 2 or not cluster.outstanding[holder]:
+        hidden = bool(cluster.outstanding[holder])
+        if idle < hang_timeout / 2:
             seen = None
             continue
-        # Suspicious: outstanding Works and no scheduler event for a while. A thread that
-        # burns CPU (Python code, an import, a long kernel) is working; one blocked in a wait
-        # inside C++ burns none.
+        # Suspicious: no scheduler event for a while. A thread that burns CPU (Python code,
+        # an import, a long kernel) is working; one blocked in a wait inside C++ (on its
+        # outstanding Works) or on a lock burns none.
         thread = sched.slots[holder].thread
         cpu = _cpu_seconds(thread)
         if seen is None or seen[0] != holder or cpu - seen[1] > 0.002 or not _asleep(thread):
             if seen is not None:
                 sched.last_progress_time = time.monotonic()
-            seen = (holder, cpu)
+            seen, activity, lock = (holder, cpu), None, _UNKNOWN
             continue
         if idle < hang_timeout:
             continue
+        if not hidden:
+            if activity is None:  # measure the other threads over the next poll first
+                activity = ThreadActivity(sched.slots)
+                continue
+            if activity.busy():  # another thread works: it may release the holder
+                sched.last_progress_time = time.monotonic()
+                continue
+            if lock is _UNKNOWN:  # once per episode: the lock it is blocked on, or None
+                lock = blocked_lock(thread)
+            if lock is not None:
+                _lock_verdict(sched, cluster, holder, idle, lock)
+            continue
         # The holder has outstanding Works and has not touched the scheduler for
         # hang_timeout seconds: it is (almost certainly) waiting on one from C++.
-        report = cluster.hang_report() + (
-            f"\nDetected by the inactivity fallback: rank {holder} made no scheduler progress "
+        err = _verdict(sched, cluster, (
+            f"rank {holder} made no scheduler progress "
             f"for {idle:.1f} s while it had outstanding collectives, so it is most likely "
             f"blocked in a wait inside C++ (torch.futures.wait_all, a C++ future) that fakepg "
-            f"cannot see. Wait on the Work or its get_future() from Python instead.")
-        err = CollectiveHangError(report)
-        sched.hang = err
-        sched.abort(err)
+            f"cannot see. Wait on the Work or its get_future() from Python instead."))
         for c in list(cluster.outstanding[holder]):
             if c.work is not None and not c.work._done:
                 c.work._complete(err)  # unblocks the C++ wait with the error
@@ -113,3 +136,84 @@ def _asleep(thread: threading.Thread | None) -> bool:
         return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3] == b"S"
     except (AttributeError, OSError, ValueError, TypeError):
         return True
+
+
+# -- a rank blocked on a lock ---------------------------------------------------------------
+_CALLS = {"CALL", "PRECALL", "CALL_FUNCTION", "CALL_METHOD", "CALL_KW", "BEFORE_WITH",
+          "KW_NAMES", "PUSH_NULL", "CACHE"}
+_BASES = {"LOAD_FAST", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_CLASSDEREF",
+          "LOAD_FAST_CHECK", "LOAD_FAST_BORROW"}
+
+
+def blocked_lock(thread: threading.Thread | None) -> tuple[str, str, Any] | None:
+    """(how the program spelled it, where, the lock) when ``thread`` is blocked acquiring a
+    ``threading.Lock``/``RLock`` (``with x.lock:``, ``lock.acquire()``); else None."""
+    frame = sys._current_frames().get(getattr(thread, "ident", None))
+    try:
+        if frame is None:
+            return None
+        code = frame.f_code
+        before = [i for i in dis.get_instructions(code) if i.offset <= frame.f_lasti]
+        while before and before[-1].opname in _CALLS:
+            before.pop()
+        while before and before[-1].opname in ("LOAD_CONST", "LOAD_FAST") and len(before) > 1 \
+                and before[-2].opname not in _BASES | {"LOAD_ATTR", "LOAD_METHOD"}:
+            before.pop()  # acquire(True), acquire(timeout=t): the arguments
+        chain: list[str] = []
+        while before and before[-1].opname in ("LOAD_ATTR", "LOAD_METHOD"):
+            chain.insert(0, str(before.pop().argval))
+        if not before or before[-1].opname not in _BASES:
+            return None
+        base = str(before[-1].argval)
+        scopes = (frame.f_locals, frame.f_globals, vars(builtins))
+        obj = next((scope[base] for scope in scopes if base in scope), None)
+        if chain and chain[-1] in ("acquire", "__enter__"):
+            chain.pop()
+        for name in chain:
+            obj = getattr(obj, name, None)
+        if isinstance(obj, threading.Condition):  # `with cond:` blocks on the lock inside it
+            obj = obj._lock  # type: ignore[attr-defined]
+        if not isinstance(obj, (_LOCK_TYPE, _RLOCK_TYPE)):
+            return None
+        spelled = ".".join([base, *chain])
+        user = frame  # the program's frame: a Condition's `with` blocks inside threading.py
+        while user.f_back is not None and user.f_code.co_filename.startswith(STDLIB_DIRS):
+            user = user.f_back
+        if user is not frame:
+            owner = frame.f_locals.get("self")
+            spelled = f"(inside a {type(owner).__module__}.{type(owner).__name__})"
+        line = re.sub(r"\s+#.*$", "", linecache.getline(user.f_code.co_filename, user.f_lineno).strip())
+        return spelled, f"{line}` at {user_site(frame=user)}", obj
+    finally:
+        del frame
+
+
+_LOCK_TYPE = type(threading.Lock())
+_UNKNOWN = object()
+_RLOCK_TYPE = type(threading.RLock())
+
+
+def _verdict(sched: "Scheduler", cluster: "Cluster", why: str) -> CollectiveHangError:
+    """End the world with the inactivity fallback's hang verdict, explained by ``why``."""
+    err = CollectiveHangError(f"{cluster.hang_report()}\nDetected by the inactivity fallback: {why}")
+    sched.hang = err
+    sched.abort(err)
+    return err
+
+
+def _lock_verdict(sched: "Scheduler", cluster: "Cluster", holder: int, idle: float,
+                  found: tuple[str, str, Any]) -> None:
+    spelled, where, lock = found
+    kind = "threading.Lock" if isinstance(lock, _LOCK_TYPE) else "threading.RLock"
+    sched.slots[holder].waiting_for = lambda: f"acquiring {kind} {spelled} in `{where}"
+    _verdict(sched, cluster, (
+        f"rank {holder} has been blocked for {idle:.1f} s "
+        f"acquiring {kind} {spelled} in `{where}, while no other rank could run and no other "
+        f"thread of the process did anything: only a rank that cannot run could release it. "
+        f"Between processes each rank has its own lock; one that is a module global is shared "
+        f"by the ranks only in thread mode: run the ranks as processes (fakerun --isolation "
+        f"process, or fakepg.spawn(..., isolation='process'))."))
+    if isinstance(lock, _LOCK_TYPE) and lock.locked():
+        lock.release()  # the world is over: let the rank go on to its next wait, which fails
+    else:
+        sched.stuck.append(holder)

@@ -20,12 +20,13 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from ...fidelity import backends
+from ...fidelity import backends, foreign_backends
 # torch's own entry points, as captured when fakepg was imported (not whatever a running
 # world has patched in by the time this module is first imported)
 from ...fidelity.originals import (TORCH_GET_BACKEND, TORCH_INIT_PROCESS_GROUP, TORCH_MONITORED_BARRIER,
                                    TORCH_NEW_GROUP_HELPER)
 from ...fidelity.patches import monitored_barrier_arguments
+from ...fidelity.store import native_store_guard
 from ...world.python_group import BACKEND_NAME, marking_join_shadow, requested_backend
 from .. import mp_spawn
 from ..mp_spawn import StartWorld
@@ -51,6 +52,17 @@ def _init_process_group(backend=None, init_method=None, timeout=None, world_size
     if rank not in (-1, None) and int(rank) != me.rank:
         raise ValueError(f"rank {me.rank}: init_process_group(rank={rank}) at {site} in the "
                          f"process of rank {me.rank}")
+    if foreign_backends.foreign(backend):  # the program's own backend: torch creates it
+        if c10d.is_initialized():
+            if me.initialised_by_program is not None:
+                raise ValueError("trying to initialize the default process group twice!")
+            c10d.destroy_process_group(c10d._get_default_group())
+        TORCH_INIT_PROCESS_GROUP(
+            backend=backend, timeout=timeout, world_size=me.nprocs, rank=me.rank,
+            store=RemoteStore("world", timeout=timeout or datetime.timedelta(minutes=30)),
+            group_name=group_name, pg_options=pg_options, device_id=device_id, **kwargs)
+        me.initialised_by_program = c10d._get_default_group()
+        return None
     asked = backends.from_request(backend)
     if asked is not None:
         me.request("set_backend", asked)
@@ -74,6 +86,9 @@ def _start_world(timeout: datetime.timedelta | None = None) -> None:
 
 @functools.wraps(TORCH_NEW_GROUP_HELPER)
 def _pg_helper(group_size, group_rank, global_ranks_in_group, backend, *args, **kwargs):
+    if foreign_backends.foreign(backend):  # the program's own backend: torch creates it
+        return foreign_backends.torch_creates(TORCH_NEW_GROUP_HELPER, group_size, group_rank,
+                                              global_ranks_in_group, backend, *args, **kwargs)
     asked = None if backend == BACKEND_NAME else backends.from_request(backend)
     with requested_backend(asked):
         return TORCH_NEW_GROUP_HELPER(group_size, group_rank, global_ranks_in_group, BACKEND_NAME,
@@ -96,11 +111,28 @@ def _monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
     return g._issue("monitored_barrier", (timeout, wait_all_ranks), {})
 
 
+def _make_gloo_group(rank: int, size: int, timeout: datetime.timedelta) -> RemoteProcessGroup:
+    """A rank process's fake gloo group (fakepg.fidelity.foreign_backends.GlooConstructor)."""
+    me = _rank.me()
+    if not hasattr(me, "direct_groups"):
+        me.direct_groups = {}
+    ranks, name = foreign_backends.membership(me.nprocs, me.rank, me.direct_groups, rank, size)
+    pg = RemoteProcessGroup(rank, size, timeout)
+    pg._fixed_membership = (ranks, name)
+    return pg
+
+
+_REAL_SLEEP = time.sleep
+
+
 def _sleep(seconds: float) -> None:
+    if not _rank.in_rank_process():  # a process the rank forked: no rank, a real sleep
+        return _REAL_SLEEP(seconds)
     seconds = float(seconds)
     if seconds < 0:
         raise ValueError("sleep length must be non-negative")
     _rank.me().request("sleep", seconds)  # the other ranks run meanwhile (a real sleep would stall them)
+    return None
 
 
 def _settling(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -138,6 +170,9 @@ def install(rank: int, nprocs: int, channel: Channel, seed: int,
         patch(mod, "monitored_barrier", _monitored_barrier)
         patch(mod, "get_backend", _get_backend)
     patch(c10d, "_new_process_group_helper", _pg_helper)
+    gloo = foreign_backends.GlooConstructor(c10d.ProcessGroupGloo, _make_gloo_group)
+    for mod in (dist, c10d):  # a registered creator's (or a test's) own gloo group
+        patch(mod, "ProcessGroupGloo", gloo)
     from torch.nn.parallel import DistributedDataParallel as DDP
     patch(DDP, "_match_all_reduce_for_bwd_pass", marking_join_shadow(DDP._match_all_reduce_for_bwd_pass))
     if not hasattr(torch._C, "_nccl_version"):
@@ -146,6 +181,7 @@ def install(rank: int, nprocs: int, channel: Channel, seed: int,
     for name in ("wait_all", "collect_all"):
         patch(torch.futures, name, _settling(getattr(torch.futures, name)))
     patch(time, "sleep", _sleep)
+    stack.enter_context(native_store_guard(_rank.in_rank_process))
     mp_spawn.patch(stack, "process", start_world)
     patch(torch, "set_num_threads", _set_num_threads)
     patch(torch, "get_num_threads", lambda: _rank.me().num_threads)
@@ -159,14 +195,15 @@ def install(rank: int, nprocs: int, channel: Channel, seed: int,
     return stack
 
 
-def run(fn: Callable[..., Any], args: tuple) -> tuple[bool, Any]:
-    """Run the rank's function in an initialised world; (True, pickled return value) or
-    (False, packed exception)."""
+def run(fn: Callable[..., Any], args: tuple, init: bool = True) -> tuple[bool, Any]:
+    """Run the rank's function (in an initialised world unless ``init`` is False: then the
+    program initialises it); (True, pickled return value) or (False, packed exception)."""
     import pickle
 
     me = _rank.me()
     try:
-        _start_world()
+        if init:
+            _start_world()
         value = fn(me.rank, *args)
         try:
             outcome: tuple[bool, Any] = (True, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))

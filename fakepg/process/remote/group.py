@@ -56,12 +56,12 @@ class RemoteProcessGroup(PythonProcessGroup):
         return self._timeout
 
     def _describe(self) -> tuple:
-        """(id, name, ranks, timeout, requested personality, group rank): what the proxy
-        needs to stand in for this group (named as FakeProcessGroup names it)."""
+        """(id, name, ranks, timeout, requested personality, group rank, built as a bare
+        ProcessGroupGloo): what the proxy needs to stand in for this group (named as FakeProcessGroup names it)."""
         if self._desc is None:
             ranks, name = self._ranks_and_name(_rank.me().nprocs)
             self._desc = (self._gid, name, ranks, self._timeout.total_seconds(), self._requested,
-                          self.rank())
+                          self.rank(), self._bare_backend)
         return self._desc
 
     def _issue(self, method: str, args: tuple, kwargs: dict) -> Any:
@@ -92,6 +92,9 @@ class RemoteProcessGroup(PythonProcessGroup):
         work = RemoteWork(wid, [], [], False)
         work._apply(state)
         return work
+
+    def _timeout_set(self, timeout: datetime.timedelta) -> None:
+        _rank.me().request("pg", self._describe(), "_set_default_timeout", (timeout,))
 
     def shutdown(self) -> None:
         _rank.me().request("pg", self._describe(), "shutdown", ())

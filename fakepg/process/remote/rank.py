@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from ..wire import Channel, unpack_exception
@@ -15,6 +16,7 @@ class Rank:
 
     def __init__(self, rank: int, nprocs: int, channel: Channel, seed: int = 0):
         self.rank, self.nprocs, self.channel, self.seed = rank, nprocs, channel, seed
+        self.pid = os.getpid()  # a process this one forks inherits the object, not the rank
         self.backend = "fakepg"  # the world's personality, as the last reply told it
         self.works: dict[int, "RemoteWork"] = {}
         self.released: list[int] = []
@@ -47,6 +49,12 @@ _ME: Rank | None = None  # set by fakepg.process.remote.install in a rank proces
 def current() -> Rank | None:
     """This process's rank (None outside a rank process)."""
     return _ME
+
+
+def in_rank_process() -> bool:
+    """Whether this process is a rank process itself (not one that a rank process forked,
+    which must not talk on its channel)."""
+    return _ME is not None and _ME.pid == os.getpid()
 
 
 def me() -> Rank:
