@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 import fakepg
 from fakepg.fidelity.backends import Refusals
+from fakepg.fidelity.gloo_checks import ArgumentChecks
 from fakepg.fidelity.gloo_hazards import GlooHazards
 from fakepg.fidelity.nccl_hazards import NcclHazards
 from fakepg.world.binding import current_cluster
@@ -20,6 +21,9 @@ from fakepg.world.checks import Checker, Checkers
 class Recorder(Checker):
     def __init__(self, name: str, log: list, *, holds: bool = False, refuses: bool = False):
         self.name, self.log, self._holds, self._refuses = name, log, holds, refuses
+
+    def calling(self, pg, method, args, kwargs):
+        self.log.append((self.name, "calling", method, len(args)))
 
     def issuing(self, call):
         self.log.append((self.name, "issuing"))
@@ -44,6 +48,7 @@ def test_a_checker_overrides_only_the_hooks_it_needs() -> None:
     quiet = Checker()
     call = SimpleNamespace()
     assert quiet.issuing(call) is None and quiet.issued(call) is None and quiet.waited(call) is None
+    assert quiet.calling(object(), "allreduce", (), {}) is None
     assert (quiet.holds(call), list(quiet.released(call)), quiet.call_of(object(), 0),
             quiet.hang_notes()) == (False, [], None, [])
 
@@ -72,12 +77,29 @@ def test_a_world_of_something_else_than_checkers_is_refused_with_what_it_takes()
         Checkers([lambda call: None])
 
 
-def test_spawn_runs_the_devices_check_the_refusals_and_the_gloo_hazard_in_that_order() -> None:
+def test_only_the_checkers_that_look_at_a_methods_arguments_are_called_with_them() -> None:
+    log: list = []
+    checks = Checkers([Checker(), Recorder("a", log)])
+    checks.calling(object(), "allreduce", ([torch.ones(1)],), {})
+    assert [type(c) for c in checks.calls_checked] == [Recorder]
+    assert log == [("a", "calling", "allreduce", 1)]
+
+
+def test_spawn_runs_argument_checks_devices_check_refusals_and_gloo_hazard_in_that_order() -> None:
     def kinds(rank: int) -> list[str]:
         return [type(c).__name__ for c in current_cluster()[0].checkers.all]
 
     assert fakepg.spawn(kinds, nprocs=1).returns == [
-        [NcclHazards.__name__, Refusals.__name__, GlooHazards.__name__]]
+        [ArgumentChecks.__name__, NcclHazards.__name__, Refusals.__name__, GlooHazards.__name__]]
+
+
+def test_a_process_group_method_without_tensors_is_refused_by_the_argument_checker() -> None:
+    def empty_allreduce(rank: int) -> None:
+        dist.distributed_c10d._get_default_group().allreduce([])
+
+    with pytest.raises(fakepg.RankFailedError) as err:
+        fakepg.spawn(empty_allreduce, nprocs=2)
+    assert "There were no tensor arguments to this function" in str(err.value.__cause__)
 
 
 def test_a_refusal_reaches_the_program_through_the_checkers() -> None:
