@@ -3,7 +3,7 @@
 Workload: each rank builds DDP around a 2-layer MLP (8 → 8 → 1) and trains 2 iterations
 (SGD). Each figure comes from its own subprocess (peak RSS from ``ru_maxrss``). For
 comparison, 1,024 ranks also run with torch's own C++ parameter check at DDP construction
-(what fakepg used before fakepg.ddp_checks), measured side by side. Then each size again with
+(what fakepg used before fakepg.fidelity.ddp_checks), measured side by side. Then each size again with
 one rank skipping an all_reduce: the time and memory of the hang verdict and its report.
 
 Targets (issue 11): 4,096 ranks ≤ 60 s and ≤ 4 GB, growing about linearly.

@@ -1,7 +1,7 @@
 """Cost of one rank hand-off's process-state swap (save the yielding rank, install the next).
 
 Prints microseconds per hand-off for the full swap and for its parts, and each part's share,
-so a change to fakepg.isolation can be judged by ratio on any machine:
+so a change to fakepg.world.isolation can be judged by ratio on any machine:
 
     .venv/bin/python ci/bench_handoff.py
 """

@@ -132,8 +132,11 @@ def _grid_flags(p: argparse.ArgumentParser, *, world_default: str | None) -> Non
                    help="FSDP2 MixedPrecisionPolicy param_dtype: bf16, fp16, fp32")
     g.add_argument("--reduce-dtype", default=None, metavar="DTYPE",
                    help="FSDP2 MixedPrecisionPolicy reduce_dtype: bf16, fp16, fp32")
+    g.add_argument("--activation-checkpointing", action="store_true",
+                   help="FSDP2: every block under torch's checkpoint_wrapper (full AC)")
     g.add_argument("--gpu-memory", type=float, default=None, metavar="GB",
                    help="device memory for the OOM verdict (default: the --gpu preset's)")
+    _cost_flags(p)
     g.add_argument("--iterations", type=int, default=1, help="iterations replayed (default 1)")
     g.add_argument("--jitter", type=float, default=0.0, help="relative noise per segment")
     g.add_argument("--seed", type=int, default=0)
@@ -190,6 +193,51 @@ def _whatif_epilog() -> str:
         "parallel modes (how the captured step is replicated across ranks):",
         *(_listing(name, [what], width) for name, what in PARALLEL_MODES.items()),
     ])
+# the cost mechanisms' flags (docs/costs.md): flag → (Knobs field, type, help); all off by default
+_COSTS: dict[str, tuple[str, Any, str]] = {
+    "--no-overlap": ("overlap", None, "all_reduce after backward (a framework that does not "
+                     "overlap communication with backward)"),
+    "--host-per-sample-us": ("host_per_sample_us", float, "host µs to load, decode and augment "
+                             "one sample (the data loader as a producer the step waits for)"),
+    "--loader-workers": ("loader_workers", int, "DataLoader workers per rank (default 0: the "
+                         "main process loads, on the step's critical path)"),
+    "--host-cores": ("host_cores", int, "CPU cores per node (loaders and ranks share them)"),
+    "--ranks-per-host": ("ranks_per_host", int, "ranks per node (default: --gpus-per-node, "
+                         "else 1)"),
+    "--rank-threads": ("rank_threads", float, "cores one rank's compute keeps busy (CPU "
+                       "training: compute slows by ranks-per-host x this / host-cores)"),
+    "--samples-per-rank": ("samples_per_rank", int, "samples a rank loads per iteration "
+                           "(default: the capture's batch size)"),
+    "--sync-points": ("sync_points", int, "host syncs per step (loss.item(), ...)"),
+    "--sync-us": ("sync_us", float, "µs per host sync (default 10)"),
+    "--metric-allreduces": ("metric_allreduces", int, "small all_reduces per step (metrics)"),
+    "--protocol-latency": ("protocol_latency", None, "NCCL's per-collective base latency by "
+                           "protocol (tuning.cc)"),
+    "--gpu-contention": ("gpu_contention", str, "NCCL's SM share as compute contention: "
+                         "v100, a100, h100 or GPU:CHANNELS"),
+}
+
+
+def _cost_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("cost mechanisms (docs/costs.md; each off by default)")
+    for flag, (dest, kind, text) in _COSTS.items():
+        if kind is None:
+            g.add_argument(flag, dest=f"cost_{dest}", action="store_true", help=text)
+        else:
+            g.add_argument(flag, dest=f"cost_{dest}", type=kind, default=None, help=text,
+                           metavar={int: "N", float: "X"}.get(kind, "SPEC"))
+
+
+def _cost_knobs(args: argparse.Namespace) -> dict[str, Any]:
+    """The cost mechanisms' Knobs fields the command line set."""
+    out: dict[str, Any] = {}
+    for dest, kind, _ in _COSTS.values():
+        v = getattr(args, f"cost_{dest}")
+        if kind is None and v:
+            out[dest] = dest != "overlap"  # --no-overlap sets overlap=False
+        elif kind is not None and v is not None:
+            out[dest] = v
+    return out
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -340,7 +388,8 @@ def _grid_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     networks = [network_spec(n, gpus_per_node=args.gpus_per_node) for n in args.network]
     return dict(world_size=args.world_size, network=networks,
                 gpus_per_node=args.gpus_per_node, bucket_cap_mb=args.bucket_cap_mb,
-                comm_hook=args.comm_hook, rank_speed=speeds, contention=args.contention)
+                comm_hook=args.comm_hook, rank_speed=speeds, contention=args.contention,
+                **_cost_knobs(args))
 
 
 def _write_outputs(res: Any, args: argparse.Namespace) -> list[str]:
@@ -381,7 +430,7 @@ def _whatif(args: argparse.Namespace) -> int:
                      forward_prefetch=args.forward_prefetch,
                      backward_prefetch=args.backward_prefetch, param_dtype=args.param_dtype,
                      reduce_dtype=args.reduce_dtype, gpu_memory_gb=args.gpu_memory,
-                     executor=ex, progress=rows, status=status, replay_progress=one)
+                     activation_checkpointing=args.activation_checkpointing, executor=ex, progress=rows, status=status, replay_progress=one)
     if args.save_capture:
         res.captured.save(args.save_capture)
     return _finish(res, args)

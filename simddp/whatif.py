@@ -16,9 +16,10 @@ Steps:
 2. compute: ``Compute.roofline(gpu)``; with ``step_time`` it is scaled so that one rank's
    training step *without DDP* (zero_grad, forward, loss, backward, optimizer step; the last
    of two, so the optimizer's state exists) takes ``step_time`` seconds — the number users
-   have from a single-GPU run (:func:`calibrate_compute`). That step is timed on the meta
-   device (shapes only, no arithmetic), falling back to CPU tensors if the model cannot run
-   there;
+   have from a single-GPU run (:func:`calibrate_compute`), timed on CPU tensors as the capture
+   runs; DDP's own work in the capture is then charged at the uncalibrated device's cost
+   (:mod:`simddp.models.ddp_overhead`), so a 1-rank DDP iteration is the step plus DDP's
+   modelled overhead;
 3. one capture (:func:`simddp.replay.capture`, torch's real DDP on ``capture_ranks`` fake
    ranks), then one replay per configuration (:func:`simddp.replay.sweep`'s rows), here or on
    an executor. Straggler ranks a world does not have are left out of that world's row.
@@ -32,6 +33,8 @@ import os
 import runpy
 from typing import Any, Callable, Mapping, Sequence
 
+import torch
+
 from .analysis.sweeps import SweepResult
 from .models import Compute, Network, NetworkModel
 from .timing import Timing
@@ -41,7 +44,7 @@ from .program.knobs import Config, Knobs
 from .cosim.simulate import now, simulate
 from .sweep import Progress, run_configs
 
-__all__ = ["whatif", "replay_grid", "load_workload", "step_time", "calibrate_compute",
+__all__ = ["whatif", "replay_grid", "load_workload", "step_time", "step_phases", "calibrate_compute",
            "network_for"]
 
 def load_workload(spec: Any, **overrides: Any) -> Any:
@@ -87,48 +90,69 @@ def load_workload(spec: Any, **overrides: Any) -> Any:
     return zoo.get(spec, **overrides)
 
 
-def _plain_steps(scenario: Any, steps: int, device: str) -> Callable[[int], list[float]]:
-    def run(rank: int) -> list[float]:
-        model = scenario.build_model().to(device)
+def _plain_steps(scenario: Any, steps: int, device: str
+                 ) -> Callable[[int], list[dict[str, float]]]:
+    """Each step's phases (as the capture splits a DDP step): forward (zero_grad, forward,
+    loss), backward, optimizer."""
+    def run(rank: int) -> list[dict[str, float]]:
+        with torch.device(device):  # on meta a real-size model is built without storage
+            model = scenario.build_model()
         opt = scenario.optimizer(model.parameters())
         batches = scenario.inputs(0, 1, device=device)
-        times = []
+        phases = []
         for i in range(steps):
             t0 = now()
             opt.zero_grad(set_to_none=True)
-            scenario.step(model, batches[i % len(batches)]).backward()
+            loss = scenario.step(model, batches[i % len(batches)])
+            t1 = now()
+            loss.backward()
+            t2 = now()
             opt.step()
-            times.append(now() - t0)
-        return times
+            phases.append({"forward": t1 - t0, "backward": t2 - t1, "optimizer": now() - t2})
+        return phases
     return run
+
+
+def step_phases(scenario: Any, compute: Any, *, device: str | None = None
+                ) -> dict[str, float]:
+    """Virtual seconds of one rank's training step without DDP under ``compute`` (the second
+    of two steps), per phase: forward, backward, optimizer. ``device``: "cpu" (the default:
+    the device the capture runs on, so the plain step runs the very ops the DDP step runs —
+    on "meta" some ops decompose differently, e.g. attention, and a transformer's step came
+    out 15 % apart) or "meta" (shapes only, no arithmetic)."""
+    timing = Timing(compute=compute)
+    res = simulate(_plain_steps(scenario, 2, device or "cpu"), (), 1, timing=timing, seed=0)
+    return dict(res.returns[0][-1])
 
 
 def step_time(scenario: Any, compute: Any, *, device: str | None = None) -> float:
     """Virtual seconds one rank's training step takes without DDP under ``compute`` (the
-    second of two steps). ``device``: "meta" or "cpu"; None tries meta, then CPU."""
-    timing = Timing(compute=compute)
-    for dev in ([device] if device else ["meta", "cpu"]):
-        try:
-            res = simulate(_plain_steps(scenario, 2, dev), (), 1, timing=timing, seed=0)
-        except Exception:  # noqa: BLE001 - a model the meta device cannot run: use CPU
-            if device or dev == "cpu":
-                raise
-            continue
-        return float(res.returns[0][-1])
-    raise AssertionError("unreachable")  # pragma: no cover
+    second of two steps; see :func:`step_phases`)."""
+    ph = step_phases(scenario, compute, device=device)
+    return ph["forward"] + ph["backward"] + ph["optimizer"]
 
 
 def calibrate_compute(scenario: Any, compute: Any, seconds: float) -> tuple[Any, float]:
     """``compute`` scaled so that :func:`step_time` is ``seconds``; returns (model, factor)."""
+    model, factor, _ = _calibrated(scenario, compute, seconds)
+    return model, factor
+
+
+def _calibrated(scenario: Any, compute: Any, seconds: float, device: str | None = None
+                ) -> tuple[Any, float, dict[str, float]]:
+    """:func:`calibrate_compute`, and the plain step's phases under the scaled model (each
+    op's time × factor, so the phases scale with it); ``device``: :func:`step_phases`'s
+    ("meta" for a real-size workload)."""
     if not seconds > 0:
         raise ValueError(f"step_time must be > 0 seconds, got {seconds!r}")
-    modelled = step_time(scenario, compute)
+    phases = step_phases(scenario, compute, device=device)
+    modelled = sum(phases.values())
     if not modelled > 0:
         raise ValueError(f"the compute model {compute!r} charges nothing for a step of "
                          f"{getattr(scenario, 'name', scenario)!r}, so it cannot be scaled "
                          f"to {seconds} s")
     factor = seconds / modelled
-    return compute.scaled(factor), factor
+    return compute.scaled(factor), factor, {k: v * factor for k, v in phases.items()}
 
 
 def network_for(spec: Any, gpus_per_node: int | None = None,
@@ -195,10 +219,12 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
            reshard_after_forward: Any = None, forward_prefetch: int = 1,
            backward_prefetch: int = 1, param_dtype: str | None = None,
            reduce_dtype: str | None = None, gpu_memory_gb: float | None = None,
+           capture_device: str | None = None, activation_checkpointing: bool = False,
            executor: concurrent.futures.Executor | None = None,
            progress: Progress | None = None,
            status: Callable[[str], None] | None = None,
-           replay_progress: Any = None, contention: Any = "keep") -> SweepResult:
+           replay_progress: Any = None, contention: Any = "keep",
+           ddp_work_at_device_cost: bool = True, **knobs: Any) -> SweepResult:
     """One row per configuration of ``workload`` (see the module docstring). ``compute``
     overrides ``Compute.roofline(gpu)``; ``status(text)`` hears each stage as it starts.
     ``contention``: "keep" each network's own :class:`~simddp.models.Contention` (a calibrate
@@ -210,6 +236,14 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
     ``reduce_dtype``, its ``MixedPrecisionPolicy``), then replayed at every world size; a world
     size the layout does not divide is left out (``status`` says so). ``gpu_memory_gb``: the
     device memory for each row's OOM verdict (default: the ``gpu`` preset's).
+    ``activation_checkpointing``: FSDP2 layouts run every block under torch's
+    ``checkpoint_wrapper`` (torchtitan's full AC). ``capture_device``: "cpu" or "meta"
+    (default: "meta" for the zoo's real-size workloads, whose step would not fit this
+    machine's memory, else "cpu").
+    ``ddp_work_at_device_cost``: with ``step_time_s``, DDP's own work (bucket copies, its
+    bookkeeping) is charged at the uncalibrated device's cost, not scaled with the model's
+    compute (:mod:`simddp.models.ddp_overhead`); False scales it too (as before). ``knobs``:
+    further :class:`~simddp.program.knobs.Knobs` fields (single values), e.g. ``overlap=False``.
     The result's ``meta`` dict says what was modelled (compute, calibration factor)."""
     from .cosim.capture_fsdp import capture_fsdp
     from .models.compute import DEVICES
@@ -217,11 +251,14 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
 
     say = status or (lambda text: None)
     sc = load_workload(workload, batch_size=batch_size)
+    # a real-size workload (Llama 3 8B/70B) is captured on the meta device: shapes only
+    device = capture_device or ("meta" if "real-size" in getattr(sc, "features", ()) else "cpu")
     model = Compute.roofline(gpu) if compute is None else compute
     factor = None
     if step_time_s is not None:
         say(f"calibrating compute: one rank's step without DDP = {step_time_s * 1e3:g} ms")
-        model, factor = calibrate_compute(sc, model, step_time_s)
+        model, factor, plain = _calibrated(sc, model, step_time_s,
+                                           device if device == "meta" else None)
     if gpu_memory_gb is None and compute is None and gpu in DEVICES:
         gpu_memory_gb = DEVICES[gpu].memory_GB
     first_net = network_for(_as_list(network)[0], gpus_per_node, contention)
@@ -231,7 +268,8 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
     common = dict(network=network, gpus_per_node=gpus_per_node, rank_speed=rank_speed,
                   executor=executor, progress=progress, title=title,
                   replay_progress=replay_progress, contention=contention,
-                  iterations=iterations, jitter=jitter, seed=seed, gpu_memory_gb=gpu_memory_gb)
+                  iterations=iterations, jitter=jitter, seed=seed, gpu_memory_gb=gpu_memory_gb,
+                  **knobs)
     parts = []
     for spec in _as_list(parallel) if parallel is not None else ["ddp"]:
         worlds = []
@@ -247,7 +285,11 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
                              f"fits it")
         if par.data == "ddp" and par.tp == par.pp == 1:
             say(f"capturing {sc.name} (torch's DDP) on {capture_ranks} fake rank(s)")
-            cap = capture(sc, nprocs=capture_ranks, timing=timing, seed=seed)
+            cap = capture(sc, nprocs=capture_ranks, timing=timing, seed=seed,
+                          device=device)
+            if factor is not None and ddp_work_at_device_cost:
+                # DDP's own work is proportional to the parameters, not the calibrated compute
+                cap = cap.with_ddp_work_at_device_cost(plain, factor)
             parts.append(replay_grid(cap, world_size=worlds, bucket_cap_mb=bucket_cap_mb,
                                      comm_hook=comm_hook, parallel=None if spec == "ddp"
                                      else spec, **common))
@@ -263,7 +305,8 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
                 f"{raf}) on {nranks} fake ranks")
             cap = capture_fsdp(sc, nranks, timing=timing, mesh=mesh,
                                reshard_after_forward=bool(raf), param_dtype=param_dtype,
-                               reduce_dtype=reduce_dtype, seed=seed)
+                               reduce_dtype=reduce_dtype, seed=seed, device=device,
+                               activation_checkpointing=activation_checkpointing)
             parts.append(replay_grid(cap, world_size=worlds, parallel=spec,
                                      reshard_after_forward=bool(raf),
                                      forward_prefetch=forward_prefetch,

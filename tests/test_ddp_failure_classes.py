@@ -325,7 +325,7 @@ def test_without_buffer_broadcast_a_rebound_buffer_diverges_between_ranks_silent
 
 @pytest.mark.parametrize("mismatch", ["count", "shape"])
 def test_large_worlds_check_ddp_parameters_with_torchs_own_errors(monkeypatch, mismatch):
-    """At LARGE_WORLD ranks DDP's parameter check runs in linear memory (fakepg.ddp_checks);
+    """At LARGE_WORLD ranks DDP's parameter check runs in linear memory (fakepg.fidelity.ddp_checks);
     it must fail exactly as torch's C++ check does."""
     from fakepg.fidelity import ddp_checks
 

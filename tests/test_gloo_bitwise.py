@@ -2,7 +2,7 @@
 
 Float addition is not associative: at 3 ranks and more, the order of a sum shows in the last
 bits. Real gloo (torch 2.13, CPU) adds in its ring's order, per chunk of the flat buffer;
-fakepg adds in the same order (:mod:`fakepg.reductions`), so its results are gloo's bit for
+fakepg adds in the same order (:mod:`fakepg.ops.reductions`), so its results are gloo's bit for
 bit. The inputs here make the order show: half the elements cancel a large value against its
 negative with small ones around it (which rank starts a chunk's sum, and where a chunk ends,
 change the result), the other half are random with exponents over 12 decades.

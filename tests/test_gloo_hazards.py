@@ -1,5 +1,5 @@
 """Under gloo a future callback runs on gloo's thread when its work finishes, so a collective it
-issues races the program's own collectives on that group (fakepg.gloo_hazards). fakepg's fixed
+issues races the program's own collectives on that group (fakepg.fidelity.gloo_hazards). fakepg's fixed
 order would let such a program pass where real gloo mismatches or hangs: it is reported."""
 
 from __future__ import annotations

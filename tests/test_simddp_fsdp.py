@@ -203,3 +203,30 @@ def test_memory_agrees_with_torchs_fsdp_mem_tracker_where_both_model_the_same_th
     assert static["parameters"] == pytest.approx(tracked["sharded_param"], rel=0.02)
     # activations: torch's tracker sees what is live at its peak, simddp what autograd saves
     assert prog.memory()[1]["activations"] == pytest.approx(tracked["act"], rel=0.25)
+
+
+def test_activation_checkpointing_trades_held_activations_for_recompute_time():
+    sc = zoo.get("llama3-tiny")
+    plain = capture_fsdp(sc, 2, timing=TIMING)
+    ac = capture_fsdp(sc, 2, timing=TIMING, activation_checkpointing=True)
+    assert ac.activation_checkpointing and 0 < ac.recompute_bytes < plain.activation_bytes
+    assert ac.activation_bytes < plain.activation_bytes
+    # backward recomputes each block's forward: more compute, less memory at the peak
+    back = lambda cap: cap.profiles[0]["backward"]["seconds"]  # noqa: E731
+    assert back(ac) > back(plain)
+    assert replay(ac, 8, progress=False).peak_memory_bytes < \
+        replay(plain, 8, progress=False).peak_memory_bytes
+
+
+def test_a_real_size_llama_step_is_captured_on_the_meta_device_with_sharded_memory():
+    cap = capture_fsdp(zoo.get("llama3-8b", seq_len=512), 2, timing=TIMING, device="meta",
+                       param_dtype="bf16", reduce_dtype="fp32")
+    assert cap.param_bytes == 8_030_261_248 * 4
+    gathers = [e for e in cap.profiles[0]["forward"]["events"]
+               if e["op"] == "all_gather_into_tensor"]
+    assert len(gathers) == 33  # 32 blocks and the root (embeddings, norm, output)
+    assert sum(e["bytes"] for e in gathers) == pytest.approx(8_030_261_248 * 2, rel=1e-6)
+    res = replay(cap, 64, gpu_memory_gb=80, progress=False)
+    # AdamW's two fp32 moments and the fp32 shard of 8 B parameters over 64 ranks
+    assert res.memory["optimizer"] == pytest.approx(2 * 8_030_261_248 * 4 / 64, rel=1e-3)
+    assert res.memory["parameters"] >= 8_030_261_248 * 4 // 64

@@ -3,14 +3,14 @@
 A program that calls ``init_process_group("gloo")`` (or ``"nccl"``, or
 ``fakepg.spawn(..., backend="nccl")``) gets a world whose groups report that name
 (``dist.get_backend()``, ``pg.name()``), refuse what that backend refuses with its error type
-and the gist of its message, and time out in its words (:mod:`fakepg.liveness`). ``"fakepg"``
+and the gist of its message, and time out in its words (:mod:`fakepg.world.liveness`). ``"fakepg"``
 is the permissive personality: everything fakepg can compute is allowed (AVG and PREMUL_SUM
 on any dtype, bitwise ops, any-source receives).
 
 Refusals were checked against real gloo on torch 2.13; the NCCL ones follow ProcessGroupNCCL's
 and c10d's sources (no GPU here to run them).
 
-    >>> from fakepg import backends
+    >>> from fakepg.fidelity import backends
     >>> backends.get("gloo").name
     'gloo'
 """

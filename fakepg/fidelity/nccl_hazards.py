@@ -1,6 +1,6 @@
 """NCCL's hazards on a CPU fake world: what gloo-like semantics would let pass but NCCL does not.
 
-Under the ``"nccl"`` personality (:mod:`fakepg.backends`) fakepg checks three things a real GPU
+Under the ``"nccl"`` personality (:mod:`fakepg.fidelity.backends`) fakepg checks three things a real GPU
 job meets and a gloo test never shows:
 
 * ``"order"``: collectives outstanding at the same time on different communicators (async works
@@ -19,7 +19,7 @@ default ``order`` and ``p2p`` are errors and ``cpu_tensors`` is ``"auto"``: an e
 is available, off on a CPU-only machine, where CPU tensors stand in for the program's CUDA ones
 (so unmodified NCCL programs run there).
 
-    >>> from fakepg.nccl_hazards import parse_modes
+    >>> from fakepg.fidelity.nccl_hazards import parse_modes
     >>> parse_modes({"order": "warn"}), parse_modes("off")["p2p"]
     ({'order': 'warn', 'p2p': 'error', 'cpu_tensors': 'auto'}, 'off')
 """

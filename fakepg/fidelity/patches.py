@@ -90,7 +90,7 @@ def _no_fakepg_errors(record: logging.LogRecord) -> bool:
 
 def _callbacks_marked(then: Callable[..., Any]) -> Callable[..., Any]:
     """A callback on a fakepg work's future (or a future chained on it) runs marked as that
-    work's: gloo runs it on its own thread, racing the program (fakepg.gloo_hazards)."""
+    work's: gloo runs it on its own thread, racing the program (fakepg.fidelity.gloo_hazards)."""
     @functools.wraps(then)
     def marked_then(self: Any, callback: Callable[..., Any]) -> Any:
         binding = current_cluster()
@@ -126,7 +126,7 @@ def _fake_init_process_group(nprocs: int) -> Callable[..., Any]:
         binding = current_cluster()
         if binding is None:
             return TORCH_INIT_PROCESS_GROUP(backend, init_method, timeout, world_size, rank, store,
-                                  group_name, pg_options, device_id, **kwargs)
+                                            group_name, pg_options, device_id, **kwargs)
         cluster, me = binding
         site = user_site()
         if world_size not in (-1, None) and int(world_size) != nprocs:
@@ -150,7 +150,8 @@ def _fake_init_process_group(nprocs: int) -> Callable[..., Any]:
             cluster.initialised_by_program[me] = default
             return None
         TORCH_INIT_PROCESS_GROUP(backend=BACKEND_NAME, rank=me, world_size=nprocs,
-                       store=world_store(timeout or PG_TIMEOUT), timeout=timeout or PG_TIMEOUT)
+                                 store=world_store(timeout or PG_TIMEOUT),
+                                 timeout=timeout or PG_TIMEOUT)
         cluster.initialised_by_program[me] = c10d._get_default_group()
         return None
 
@@ -181,7 +182,7 @@ def _fake_pg_helper(group_size, group_rank, global_ranks_in_group, backend, *arg
     # store and deadlock against ranks parked by the scheduler.
     if current_cluster() is None:
         return TORCH_NEW_GROUP_HELPER(group_size, group_rank, global_ranks_in_group, backend,
-                                   *args, **kwargs)
+                                          *args, **kwargs)
     if foreign_backends.foreign(backend):  # the program's own backend: torch creates it
         return foreign_backends.torch_creates(TORCH_NEW_GROUP_HELPER, group_size, group_rank,
                                               global_ranks_in_group, backend, *args, **kwargs)
@@ -189,7 +190,7 @@ def _fake_pg_helper(group_size, group_rank, global_ranks_in_group, backend, *arg
     asked = None if backend == BACKEND_NAME else backends.from_request(backend)
     with requested_backend(asked):
         return TORCH_NEW_GROUP_HELPER(group_size, group_rank, global_ranks_in_group, BACKEND_NAME,
-                                   *args, **kwargs)
+                                          *args, **kwargs)
 
 
 @functools.wraps(TORCH_GET_BACKEND)

@@ -1,6 +1,6 @@
 """Search interleavings for a failing one, shrink it, and give it back as a replay token.
 
-:func:`explore` runs a program under many schedules (:mod:`fakepg.schedule`): the default
+:func:`explore` runs a program under many schedules (:mod:`fakepg.choices.schedule`): the default
 one first, then schedules whose first choices hypothesis draws as a list of small integers
 (each taken modulo the point's number of options; 0, the default, is what it shrinks
 towards; choices past the list take the default). The first failure (an exception in a

@@ -1,7 +1,7 @@
 """``fakepg.spawn``: run ``fn(rank, *args)`` on N ranks of a fake cluster inside this process.
 
 This module starts a world (its cluster, scheduler, per-rank process state and rank threads)
-and ends it; :mod:`fakepg.watchdog` watches it run, :mod:`fakepg.outcome` says what it left.
+and ends it; :mod:`fakepg.world.watchdog` watches it run, :mod:`fakepg.world.outcome` says what it left.
 """
 
 from __future__ import annotations
@@ -63,8 +63,9 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
     (``dist.init_process_group`` by unmodified code is accepted and returns the same
     world). ``init_process_group=False`` starts each rank as torchrun starts a worker
     instead: nothing initialised until the program calls ``dist.init_process_group``, whose
-    backend and timeout then hold (``fakerun`` and :mod:`fakepg.suites` run ranks so). Ranks run one at a time, switching only where one must wait for another, so
-    the same program and ``seed`` give bitwise-identical results and traces.
+    backend and timeout then hold (``fakerun`` and :mod:`fakepg.launch.suites` run ranks so).
+    Ranks run one at a time, switching only where one must wait for another, so the same
+    program and ``seed`` give bitwise-identical results and traces.
 
     ``seed`` fixes each rank's initial torch/Python/numpy RNG state (a function of seed
     and rank). ``hang_timeout`` bounds the inactivity fallback for waits hidden in C++.
@@ -73,19 +74,19 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
     ``timeout`` (seconds of wall clock, default none) bounds the whole world: past it every
     rank is stopped and :class:`SpawnTimeoutError` reports each rank's state and stack.
     ``backend`` is the personality the world shows until the program asks for another with
-    ``init_process_group`` (see :mod:`fakepg.backends`): ``"fakepg"`` (permissive),
+    ``init_process_group`` (see :mod:`fakepg.fidelity.backends`): ``"fakepg"`` (permissive),
     ``"gloo"`` or ``"nccl"`` (their names, refusals and timeout wording). ``nccl_hazards``
     (``"error"``, ``"warn"``, ``"off"``, a mapping per hazard, or None for the defaults) says
-    what NCCL's hazards do under the nccl personality (:mod:`fakepg.nccl_hazards`:
+    what NCCL's hazards do under the nccl personality (:mod:`fakepg.fidelity.nccl_hazards`:
     inconsistent order across communicators, unbatched crossing isend/irecv, CPU tensors).
     ``gloo_hazards`` (``"error"``, ``"warn"``, ``"off"``) does the same for gloo's: a
     collective issued from a future callback racing the program's own on that group
-    (:mod:`fakepg.gloo_hazards`).
-    ``schedule`` (a token from :func:`fakepg.explore`, or a :class:`fakepg.schedule.Schedule`)
+    (:mod:`fakepg.fidelity.gloo_hazards`).
+    ``schedule`` (a token from :func:`fakepg.explore`, or a :class:`fakepg.choices.schedule.Schedule`)
     replays one alternative interleaving; None is the default schedule. ``faults`` (from
     :mod:`fakepg.faults`) crash a rank or make it raise at a chosen collective.
     ``isolation="process"`` runs each rank in its own OS process forked from this one
-    (:mod:`fakepg.process_mode`): the same world, results and reports, with everything a
+    (:mod:`fakepg.process.process_mode`): the same world, results and reports, with everything a
     process owns (module globals, pid, cwd, signal handlers) really per rank.
 
     Example::

@@ -52,7 +52,7 @@ class Call:
     collective: "PendingCollective | None" = None  # set when issued
     p2p_order: int = -1  # arrival order of an unmatched p2p call (recv from any source)
     ext: Any = None  # a slot for the layer above (a timing model's per-call state)
-    personality: str = "fakepg"  # the group's backend personality (fakepg.backends)
+    personality: str = "fakepg"  # the group's backend personality (fakepg.fidelity.backends)
     root_tensor: int = 0  # broadcast: which of the root's tensors goes to every tensor (gloo)
 
     def describe(self) -> str:

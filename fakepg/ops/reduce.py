@@ -1,7 +1,7 @@
 """Reduce-like ops: all_reduce, reduce, reduce_scatter and their coalesced/tensor forms.
 
 Reductions add in gloo's order under the gloo personality and in rank order 0..n-1 under
-fakepg's own and nccl (:mod:`fakepg.reductions`): either way the result is bitwise the same
+fakepg's own and nccl (:mod:`fakepg.ops.reductions`): either way the result is bitwise the same
 whatever order the ranks issued in.
 """
 

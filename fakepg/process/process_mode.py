@@ -1,18 +1,18 @@
 """``spawn(..., isolation="process")``: every rank is a real OS process, the world stays one.
 
 The parent runs the ordinary thread-mode world (scheduler, cluster, stores, hang detection,
-traces) with one change: each rank thread is a *proxy* (:mod:`fakepg.rank_proxy`) for a
+traces) with one change: each rank thread is a *proxy* (:mod:`fakepg.process.rank_proxy`) for a
 child process, forked from the warm parent before any rank thread starts. The child runs the
-user's function with :class:`fakepg.remote.RemoteProcessGroup` groups; everything that can make it wait on
+user's function with :class:`fakepg.process.remote.RemoteProcessGroup` groups; everything that can make it wait on
 another rank -- collectives, p2p, barriers, the store, ``time.sleep`` -- is a request to its
-proxy, which performs it on the real :class:`~fakepg.process_group.FakeProcessGroup` from
+proxy, which performs it on the real :class:`~fakepg.world.process_group.FakeProcessGroup` from
 the rank's thread, where the scheduler sees it. A child only runs while its proxy holds
 the baton, so a process-mode run makes exactly the decisions a thread-mode run makes:
 same matching, same rank-order results, same hang verdicts and reports, same trace.
 
 What the child owns is really its own: module globals, ``os.environ``, cwd, pid, signal
 handlers, the profiler, ``sys.modules``. Tensors move through shared memory
-(:mod:`fakepg.wire`). A child that dies (``os._exit``, a signal) fails its rank with
+(:mod:`fakepg.process.wire`). A child that dies (``os._exit``, a signal) fails its rank with
 :class:`RankProcessDiedError` naming its exit status or signal. No child survives
 ``spawn``: on return, on an exception, on Ctrl-C (each is SIGKILLed and reaped), and on
 the parent's own death (``PR_SET_PDEATHSIG``), and on SIGTERM to the parent (the world ends

@@ -1,9 +1,9 @@
 """A rank process's proxy: the rank thread of the parent's world that stands in for it.
 
 Each request the child sends over its pipe -- a collective, a wait, a store operation, a
-sleep -- the proxy performs on the real :class:`~fakepg.process_group.FakeProcessGroup` (or
+sleep -- the proxy performs on the real :class:`~fakepg.world.process_group.FakeProcessGroup` (or
 store) from the rank's thread, where the scheduler sees it, and replies with the result and
-the works completed meanwhile (:mod:`fakepg.remote` is the child's side).
+the works completed meanwhile (:mod:`fakepg.process.remote` is the child's side).
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ class Cluster:
         self._deferred: list[list[Call]] = [[] for _ in range(nprocs)]  # see settle_before_backward_ends
         self._deferred_task = [-1] * nprocs
         self.failed_rank: int | None = None
-        self.backend = "fakepg"  # the personality the world shows (fakepg.backends)
+        self.backend = "fakepg"  # the personality the world shows (fakepg.fidelity.backends)
         self.faults: tuple[Any, ...] = ()  # fakepg.faults, set by spawn
         self.dead: set[int] = set()  # ranks an injected crash ended
         self._issued = [0] * nprocs  # collectives each rank issued (where faults fire)

@@ -1,10 +1,10 @@
 """``FakeProcessGroup``: a torch.distributed ProcessGroup whose ranks are threads of one process.
 
 It is registered as the backend ``"fakepg"``. torch's real DDP Reducer, comm hooks and
-the Python collective API all call into it; each call becomes a :class:`~fakepg.collectives.Call`
-that the shared :class:`~fakepg.cluster.Cluster` matches across ranks. The collective methods
+the Python collective API all call into it; each call becomes a :class:`~fakepg.ops.matching.Call`
+that the shared :class:`~fakepg.world.cluster.Cluster` matches across ranks. The collective methods
 themselves come from the op registry (:mod:`fakepg.ops`), which says what each one issues;
-what they return is :mod:`fakepg.work`'s.
+what they return is :mod:`fakepg.world.work`'s.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 :class:`PythonProcessGroup` keeps the identity c10d expects (name, description); a group
 gets a real one-rank gloo backend for DDP's logger, the personality it was created with
 (:func:`requested_backend`), and can tell whether a call comes from DDP's Join shadow of the
-backward pass. :class:`~fakepg.process_group.FakeProcessGroup` (thread mode) and a rank
-process's :class:`~fakepg.remote.RemoteProcessGroup` build on these.
+backward pass. :class:`~fakepg.world.process_group.FakeProcessGroup` (thread mode) and a rank
+process's :class:`~fakepg.process.remote.RemoteProcessGroup` build on these.
 """
 
 from __future__ import annotations

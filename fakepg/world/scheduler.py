@@ -7,13 +7,13 @@ every choice depends only on program order, runs are deterministic, and "no rank
 take the baton" is an exact, immediate hang verdict -- no wall-clock timeout needed.
 
 Wall-clock time enters only where the program asks for it: a rank in ``time.sleep`` or
-in a wait with a timeout (a :class:`~fakepg.liveness.TimedWait`) is runnable again at its
+in a wait with a timeout (a :class:`~fakepg.world.liveness.TimedWait`) is runnable again at its
 deadline. While some rank sleeps, nobody is hung: when no rank can run, the scheduler
 really sleeps until the earliest deadline. Without sleepers, timed waits do not delay the
 verdict -- a wait nobody can ever satisfy fails at once, with its timeout's error.
 
 A rank may also wait in Python's own synchronisation (a ``queue.Queue``, ``threading.Event``,
-``Condition``, a future: :mod:`fakepg.liveness` makes those waits park here, as *python
+``Condition``, a future: :mod:`fakepg.world.liveness` makes those waits park here, as *python
 waits*). Another rank, or a thread the ranks started, may release it; so when no rank can
 run and one waits so, the verdict comes after an inactivity window (``inactivity`` seconds)
 in which no other thread of the process did anything.
@@ -31,12 +31,12 @@ from ..choices.schedule import Schedule
 
 NEW, RUNNING, BLOCKED, DONE = "new", "running", "blocked", "done"
 
-# The real clock, taken before fakepg.liveness makes time.monotonic a preemption point on
+# The real clock, taken before fakepg.world.liveness makes time.monotonic a preemption point on
 # rank threads: the scheduler's own reads of it must not preempt.
 monotonic = time.monotonic
 _real_sleep = time.sleep  # likewise, before rank threads' time.sleep hands the baton over
 _INF = float("inf")
-# Threads the ranks started that are in a real time.sleep (fakepg.liveness counts them):
+# Threads the ranks started that are in a real time.sleep (fakepg.world.liveness counts them):
 # such a thread will do something, so the ranks' python waits are not over yet.
 helpers_sleeping = [0]
 
@@ -127,7 +127,7 @@ class Scheduler:
         self._describe_world = describe_world
         self._mu = threading.Lock()
         self._wake = _Wake()  # set by abort: ends a real sleep until a deadline
-        self.schedule = Schedule()  # the controlled choices (fakepg.schedule); default: none
+        self.schedule = Schedule()  # the controlled choices (fakepg.choices.schedule); default: none
 
     # -- called on rank threads, by the baton holder ------------------------------
     def enter(self, rank: int) -> None:
@@ -143,7 +143,7 @@ class Scheduler:
               timed: Any = None) -> None:
         """Yield until ``ready()`` holds (evaluated by whichever rank hands over).
 
-        ``timed`` (a :class:`~fakepg.liveness.TimedWait`) gives the wait a deadline: past
+        ``timed`` (a :class:`~fakepg.world.liveness.TimedWait`) gives the wait a deadline: past
         it, while ``ready()`` still fails, ``timed.expired()`` is raised; when the hang
         verdict ends the world, ``timed.hung(report)`` is raised instead of the plain
         hang error, so the rank sees its backend's timeout error at once.

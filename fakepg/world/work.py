@@ -1,10 +1,10 @@
 """What a collective returns: :class:`FakeWork` and its :class:`FakeFuture`.
 
-A work completes on its owner's thread (:meth:`fakepg.cluster.Cluster.complete_ready`), so
+A work completes on its owner's thread (:meth:`fakepg.world.cluster.Cluster.complete_ready`), so
 future callbacks run in the owning rank's context. The future plumbing both isolation modes
 share -- a future made on first use, resolved when the work completes, a ``List[Tensor]``-typed
 future for C++ consumers, gloo's ``result()`` and ``source_rank()`` -- is :class:`WorkBase` and
-:class:`WorkFuture`; a rank process's works (:mod:`fakepg.remote.work`) build on them too.
+:class:`WorkFuture`; a rank process's works (:mod:`fakepg.process.remote.work`) build on them too.
 """
 
 from __future__ import annotations

@@ -163,7 +163,7 @@ def plot(tl: Timeline, path: str | os.PathLike, *, ranks: Sequence[int] | None =
             why[k] = ""
     shown = list(why)
     colors = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A868",
-              "wait": "#C44E52", "callback": "#8172B3"}
+              "wait": "#C44E52", "callback": "#8172B3", "host": "#CCB974"}
     comm_colors = ("#937860", "#DA8BC3")
     unit, scale = ("ms", 1e3) if tl.makespan < 10 else ("s", 1.0)
     fig = Figure(figsize=(12, 1.2 + 0.75 * len(shown)))

@@ -22,7 +22,7 @@ from typing import Any
 from ..models.network import Network
 
 __all__ = ["PublishedBusBw", "ValidationRow", "PUBLISHED", "validate", "format_table",
-           "DDP_BENCHMARK"]
+           "DDP_BENCHMARK", "PublishedScaling", "SCALING"]
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -170,3 +170,58 @@ DDP_BENCHMARK: dict[str, dict[str, Any]] = {
                   "iteration_s": {1: 0.171, 2: 0.176, 4: 0.176, 8: 0.179, 16: 0.179},
                   "cap1_vs_cap25_pct": {1: -1.2, 2: -2.1, 4: -2.6, 8: -3.5, 16: -0.1}},
 }
+
+
+@dataclass(frozen=True)
+class PublishedScaling:
+    """One published data-parallel scaling figure: ``workload`` (a zoo name) at ``batch``
+    samples per GPU, ``throughput_1`` on one GPU and ``throughput_n`` on ``gpus`` GPUs of
+    ``preset`` (samples/s). ``knobs``: what the source's training loop does each step
+    (replay knobs, from its code, not fitted). Published efficiency =
+    throughput_n / (gpus · throughput_1)."""
+
+    config: str
+    workload: str
+    preset: str
+    gpu: str
+    batch: int
+    gpus: int
+    throughput_1: float
+    throughput_n: float
+    source: str
+    knobs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def efficiency(self) -> float:
+        return self.throughput_n / (self.gpus * self.throughput_1)
+
+    @property
+    def step_s(self) -> float:
+        """The one-GPU step: batch / throughput_1 (what ``--step-time`` is given)."""
+        return self.batch / self.throughput_1
+
+
+# NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/README.md,
+# "Training performance" (pytorch-21.03 NGC container; 1 vs 8 GPUs of one node). Batch per
+# GPU from the same directory's configs.yml (DGX1V: FP32 112, AMP 256; DGXA100: 256). Its
+# training loop (image_classification/training.py) all_reduces the loss and reads it back
+# with .item() every step (print_freq 1 in benchmark_training): one metric all_reduce and one
+# host sync per step. Data: the PyTorch DataLoader (data_backend pytorch), 8 (DGX-1) / 16
+# (DGX A100) workers per GPU — the per-sample decode cost is not published, so the host
+# loader is not modelled here.
+_DLE = "NVIDIA DeepLearningExamples RN50 v1.5 PyTorch README (21.03)"
+_DLE_LOOP = {"sync_points": 1, "metric_allreduces": 1}
+SCALING: list[PublishedScaling] = [
+    PublishedScaling("RN50 TF32, DGX A100", "resnet50", "dgx-a100", "a100", 256, 8,
+                     938, 7248, _DLE, _DLE_LOOP),
+    PublishedScaling("RN50 AMP, DGX A100", "resnet50", "dgx-a100", "a100", 256, 8,
+                     2470, 16621, _DLE, _DLE_LOOP),
+    PublishedScaling("RN50 FP32, DGX-1 16GB", "resnet50", "dgx1-v100", "v100", 112, 8,
+                     367, 2855, _DLE, _DLE_LOOP),
+    PublishedScaling("RN50 AMP, DGX-1 16GB", "resnet50", "dgx1-v100", "v100", 256, 8,
+                     1200, 8322, _DLE, _DLE_LOOP),
+    PublishedScaling("RN50 FP32, DGX-1 32GB", "resnet50", "dgx1-v100", "v100", 112, 8,
+                     356, 2766, _DLE, _DLE_LOOP),
+    PublishedScaling("RN50 AMP, DGX-1 32GB", "resnet50", "dgx1-v100", "v100", 256, 8,
+                     1156, 8056, _DLE, _DLE_LOOP),
+]

@@ -22,7 +22,7 @@ from fakepg.arguments import integer
 from ..models import Network
 from ..timing import Timing
 from ..program.captured import CapturedIteration, ParamInfo, RankProfile, parse_indices
-from .meta import DEVICES, MetaDataMode, beneath_clock, fsdp_on_meta
+from .meta import DEVICES, fsdp_on_meta, meta_scope
 from .simulate import Observer, SimResult, now, simulate
 
 __all__ = ["capture", "capture_workload", "PARALLEL"]
@@ -84,12 +84,17 @@ class SavedBytes(torch.autograd.graph.saved_tensors_hooks):
         return sum(self._storages.values())
 
 
-def activation_bytes(scenario: Any, device: str = "cpu",
-                     dtype: torch.dtype | None = None) -> int:
+def activation_bytes(scenario: Any, device: str = "cpu", dtype: torch.dtype | None = None,
+                     units: Callable[[torch.nn.Module], list] | None = None,
+                     checkpointed: bool = False) -> tuple[int, int]:
     """Bytes autograd saves for backward in one forward (and loss) of ``scenario``'s model on
     rank 0's first batch, run plainly (no ranks, no virtual time; on the meta device for a
     real-size capture; ``dtype``: the parameters' compute dtype, e.g. FSDP2's
-    ``MixedPrecisionPolicy.param_dtype``)."""
+    ``MixedPrecisionPolicy.param_dtype``). Returns (held from forward to backward, held only
+    while one unit is recomputed in backward). With ``checkpointed`` (activation checkpointing
+    of each of ``units(model)``) a unit keeps only its input until backward recomputes it,
+    so the first figure is the rest's saved bytes and the units' inputs, the second the
+    largest unit's saved bytes; else (all saved, 0)."""
     with torch.device(device):
         model = scenario.build_model()
     if dtype is not None:
@@ -97,10 +102,27 @@ def activation_bytes(scenario: Any, device: str = "cpu",
     batch = _batches(scenario, 0, 1, 1, device)[0]
     saved = SavedBytes()
     saved.counting = True
+    per_unit: list[int] = []
+    inputs: list[int] = []
+    handles = []
+    if checkpointed and units is not None:
+        for unit in units(model):
+            def pre(mod: Any, args: Any) -> None:
+                per_unit.append(saved.total)
+                inputs.append(sum(a.numel() * a.element_size() for a in args
+                                  if isinstance(a, torch.Tensor)))
+
+            def post(mod: Any, args: Any, out: Any) -> None:
+                per_unit[-1] = saved.total - per_unit[-1]
+            handles += [unit.register_forward_pre_hook(pre), unit.register_forward_hook(post)]
     with saved:
         loss = scenario.step(model, batch)
     del loss
-    return saved.total
+    for h in handles:
+        h.remove()
+    if not per_unit:
+        return saved.total, 0
+    return saved.total - sum(per_unit) + sum(inputs), max(per_unit)
 
 
 def _batches(scenario: Any, rank: int, world_size: int, iterations: int,
@@ -241,9 +263,7 @@ def _rank_run(scenario: Any, kwargs: Mapping[str, Any], iterations: int,
     def run(rank: int) -> dict[str, Any]:
         import torch.distributed as dist
 
-        with contextlib.ExitStack() as stack:
-            if device == "meta":
-                stack.enter_context(beneath_clock(MetaDataMode(meta_cache)))
+        with meta_scope(device, meta_cache):
             with torch.device(device):  # on meta: parameters without storage
                 module = scenario.build_model()
             model = _wrap(module, parallel, kwargs, device)
@@ -375,7 +395,8 @@ def capture(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None,
         logging_data=logging, device=device, parallel=parallel,
         fsdp_groups=r0.get("fsdp_groups", []),
         optimizer_state_bytes=int(r0["optimizer_state_bytes"]),
-        activation_bytes=activation_bytes(scenario, device), **ddp)
+        activation_bytes=activation_bytes(scenario, device)[0],
+        batch_size=_batch_size(scenario, nprocs), **ddp)
     if parallel == "ddp" and not cap.bucket_indices:
         cap.bucket_indices = cap.buckets()
     return cap
@@ -398,6 +419,17 @@ def capture_workload(name: str, nprocs: int = 2, *, parallel: str = "ddp",
         timing = Timing(compute=Compute.roofline("h100"))
     return capture(scenario, nprocs, timing=timing, seed=seed, device="meta",
                    parallel=parallel, fsdp_kwargs=fsdp_kwargs)
+
+
+def _batch_size(scenario: Any, nprocs: int) -> int:
+    """Rank 0's samples per iteration: the first dimension of its first batch's first tensor
+    (0 when the batch holds no tensor)."""
+    try:
+        batch = list(scenario.inputs(0, nprocs))[0]
+    except Exception:  # noqa: BLE001 - a scenario without inputs() said so earlier
+        return 0
+    first = batch[0] if isinstance(batch, (list, tuple)) and batch else batch
+    return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() else 0
 
 
 def _profile(res: SimResult, rank: int, o: dict[str, Any],

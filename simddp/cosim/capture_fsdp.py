@@ -26,10 +26,10 @@ from ..models import Network
 from ..program.captured import CapturedStep
 from ..timing import Timing
 from .capture import _batches, _probe_costs, _train, activation_bytes, state_bytes
-from .meta import DEVICES, MetaDataMode, beneath_clock, fsdp_on_meta
+from .meta import DEVICES, fsdp_on_meta, meta_scope
 from .simulate import SimResult, now, simulate
 
-__all__ = ["capture_fsdp", "fsdp_units", "PHASES"]
+__all__ = ["capture_fsdp", "fsdp_units", "checkpoint_units", "PHASES"]
 
 PHASES = ("forward", "backward", "optimizer")
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
@@ -55,15 +55,28 @@ def _dtype(name: str | None) -> torch.dtype | None:
     return _DTYPES[name]
 
 
+def checkpoint_units(model: torch.nn.Module) -> None:
+    """Activation checkpointing of every block (torchtitan's "full" AC): each element of the
+    model's first ``nn.ModuleList`` under torch's ``checkpoint_wrapper``."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    for m in model.modules():
+        if isinstance(m, torch.nn.ModuleList) and len(m):
+            for i, block in enumerate(m):
+                m[i] = checkpoint_wrapper(block)
+            return
+    raise ValueError(f"activation checkpointing wraps the model's blocks, the elements of an "
+                     f"nn.ModuleList; {type(model).__name__} has none")
+
+
 def _rank_run(scenario: Any, mesh_dims: Mapping[str, int], iterations: int,
-              reshard_after_forward: bool, mp: tuple[str | None, str | None], device: str):
+              reshard_after_forward: bool, mp: tuple[str | None, str | None], device: str,
+              checkpointed: bool):
     last = iterations - 1
     meta_cache: dict = {}  # shared by the ranks (see MetaDataMode)
 
     def run(rank: int) -> dict[str, Any]:
-        with contextlib.ExitStack() as stack:
-            if device == "meta":
-                stack.enter_context(beneath_clock(MetaDataMode(meta_cache)))
+        with meta_scope(device, meta_cache):
             return _run(rank)
 
     def _run(rank: int) -> dict[str, Any]:
@@ -76,6 +89,8 @@ def _rank_run(scenario: Any, mesh_dims: Mapping[str, int], iterations: int,
         with torch.device(device):  # on meta: parameters without storage
             model = scenario.build_model()
         param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        if checkpointed:
+            checkpoint_units(model)
         policy = MixedPrecisionPolicy(param_dtype=_dtype(mp[0]), reduce_dtype=_dtype(mp[1]))
         for unit in fsdp_units(model):
             fully_shard(unit, mesh=mesh, reshard_after_forward=reshard_after_forward,
@@ -145,13 +160,16 @@ def _phase_profile(res: SimResult, rank: int, marks: Mapping[str, float],
 def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None,
                  mesh: Mapping[str, int] | None = None, reshard_after_forward: bool = True,
                  param_dtype: str | None = None, reduce_dtype: str | None = None,
-                 iterations: int = 2, seed: int = 0, device: str = "cpu") -> CapturedStep:
+                 iterations: int = 2, seed: int = 0, device: str = "cpu",
+                 activation_checkpointing: bool = False) -> CapturedStep:
     """Run ``scenario`` with FSDP2 on ``nprocs`` fake ranks under :func:`simddp.simulate` and
     record its last step (see the module docstring). ``mesh``: ``{"shard": n}`` (FSDP, the
     default) or ``{"replicate": r, "shard": s}`` (HSDP); ``param_dtype`` / ``reduce_dtype``:
     the ``MixedPrecisionPolicy`` ("bf16", "fp16", "fp32"; None: the parameters' own).
     ``device="meta"``: at real size without arithmetic (see :mod:`simddp.cosim.meta`): shapes,
-    dtypes and collectives are real, the compute model costs each op from its shapes."""
+    dtypes and collectives are real, the compute model costs each op from its shapes.
+    ``activation_checkpointing``: each block under torch's ``checkpoint_wrapper`` (torchtitan's
+    full AC): backward recomputes its forward, and it keeps only its input until then."""
     if device not in DEVICES:
         raise ValueError(f"capture_fsdp: device must be one of {', '.join(DEVICES)}, "
                          f"got {device!r}")
@@ -168,8 +186,11 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
     timing = Timing() if timing is None else timing
     with fsdp_on_meta() if device == "meta" else contextlib.nullcontext():
         res = simulate(_rank_run(scenario, mesh_dims, iterations, bool(reshard_after_forward),
-                                 (param_dtype, reduce_dtype), device), (), nprocs,
+                                 (param_dtype, reduce_dtype), device,
+                                 bool(activation_checkpointing)), (), nprocs,
                        timing=timing, seed=seed)
+    held, recompute = activation_bytes(scenario, device, _dtype(param_dtype), fsdp_units,
+                                       bool(activation_checkpointing))
     r0 = res.returns[0]
     last = iterations - 1
     return CapturedStep(
@@ -181,7 +202,8 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
                   for r, o in enumerate(res.returns)],
         param_bytes=int(r0["param_bytes"]),
         optimizer_state_bytes=int(r0["optimizer_state_bytes"]),
-        activation_bytes=activation_bytes(scenario, device, _dtype(param_dtype)),
+        activation_bytes=held, recompute_bytes=recompute,
+        activation_checkpointing=bool(activation_checkpointing),
         network=(dataclasses.asdict(timing.network)
                  if isinstance(timing.network, Network) else None),
         compute=repr(timing.compute), costs=_probe_costs(timing.compute),

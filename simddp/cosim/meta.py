@@ -33,7 +33,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["MetaDataMode", "beneath_clock", "fsdp_on_meta", "DEVICES"]
+__all__ = ["MetaDataMode", "beneath_clock", "fsdp_on_meta", "meta_scope", "DEVICES"]
 
 DEVICES = ("cpu", "meta")
 _COPY = torch.ops.aten.copy_.default
@@ -201,3 +201,12 @@ def fsdp_on_meta() -> Iterator[None]:
     finally:
         for obj, name, value in saved:
             setattr(obj, name, value)
+
+
+def meta_scope(device: str, cache: dict) -> contextlib.AbstractContextManager:
+    """What a rank of a capture on ``device`` runs under: on the meta device, meta kernels'
+    output metadata cached beneath its clock (:class:`MetaDataMode`, ``cache`` shared by the
+    ranks); elsewhere nothing."""
+    if device == "meta":
+        return beneath_clock(MetaDataMode(cache))
+    return contextlib.nullcontext()

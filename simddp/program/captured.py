@@ -28,6 +28,36 @@ __all__ = ["CapturedIteration", "CapturedStep", "ParamInfo", "RankProfile", "ass
 _MB = 1024 * 1024
 
 
+class _JSON:
+    """JSON round trips for a capture dataclass (its ``from_dict`` rebuilds nested parts)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    def to_json(self, path: str | os.PathLike | None = None) -> str:
+        text = json.dumps(self.to_dict(), sort_keys=True, indent=1)
+        if path is not None:
+            with open(path, "w") as f:
+                f.write(text)
+        return text
+
+    save = to_json
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Any:
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    @classmethod
+    def from_json(cls, text: str) -> Any:
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Any:
+        with open(path) as f:
+            return cls.from_json(f.read())
+
+
 @dataclass
 class ParamInfo:
     """One parameter as the Reducer indexes it (DDP's parameter order)."""
@@ -82,7 +112,7 @@ class RankProfile:
 
 
 @dataclass
-class CapturedIteration:
+class CapturedIteration(_JSON):
     """One DDP iteration as :func:`capture` recorded it; JSON-serialisable
     (:meth:`to_json`, :meth:`save`, :meth:`from_json`, :meth:`load`)."""
 
@@ -115,6 +145,7 @@ class CapturedIteration:
     # FSDP2's parameter groups in module order: {"module", "params": [{"name", "shape",
     # "dtype", "padded_shard_numel"}], "reshard_after_forward", "param_dtype", "reduce_dtype"}
     fsdp_groups: list[dict[str, Any]] = field(default_factory=list)
+    batch_size: int = 0  # samples per rank per iteration (the batch's first dimension; 0: unknown)
 
     # -- derived ---------------------------------------------------------------------------
     @property
@@ -147,35 +178,71 @@ class CapturedIteration:
                                hint="the first bucket's size in MiB, e.g. 1") * _MB)
         return cap, first, caps
 
-    # -- serialisation -----------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def with_ddp_work_at_device_cost(self, plain: Mapping[str, float],
+                                     factor: float) -> CapturedIteration:
+        """This capture with DDP's own work (what the DDP step does beyond ``plain``, the
+        no-DDP step's phases ``forward``/``backward``/``optimizer`` under the same compute
+        model) charged at ``1 / factor`` of its captured cost: the compute model was scaled by
+        ``factor`` to a measured step time, which must not scale DDP's parameter-proportional
+        work (see :mod:`simddp.models.ddp_overhead`). Mark offsets and grad-ready times move
+        with their segment, linearly; the roofline summary (comm hooks' work) is DDP's."""
+        from ..models.ddp_overhead import device_cost, split
 
-    def to_json(self, path: str | os.PathLike | None = None) -> str:
-        text = json.dumps(self.to_dict(), sort_keys=True, indent=1)
-        if path is not None:
-            with open(path, "w") as f:
-                f.write(text)
-        return text
+        number("factor", factor, positive=True, hint="the calibration factor, e.g. 2.5")
+        profiles = []
+        for q in self.profiles:
+            kept_b, extra_b = split(q.backward, plain["backward"])
+            # what of the plain backward is left for after the end-of-backward wait
+            kept_p, extra_p = split(q.post_backward, plain["backward"] - kept_b)
+            profiles.append(_rephased(
+                q, device_cost(q.forward, plain["forward"], factor), kept_b + extra_b / factor,
+                kept_p + extra_p / factor, q.before_step / factor,
+                device_cost(q.optimizer, plain["optimizer"], factor)))
+        return dataclasses.replace(self, profiles=profiles, costs=_costs_scaled(self.costs,
+                                                                                1 / factor))
 
-    save = to_json
+    def with_compute_scaled(self, factor: float) -> CapturedIteration:
+        """This capture with every compute duration (and grad-ready time, mark offset and the
+        roofline summary's costs) ``factor`` times as long."""
+        number("factor", factor, positive=True, hint="a slowdown, e.g. 2.0")
+        profiles = [_rephased(q, q.forward * factor, q.backward * factor,
+                              q.post_backward * factor, q.before_step * factor,
+                              q.optimizer * factor) for q in self.profiles]
+        return dataclasses.replace(self, profiles=profiles, costs=_costs_scaled(self.costs,
+                                                                                factor))
 
+    # -- serialisation (to_json, save, load: _JSON) ------------------------------------------
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> CapturedIteration:
         d = dict(d)
         d["params"] = [ParamInfo(**p) for p in d["params"]]
         d["profiles"] = [RankProfile(**p) for p in d["profiles"]]
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        return super().from_dict(d)
 
-    @classmethod
-    def from_json(cls, text: str) -> CapturedIteration:
-        return cls.from_dict(json.loads(text))
 
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> CapturedIteration:
-        with open(path) as f:
-            return cls.from_json(f.read())
+
+def _rephased(q: RankProfile, forward: float, backward: float, post_backward: float,
+              before_step: float, optimizer: float) -> RankProfile:
+    """``q`` with new phase durations; forward marks and grad-ready times stretched with
+    their phase."""
+    fs = forward / q.forward if q.forward > 0 else 1.0
+    bs = backward / q.backward if q.backward > 0 else 1.0
+    return dataclasses.replace(
+        q, forward=forward, backward=backward, post_backward=post_backward,
+        before_step=before_step, optimizer=optimizer,
+        ready=[None if t is None else t * bs for t in q.ready],
+        forward_collectives=[{**fc, "offset": fc["offset"] * fs,
+                              "wait_at": None if fc.get("wait_at") is None
+                              else fc["wait_at"] * fs} for fc in q.forward_collectives])
+
+
+def _costs_scaled(costs: dict[str, float] | None, factor: float) -> dict[str, float] | None:
+    """A roofline summary (``costs``) whose ops take ``factor`` times as long."""
+    if costs is None:
+        return None
+    return {"overhead_s": costs["overhead_s"] * factor,
+            "bytes_per_s": costs["bytes_per_s"] / factor,
+            "flops_per_s": costs["flops_per_s"] / factor}
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -230,7 +297,7 @@ def parse_indices(text: str) -> list[list[int]]:
 
 
 @dataclass
-class CapturedStep:
+class CapturedStep(_JSON):
     """One training step of a sharded program (FSDP2, HSDP) as
     :func:`~simddp.cosim.capture_fsdp.capture_fsdp` recorded it; JSON-serialisable.
 
@@ -241,7 +308,9 @@ class CapturedStep:
     mesh dimension (``scope``). ``mesh``: the capture's mesh (``{"shard": n}`` or
     ``{"replicate": r, "shard": s}``). Memory facts per rank: ``param_bytes`` (the model's,
     unsharded), ``optimizer_state_bytes`` (this rank's shard), ``activation_bytes`` (saved for
-    backward in the step)."""
+    backward in the step; with ``activation_checkpointing`` the blocks' inputs and what is saved
+    outside them) and ``recompute_bytes`` (with activation checkpointing: the largest block's
+    activations, live while backward recomputes it)."""
 
     name: str
     parallel: str
@@ -259,6 +328,8 @@ class CapturedStep:
     costs: dict[str, float] | None = None
     cosim_iteration_time: float = 0.0
     cosim_exposed_comm: float = 0.0
+    recompute_bytes: int = 0  # activation checkpointing: one block's, while backward recomputes it
+    activation_checkpointing: bool = False
 
     @property
     def shard_size(self) -> int:
@@ -266,25 +337,3 @@ class CapturedStep:
 
     def network_model(self) -> Network | None:
         return None if self.network is None else Network(**self.network)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def to_json(self, path: str | os.PathLike | None = None) -> str:
-        text = json.dumps(self.to_dict(), sort_keys=True, indent=1)
-        if path is not None:
-            with open(path, "w") as f:
-                f.write(text)
-        return text
-
-    save = to_json
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> CapturedStep:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> CapturedStep:
-        with open(path) as f:
-            return cls.from_dict(json.load(f))

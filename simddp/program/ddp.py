@@ -28,8 +28,9 @@ from typing import Mapping, Sequence
 from .captured import CapturedIteration
 from .knobs import CheckedKnobs
 from .mesh import DDPMesh
+from ..models.syncs import METRIC_BYTES, sync_seconds
 from .parallel import Parallel
-from .steps import (Collective, Compute, Instruction, Issue, Mark, Memory, Segment, Wait,
+from .steps import (Collective, Compute, Instruction, Issue, Mark, Memory, Pace, Segment, Wait,
                     WaitAll, peak_memory)
 
 __all__ = ["plan_ddp", "DDPProgram", "BucketPlan", "Costs", "plans"]
@@ -134,6 +135,12 @@ class DDPProgram:
 
     def __init__(self, cap: CapturedIteration, checked: CheckedKnobs) -> None:
         k = checked.knobs
+        if checked.core_slowdown != 1.0:  # ranks sharing a host's cores (simddp.models.host)
+            cap = cap.with_compute_scaled(checked.core_slowdown)
+        self.knobs, self.loader = k, checked.loader
+        if k.metric_allreduces and checked.uneven:
+            raise ValueError("metric_allreduces with uneven inputs: a joined rank would not "
+                             "issue them (Join shadows DDP's collectives only)")
         self.cap, self.world, self.iterations = cap, checked.world, checked.iterations
         self.nprofiles = len(cap.profiles)
         self.period = k.period
@@ -152,11 +159,13 @@ class DDPProgram:
         # the forward's marks in each profile's own order; the vectorised engine needs one
         orders = [tuple((w, i) for _, w, i in _forward_events(p)) for p in cap.profiles]
         self._orders_differ = len(set(orders)) > 1
-        prefix = self._join_prefix() if self.uneven else ()
+        prefix = self._host_head() + (self._join_prefix() if self.uneven else ())
         tail = self._tail()
-        self._train = [prefix + (self._forward(p),) + self._backward() + tail
-                       for p in (range(self.nprofiles) if self._orders_differ else [0])]
-        self._averaged = [t + self._average() for t in self._train] if self.period else None
+        host = self._host_tail()
+        train = [prefix + (self._forward(p),) + self._backward() + tail
+                 for p in (range(self.nprofiles) if self._orders_differ else [0])]
+        self._train = [t + host for t in train]
+        self._averaged = [t + self._average() + host for t in train] if self.period else None
         self._shadow = self._shadow_iteration() if self.uneven else ()
 
     # -- what engines ask ------------------------------------------------------------------
@@ -240,6 +249,8 @@ class DDPProgram:
         marks = []
         for k, plan in enumerate(self.plans):
             def ready(q, params=plan.params):
+                if not self.knobs.overlap:  # a framework that reduces after backward
+                    return q.backward
                 rd = [0.0 if t is None else float(t) for t in q.ready]
                 return max((rd[i] for i in params), default=0.0)
             marks.append(Mark(_per_profile(cap, ready),
@@ -257,6 +268,36 @@ class DDPProgram:
         return (Compute("backward", _per_profile(cap, lambda q: q.post_backward), 2),
                 Compute("forward", _per_profile(cap, lambda q: q.before_step), 2),
                 Compute("optimizer", _per_profile(cap, lambda q: q.optimizer), 3))
+
+    def _samples(self) -> int:
+        n = self.knobs.samples_per_rank or self.cap.batch_size
+        if not n:
+            raise ValueError("the host loader needs the samples each rank loads per iteration: "
+                             "the capture does not know its batch size, give samples_per_rank")
+        return n
+
+    def _host_head(self) -> tuple[Instruction, ...]:
+        """Main-process data loading (simddp.models.host), before the forward."""
+        if self.loader is None or not self.loader.inline(1):
+            return ()
+        return (Compute("host", (self.loader.inline(self._samples()),) * self.nprofiles, None,
+                        "data loading (main process)"),)
+
+    def _host_tail(self) -> tuple[Instruction, ...]:
+        """After the step: host syncs, metric all_reduces (simddp.models.syncs), and the wait
+        for the loader's next batch (simddp.models.host)."""
+        k, n = self.knobs, self.nprofiles
+        out: list[Instruction] = []
+        if k.sync_points:
+            out.append(Compute("host", (sync_seconds(k.sync_points, k.sync_us),) * n, None,
+                               "sync (host waits for the device)"))
+        for j in range(k.metric_allreduces):
+            out += [self._issue(("metric", j), "dp", "all_reduce", METRIC_BYTES,
+                                kind="optimizer", label="issue: metric all_reduce"),
+                    Wait(("metric", j), "wait: metric all_reduce")]
+        if self.loader is not None and self.loader.period(1):
+            out.append(Pace(self.loader.period(self._samples())))
+        return tuple(out)
 
     def _average(self) -> tuple[Instruction, ...]:
         """PeriodicModelAverager (LocalSGD) / SlowMo: all_reduce of all parameters."""

@@ -79,6 +79,14 @@ class FSDPProgram:
                 or k.uneven or k.groups != 1:
             raise ValueError("DDP's knobs (comm_hook, bucket_cap_mb, localsgd/slowmo, uneven, "
                              "groups) do not apply to an FSDP2 replay")
+        default = type(k)()
+        ddp_only = [n for n in ("overlap", "host_per_sample_us", "loader_workers", "sync_points",
+                                "metric_allreduces")
+                    if getattr(k, n, None) != getattr(default, n, None)]
+        if ddp_only:
+            raise ValueError(f"{', '.join(ddp_only)}: these cost mechanisms are modelled for DDP "
+                             f"replays only so far (the network's protocol latency and GPU "
+                             f"contention apply to FSDP2 too)")
         self.cap, self.world, self.parallel = cap, world, par
         self.iterations = checked.iterations
         self.nprofiles = cap.world_size
@@ -149,10 +157,13 @@ class FSDPProgram:
             out.extend(after)
             if phase == "forward" and act:
                 out.append(Memory("activations", act, "saved for backward"))
+            if phase == "forward" and cap.recompute_bytes:
+                out.append(Memory("activations", cap.recompute_bytes, "one block recomputed"))
             if phase == "backward":
                 out.append(WaitAll("wait: reduce-scatters (end of backward)"))
-                if act:
-                    out.append(Memory("activations", -act, "freed by backward"))
+                if act or cap.recompute_bytes:
+                    out.append(Memory("activations", -act - cap.recompute_bytes,
+                                      "freed by backward"))
         grads = sum(self._sharded_grad(b) for b in units)
         if grads:
             out.append(Memory("gradients", -grads, "zero_grad(set_to_none=True)"))

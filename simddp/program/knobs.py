@@ -36,6 +36,14 @@ class Knobs:
     Every parallelism: ``rank_speed`` (rank → speed factor), ``jitter`` (relative standard
     deviation of compute and network times), ``seed``, ``iterations``, ``gpu_memory_gb``
     (device memory for the OOM verdict; None: no verdict).
+    deviation of compute and network times), ``seed``, ``iterations``.
+    Cost mechanisms (docs/costs.md; each off by default): ``overlap`` (False: DDP's
+    all_reduces after backward), the host (:mod:`simddp.models.host`: ``host_per_sample_us``,
+    ``loader_workers``, ``host_cores``, ``ranks_per_host``, ``rank_threads``,
+    ``samples_per_rank``), per-step synchronisations (:mod:`simddp.models.syncs`:
+    ``sync_points``, ``sync_us``, ``metric_allreduces``), NCCL's per-collective latency
+    (``protocol_latency``, :mod:`simddp.models.nccl_latency`) and SM contention
+    (``gpu_contention``, :mod:`simddp.models.gpu_contention`).
     """
 
     bucket_cap_mb: float | None = None
@@ -56,6 +64,18 @@ class Knobs:
     backward_prefetch: int = 1
     reshard_after_forward: bool | None = None
     gpu_memory_gb: float | None = None
+    overlap: bool = True
+    host_per_sample_us: float = 0.0
+    loader_workers: int = 0
+    host_cores: int | None = None
+    ranks_per_host: int | None = None
+    rank_threads: float | None = None
+    samples_per_rank: int | None = None
+    sync_points: int = 0
+    sync_us: float | None = None
+    metric_allreduces: int = 0
+    protocol_latency: bool = False
+    gpu_contention: str | None = None
 
     @classmethod
     def of(cls, **kw: Any) -> Knobs:
@@ -124,7 +144,48 @@ class Knobs:
         iterations = integer("iterations", iterations, minimum=1)
         if any(n > iterations for n in uneven.values()):
             raise ValueError(f"uneven gives a rank more than iterations={iterations} iterations")
-        return CheckedKnobs(self, world, net, speeds, uneven, iterations)
+        return CheckedKnobs(self, world, *self._costs(world, net), speeds, uneven, iterations)
+
+    def _costs(self, world: int, net: NetworkModel) -> tuple[NetworkModel, Any, float, int]:
+        """The cost mechanisms' models: (the network with NCCL's latency and the GPU's
+        contention, the host loader or None, the compute slowdown of shared cores, the ranks
+        per host)."""
+        from ..models.gpu_contention import gpu_contention
+        from ..models.host import HostLoader, core_share_slowdown
+        from ..models.nccl_latency import ProtocolLatency
+
+        if not isinstance(self.overlap, bool) or not isinstance(self.protocol_latency, bool):
+            raise ValueError("overlap and protocol_latency must be True or False")
+        integer("sync_points", self.sync_points, minimum=0, hint="host syncs per step, e.g. 1")
+        integer("metric_allreduces", self.metric_allreduces, minimum=0,
+                hint="small all_reduces per step (logged metrics), e.g. 1")
+        if self.sync_us is not None:
+            number("sync_us", self.sync_us, minimum=0, hint="microseconds per host sync")
+        rph = self.ranks_per_host
+        if rph is None:
+            rph = getattr(net, "gpus_per_node", None) or 1
+        rph = min(integer("ranks_per_host", rph, minimum=1, hint="ranks per node"), world)
+        if self.gpu_contention is not None:
+            if not hasattr(net, "with_"):
+                raise TypeError(f"gpu_contention needs a simddp.Network or MeasuredNetwork, "
+                                f"got {net!r}")
+            net = net.with_(contention=gpu_contention(self.gpu_contention))
+        if self.protocol_latency:
+            net = ProtocolLatency(net)
+        loader = None
+        if self.host_per_sample_us:
+            loader = HostLoader(self.host_per_sample_us, self.loader_workers, self.host_cores,
+                                rph)
+        if self.samples_per_rank is not None:
+            integer("samples_per_rank", self.samples_per_rank, minimum=1,
+                    hint="samples one rank loads per iteration (its batch size)")
+        slowdown = 1.0
+        if self.rank_threads is not None:
+            if self.host_cores is None:
+                raise ValueError("rank_threads needs host_cores (the cores of a node the ranks "
+                                 "share)")
+            slowdown = core_share_slowdown(rph, self.rank_threads, self.host_cores)
+        return net, loader, slowdown, rph
 
 
 @dataclass(frozen=True)
@@ -133,7 +194,10 @@ class CheckedKnobs:
 
     knobs: Knobs
     world: int
-    network: NetworkModel
+    network: NetworkModel  # with the knobs' NCCL latency and GPU contention
+    loader: Any  # simddp.models.host.HostLoader, or None
+    core_slowdown: float  # compute × this (ranks sharing a host's cores)
+    ranks_per_host: int
     speeds: dict[int, float]
     uneven: dict[int, int]
     iterations: int
@@ -151,7 +215,15 @@ class CheckedKnobs:
                 "groups": k.groups, "shared_nic": k.shared_nic, "parallel": k.parallel,
                 "forward_prefetch": k.forward_prefetch, "backward_prefetch": k.backward_prefetch,
                 "reshard_after_forward": k.reshard_after_forward,
-                "gpu_memory_gb": k.gpu_memory_gb}
+                "gpu_memory_gb": k.gpu_memory_gb, **self._cost_columns()}
+
+    def _cost_columns(self) -> dict[str, Any]:
+        """The cost mechanisms' columns, only those switched on (rows stay as they were)."""
+        k, default = self.knobs, Knobs()
+        names = ("overlap", "host_per_sample_us", "loader_workers", "host_cores",
+                 "ranks_per_host", "rank_threads", "samples_per_rank", "sync_points", "sync_us",
+                 "metric_allreduces", "protocol_latency", "gpu_contention")
+        return {n: getattr(k, n) for n in names if getattr(k, n) != getattr(default, n)}
 
 
 @dataclass(frozen=True)

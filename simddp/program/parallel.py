@@ -11,6 +11,9 @@ the world size over the others. Names (:data:`PARALLEL_MODES`):
 * ``tp`` — tensor parallelism (DTensor ``parallelize_module``) over the dimension;
 * ``pp`` — pipeline parallelism (``torch.distributed.pipelining``) over the dimension.
 
+``tp`` and ``pp`` are laid out on the mesh but not replayed yet: ``simddp whatif`` refuses them
+with that reason.
+
 The mesh is laid out as torchtitan lays it out, row-major ``pp × replicate × shard × tp``
 (tensor parallelism innermost, so it stays inside a node when it fits).
 """
@@ -28,8 +31,8 @@ PARALLEL_MODES = {
     "ddp": "DistributedDataParallel (torch's Reducer and its buckets)",
     "fsdp": "FSDP2 fully_shard: parameters, gradients and optimizer state sharded",
     "hsdp": "FSDP2 on a replicate × shard mesh: hsdp:S shards over S ranks",
-    "tp": "tensor parallelism (DTensor parallelize_module), innermost mesh dimension",
-    "pp": "pipeline parallelism (torch.distributed.pipelining schedules), outermost",
+    "tp": "tensor parallelism, innermost mesh dimension (parsed and laid out; not replayed yet)",
+    "pp": "pipeline parallelism, outermost mesh dimension (parsed and laid out; not replayed yet)",
 }
 _DATA = ("ddp", "fsdp", "hsdp")
 _ORDER = ("pp", "data", "tp")  # the mesh's row-major order

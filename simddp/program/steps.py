@@ -14,7 +14,9 @@ it on a world of any size. The program is a list of instructions per rank and it
   j + 1 is issued when stage j's callback ends: PowerSGD);
 * :class:`Wait` (one collective, by tag) and :class:`WaitAll` (everything issued with
   ``pending=True`` since the last WaitAll);
-* :class:`Memory` — bytes allocated (+) or freed (−) in a category; not timed.
+* :class:`Memory` — bytes allocated (+) or freed (−) in a category; not timed;
+* :class:`Pace` — the iteration lasts at least so long (a producer it waits for: the data
+  loader), shown as host time.
 
 Durations are per captured profile (rank r replays profile ``r % nprofiles``) and are scaled by
 the rank's slowness (1 / speed) and, where ``noise`` names one, the iteration's jitter factor
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence, Union
 
 __all__ = ["Seconds", "Collective", "Compute", "Segment", "Mark", "Issue", "Wait", "WaitAll",
-           "Memory", "Instruction", "StepProgram", "MEMORY_CATEGORIES", "peak_memory"]
+           "Memory", "Pace", "Instruction", "StepProgram", "MEMORY_CATEGORIES", "peak_memory"]
 
 Seconds = tuple[float, ...]  # per captured profile
 
@@ -107,6 +109,17 @@ class Memory:
 
 
 @dataclass(frozen=True)
+class Pace:
+    """The iteration does not end before ``seconds`` after it began: a producer that delivers
+    one input per ``seconds`` (:mod:`simddp.models.host`); the rank waits for it here, shown
+    as ``label`` (kind ``"host"``). Not scaled by the rank's slowness: the host's pace is not
+    the device's."""
+
+    seconds: float
+    label: str = "data loading (waiting for the loader)"
+
+
+@dataclass(frozen=True)
 class Mark:
     """Where in a :class:`Segment` an :class:`Issue` or :class:`Wait` happens: ``at`` per
     profile (None: right where the previous mark left off)."""
@@ -127,7 +140,7 @@ class Segment:
     anchored: bool = False
 
 
-Instruction = Union[Compute, Segment, Issue, Wait, WaitAll, Memory]
+Instruction = Union[Compute, Segment, Issue, Wait, WaitAll, Memory, Pace]
 
 
 class StepProgram(Protocol):

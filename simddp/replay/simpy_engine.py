@@ -21,7 +21,7 @@ from ..analysis import PerRank, Timeline
 from ..core import CollectiveProcess, Fabric, at
 from ..models import noise
 from ..program.knobs import CheckedKnobs
-from ..program.steps import Compute, Instruction, Issue, Memory, Segment, Wait, WaitAll
+from ..program.steps import Compute, Instruction, Issue, Memory, Pace, Segment, Wait, WaitAll
 from .classes import classes as _classes
 from .communicators import _Communicators
 from .contention_clock import _ContentionClock
@@ -165,6 +165,7 @@ class _Replay(_Communicators, _ContentionClock):
             else _NO_NOISE
         pending: list = []
         issued: dict[tuple, CollectiveProcess] = {}
+        began = self.env.now
         for ins in instructions:
             kind = type(ins)
             if kind is Compute:
@@ -191,6 +192,11 @@ class _Replay(_Communicators, _ContentionClock):
             elif kind is WaitAll:
                 yield from self.wait_all(r, pending, ins.label)
                 pending = []
+            elif kind is Pace:
+                start, target = self.env.now, began + ins.seconds
+                if target > start:
+                    yield at(self.env, target)
+                    self._span(r, "host", start, self.env.now, ins.label)
             elif kind is not Memory:  # pragma: no cover - a planner's bug
                 raise TypeError(f"not an instruction: {ins!r}")
 

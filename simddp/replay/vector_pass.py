@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..models import collective_time
-from ..program.steps import Compute, Issue, Memory, Segment, Wait, WaitAll
+from ..program.steps import Compute, Issue, Memory, Pace, Segment, Wait, WaitAll
 from .vector_records import Record, Step
 
 if TYPE_CHECKING:
@@ -57,6 +57,7 @@ class PlanPass:
     def run_instructions(self, it: int, instructions, f: np.ndarray) -> None:
         eng, s = self.eng, self.s
         issued: dict[tuple, Step] = {}
+        began = self.now
         for ins in instructions:
             kind = type(ins)
             if kind is Compute:
@@ -82,6 +83,10 @@ class PlanPass:
                 self.rec.waited(self.now, e, ins.label)
                 self.now = e
                 self.target = np.full(self.n, -np.inf)
+            elif kind is Pace:  # as the simpy engine: the clock jumps to the target exactly
+                new = np.maximum(self.now, began + ins.seconds)
+                self.rec.compute("host", self.now, new, ins.label)
+                self.now = new
             elif kind is not Memory:  # pragma: no cover - a planner's bug
                 raise TypeError(f"not an instruction: {ins!r}")
 

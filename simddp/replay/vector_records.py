@@ -65,6 +65,7 @@ class Record:
         self.rows = rows
         z = lambda: np.zeros((n, iterations))  # noqa: E731
         self.forward, self.backward, self.optimizer, self.wait = z(), z(), z(), z()
+        self.host = z()  # data loading, host syncs (simddp.models.host, .syncs)
         self.bounds = np.zeros((n, iterations))
         self.waits: list[tuple[int, np.ndarray, np.ndarray]] = []  # (it, start, end)
         self.spans: list[list] = [[] for _ in range(n)] if rows else []

@@ -3,8 +3,8 @@
 The rank process holds no part of the world. Its default group and every group it makes are
 :class:`RemoteProcessGroup`\\ s, registered under the same backend name ``"fakepg"``; each
 collective, p2p call, barrier, store operation and ``time.sleep`` is a request over the
-rank's pipe to its proxy thread in the parent (:mod:`fakepg.rank_proxy`), which performs it
-on the parent's fake world (:mod:`fakepg.process_mode`) -- so matching, validation,
+rank's pipe to its proxy thread in the parent (:mod:`fakepg.process.rank_proxy`), which performs it
+on the parent's fake world (:mod:`fakepg.process.process_mode`) -- so matching, validation,
 rank-order results, hang verdicts and traces are exactly thread mode's. Works and futures
 here mirror the proxy's: a work knows it is done when a reply says so (every reply carries
 the rank's newly completed works, so ``then`` callbacks run at the same points as in thread

@@ -81,7 +81,7 @@ def _start_world(timeout: datetime.timedelta | None = None) -> None:
     me = _rank.me()
     timeout = timeout or datetime.timedelta(minutes=30)
     TORCH_INIT_PROCESS_GROUP(backend=BACKEND_NAME, rank=me.rank, world_size=me.nprocs,
-                   store=RemoteStore("world", timeout=timeout), timeout=timeout)
+                             store=RemoteStore("world", timeout=timeout), timeout=timeout)
 
 
 @functools.wraps(TORCH_NEW_GROUP_HELPER)
@@ -92,7 +92,7 @@ def _pg_helper(group_size, group_rank, global_ranks_in_group, backend, *args, **
     asked = None if backend == BACKEND_NAME else backends.from_request(backend)
     with requested_backend(asked):
         return TORCH_NEW_GROUP_HELPER(group_size, group_rank, global_ranks_in_group, BACKEND_NAME,
-                                   *args, **kwargs)
+                                      *args, **kwargs)
 
 
 @functools.wraps(TORCH_GET_BACKEND)

@@ -43,7 +43,7 @@ class Rank:
         return value
 
 
-_ME: Rank | None = None  # set by fakepg.remote.install in a rank process
+_ME: Rank | None = None  # set by fakepg.process.remote.install in a rank process
 
 
 def current() -> Rank | None:

@@ -2,7 +2,7 @@
 
 A work knows it is done when a reply says so (every reply carries the rank's newly completed
 works, so ``then`` callbacks run at the same points as in thread mode). The future plumbing is
-thread mode's (:class:`fakepg.work.WorkBase`).
+thread mode's (:class:`fakepg.world.work.WorkBase`).
 """
 
 from __future__ import annotations
