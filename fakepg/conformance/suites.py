@@ -2,7 +2,7 @@
 
 Runs pytest on the given test files twice, in subprocesses — once as they are (torch starts one
 process per rank, the suites use gloo on a CPU), once with ``--fakepg-suites`` (the ranks of each
-test are one fake world, :mod:`fakepg.suites`) — and prints one row per test with both verdicts,
+test are one fake world, :mod:`fakepg.launch.suites`) — and prints one row per test with both verdicts,
 the counts, and the time both spent in the tests themselves (pytest's per-test durations, from
 its JUnit XML report)::
 

@@ -3,7 +3,7 @@
 Runs the test methods of ``DistributedTest._DistTestBase``
 (``torch.testing._internal.distributed.distributed_test``, shipped in torch's wheel: the suite
 behind torch's ``test/distributed/test_distributed_spawn.py``) once on fakepg, as that file
-declares the suite, through :mod:`fakepg.suites` (torch's own ``TestDistBackend._run`` per rank,
+declares the suite, through :mod:`fakepg.launch.suites` (torch's own ``TestDistBackend._run`` per rank,
 torch's return-code rules; every rank a thread, or a process with ``--isolation process``), and
 once on real multi-process gloo (forked processes running the same steps as
 ``TestDistBackend._run``), and prints one row per test with both outcomes. For any other
@@ -160,7 +160,7 @@ def _combine(outcomes: list[str]) -> str:
 
 
 def run_fake(test_name: str, world_size: int, tmp: str, isolation: str, timeout: float) -> str:
-    """One test on the fake cluster through :mod:`fakepg.suites` (torch's own
+    """One test on the fake cluster through :mod:`fakepg.launch.suites` (torch's own
     ``TestDistBackend`` with only its process start-up replaced); returns the outcome."""
     from torch.testing._internal.distributed import distributed_test as dt
 

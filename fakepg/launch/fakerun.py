@@ -429,7 +429,7 @@ def _rank_output(plan: _Plan) -> Iterator[None]:
 
 def _run(plan: _Plan) -> None:
     def rank_main(rank: int) -> None:
-        # Each rank owns its sys.argv (fakepg.isolation), with torchrun's ${local_rank} macro.
+        # Each rank owns its sys.argv (fakepg.world.isolation), with torchrun's ${local_rank} macro.
         sys.argv = [a.replace("${local_rank}", plan.env[rank]["LOCAL_RANK"]) for a in plan.argv]
         try:
             if plan.module:

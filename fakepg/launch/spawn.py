@@ -63,8 +63,9 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
     (``dist.init_process_group`` by unmodified code is accepted and returns the same
     world). ``init_process_group=False`` starts each rank as torchrun starts a worker
     instead: nothing initialised until the program calls ``dist.init_process_group``, whose
-    backend and timeout then hold (``fakerun`` and :mod:`fakepg.suites` run ranks so). Ranks run one at a time, switching only where one must wait for another, so
-    the same program and ``seed`` give bitwise-identical results and traces.
+    backend and timeout then hold (``fakerun`` and :mod:`fakepg.launch.suites` run ranks so).
+    Ranks run one at a time, switching only where one must wait for another, so the same
+    program and ``seed`` give bitwise-identical results and traces.
 
     ``seed`` fixes each rank's initial torch/Python/numpy RNG state (a function of seed
     and rank). ``hang_timeout`` bounds the inactivity fallback for waits hidden in C++.

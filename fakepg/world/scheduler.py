@@ -13,7 +13,7 @@ really sleeps until the earliest deadline. Without sleepers, timed waits do not 
 verdict -- a wait nobody can ever satisfy fails at once, with its timeout's error.
 
 A rank may also wait in Python's own synchronisation (a ``queue.Queue``, ``threading.Event``,
-``Condition``, a future: :mod:`fakepg.liveness` makes those waits park here, as *python
+``Condition``, a future: :mod:`fakepg.world.liveness` makes those waits park here, as *python
 waits*). Another rank, or a thread the ranks started, may release it; so when no rank can
 run and one waits so, the verdict comes after an inactivity window (``inactivity`` seconds)
 in which no other thread of the process did anything.
@@ -31,12 +31,12 @@ from ..choices.schedule import Schedule
 
 NEW, RUNNING, BLOCKED, DONE = "new", "running", "blocked", "done"
 
-# The real clock, taken before fakepg.liveness makes time.monotonic a preemption point on
+# The real clock, taken before fakepg.world.liveness makes time.monotonic a preemption point on
 # rank threads: the scheduler's own reads of it must not preempt.
 monotonic = time.monotonic
 _real_sleep = time.sleep  # likewise, before rank threads' time.sleep hands the baton over
 _INF = float("inf")
-# Threads the ranks started that are in a real time.sleep (fakepg.liveness counts them):
+# Threads the ranks started that are in a real time.sleep (fakepg.world.liveness counts them):
 # such a thread will do something, so the ranks' python waits are not over yet.
 helpers_sleeping = [0]
 
