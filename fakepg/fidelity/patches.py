@@ -183,6 +183,13 @@ def _fake_pg_helper(group_size, group_rank, global_ranks_in_group, backend, *arg
     if current_cluster() is None:
         return TORCH_NEW_GROUP_HELPER(group_size, group_rank, global_ranks_in_group, backend,
                                           *args, **kwargs)
+    return world_group(group_size, group_rank, global_ranks_in_group, backend, *args, **kwargs)
+
+
+def world_group(group_size, group_rank, global_ranks_in_group, backend, *args, **kwargs):
+    """torch's ``_new_process_group_helper`` inside a world (both isolation modes): a backend
+    the program registered is created by torch as registered; any other name is a group of the
+    fake world with that backend's personality."""
     if foreign_backends.foreign(backend):  # the program's own backend: torch creates it
         return foreign_backends.torch_creates(TORCH_NEW_GROUP_HELPER, group_size, group_rank,
                                               global_ranks_in_group, backend, *args, **kwargs)
@@ -190,7 +197,7 @@ def _fake_pg_helper(group_size, group_rank, global_ranks_in_group, backend, *arg
     asked = None if backend == BACKEND_NAME else backends.from_request(backend)
     with requested_backend(asked):
         return TORCH_NEW_GROUP_HELPER(group_size, group_rank, global_ranks_in_group, BACKEND_NAME,
-                                          *args, **kwargs)
+                                      *args, **kwargs)
 
 
 @functools.wraps(TORCH_GET_BACKEND)

@@ -25,9 +25,9 @@ from ...fidelity import backends, foreign_backends
 # world has patched in by the time this module is first imported)
 from ...fidelity.originals import (TORCH_GET_BACKEND, TORCH_INIT_PROCESS_GROUP, TORCH_MONITORED_BARRIER,
                                    TORCH_NEW_GROUP_HELPER)
-from ...fidelity.patches import monitored_barrier_arguments
+from ...fidelity.patches import monitored_barrier_arguments, world_group
 from ...fidelity.store import native_store_guard
-from ...world.python_group import BACKEND_NAME, marking_join_shadow, requested_backend
+from ...world.python_group import BACKEND_NAME, marking_join_shadow
 from .. import mp_spawn
 from ..mp_spawn import StartWorld
 from ..wire import Channel, pack_exception
@@ -86,13 +86,7 @@ def _start_world(timeout: datetime.timedelta | None = None) -> None:
 
 @functools.wraps(TORCH_NEW_GROUP_HELPER)
 def _pg_helper(group_size, group_rank, global_ranks_in_group, backend, *args, **kwargs):
-    if foreign_backends.foreign(backend):  # the program's own backend: torch creates it
-        return foreign_backends.torch_creates(TORCH_NEW_GROUP_HELPER, group_size, group_rank,
-                                              global_ranks_in_group, backend, *args, **kwargs)
-    asked = None if backend == BACKEND_NAME else backends.from_request(backend)
-    with requested_backend(asked):
-        return TORCH_NEW_GROUP_HELPER(group_size, group_rank, global_ranks_in_group, BACKEND_NAME,
-                                      *args, **kwargs)
+    return world_group(group_size, group_rank, global_ranks_in_group, backend, *args, **kwargs)
 
 
 @functools.wraps(TORCH_GET_BACKEND)
