@@ -31,7 +31,7 @@ import concurrent.futures
 import inspect
 import os
 import runpy
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -39,7 +39,6 @@ from .analysis.sweeps import SweepResult
 from .models import Compute, Network, NetworkModel
 from .timing import Timing
 from .cosim.capture import capture
-from .program.captured import CapturedIteration
 from .program.knobs import Config, Knobs
 from .cosim.simulate import now, simulate
 from .sweep import Progress, run_configs

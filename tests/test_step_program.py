@@ -4,8 +4,7 @@ import pytest
 
 from fakepg import zoo
 from simddp import Compute, Network, Timing
-from simddp.program import (Compute as ComputeStep, Config, Issue, Knobs, Memory, Parallel,
-                            Segment, WaitAll, peak_memory, plan)
+from simddp.program import Config, Issue, Knobs, Memory, Parallel, Segment, peak_memory, plan
 from simddp.replay import capture, replay
 from simddp.replay.vector_engine import unsupported
 
@@ -117,8 +116,3 @@ def test_a_device_mesh_groups_ranks_row_major_with_the_last_dimension_innermost(
     codes, n = mesh.codes("shard")
     assert n == 4 and codes.tolist() == [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4
 
-
-def test_wait_all_and_compute_are_the_programs_own_words():
-    # the instruction set is small and explicit: a planner's vocabulary
-    assert {ComputeStep, Segment, Issue, WaitAll, Memory} <= set(
-        __import__("simddp.program", fromlist=["Instruction"]).Instruction.__args__)

@@ -24,6 +24,7 @@ from fakepg.arguments import integer
 
 from ..models import Network
 from ..program.captured import CapturedStep
+from ..program.mesh import DeviceMesh
 from ..timing import Timing
 from .capture import _batches, _probe_costs, _train, activation_bytes, state_bytes
 from .meta import DEVICES, fsdp_on_meta, meta_scope
@@ -112,23 +113,17 @@ def _rank_run(scenario: Any, mesh_dims: Mapping[str, int], iterations: int,
     return run
 
 
-def _scope(group_ranks: tuple[int, ...], rank: int, mesh_dims: Mapping[str, int]) -> str:
+def _scope(group_ranks: tuple[int, ...], rank: int, mesh: DeviceMesh) -> str:
     """The mesh dimension whose group (through ``rank``) is ``group_ranks``."""
-    from ..program.mesh import DeviceMesh
-
-    world = 1
-    for v in mesh_dims.values():
-        world *= v
-    mesh = DeviceMesh(world, dict(mesh_dims))
-    members = set(group_ranks) if group_ranks else set(range(world))
-    for dim in mesh_dims:
+    members = set(group_ranks) if group_ranks else set(range(mesh.world))
+    for dim in mesh.dims:
         if set(mesh.members(rank, dim)) == members:
             return dim
-    return "world" if len(members) == world else "other"
+    return "world" if len(members) == mesh.world else "other"
 
 
 def _phase_profile(res: SimResult, rank: int, marks: Mapping[str, float],
-                   mesh_dims: Mapping[str, int]) -> dict[str, Any]:
+                   mesh: DeviceMesh) -> dict[str, Any]:
     """Per phase: compute seconds (waits excluded) and the collectives issued in it."""
     bounds = {"forward": ("start", "backward"), "backward": ("backward", "backward_done"),
               "optimizer": ("backward_done", "end")}
@@ -151,7 +146,7 @@ def _phase_profile(res: SimResult, rank: int, marks: Mapping[str, float],
                     wait_at = max(offset, s - t0 - waited(t0, s))
                     break
             events.append({"op": rec.op, "bytes": int(rec.bytes),
-                           "scope": _scope(rec.group_ranks, rank, mesh_dims),
+                           "scope": _scope(rec.group_ranks, rank, mesh),
                            "offset": offset, "wait_at": wait_at})
         out[phase] = {"seconds": (t1 - t0) - waited(t0, t1), "events": events}
     return out
@@ -198,7 +193,7 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
         parallel="hsdp" if "replicate" in mesh_dims else "fsdp",
         world_size=nprocs, mesh=mesh_dims, reshard_after_forward=bool(reshard_after_forward),
         param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-        profiles=[_phase_profile(res, r, o["marks"], mesh_dims)
+        profiles=[_phase_profile(res, r, o["marks"], DeviceMesh(nprocs, mesh_dims))
                   for r, o in enumerate(res.returns)],
         param_bytes=int(r0["param_bytes"]),
         optimizer_state_bytes=int(r0["optimizer_state_bytes"]),

@@ -232,10 +232,10 @@ class DDPProgram:
         for _, what, k in _forward_events(cap.profiles[p]):
             fc = cap.profiles[p].forward_collectives[k]
             if what == 0:
-                at = _per_profile(cap, lambda q: _offset(q, p, k, "offset"))
+                at = _per_profile(cap, lambda q: _offset(q, k, "offset"))
                 marks.append(Mark(at, self._issue(("fwd", k), "dp", fc["op"], fc["bytes"])))
             else:
-                at = _per_profile(cap, lambda q: _offset(q, p, k, "wait_at"))
+                at = _per_profile(cap, lambda q: _offset(q, k, "wait_at"))
                 marks.append(Mark(at, Wait(("fwd", k), f"wait: {fc['op']}")))
         return Segment("forward", _per_profile(cap, lambda q: q.forward), 0, tuple(marks))
 
@@ -333,8 +333,8 @@ class DDPProgram:
         return tuple(out)
 
 
-def _offset(q, p: int, k: int, key: str) -> float:
-    """Profile q's offset of forward collective k (profile p's event order)."""
+def _offset(q, k: int, key: str) -> float:
+    """Profile q's offset of its forward collective k (0 where it has none)."""
     fcs = q.forward_collectives
     return float(fcs[k][key]) if k < len(fcs) and fcs[k].get(key) is not None else 0.0
 

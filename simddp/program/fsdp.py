@@ -41,8 +41,8 @@ from typing import Any, Sequence
 from .captured import CapturedStep
 from .knobs import CheckedKnobs
 from .parallel import Parallel
-from .steps import (Collective, Compute, Instruction, Issue, Mark, Memory, Segment, Wait,
-                    WaitAll, peak_memory)
+from .steps import (Collective, Instruction, Issue, Mark, Memory, Segment, Wait, WaitAll,
+                    peak_memory)
 
 __all__ = ["FSDPProgram", "plan_fsdp"]
 
@@ -239,8 +239,7 @@ class FSDPProgram:
             else:
                 items.append((at(i, "offset"), 0, i, Issue(((c, 0.0),), kind=phase,
                                                            pending=True)))
-        p0 = p
-        items.sort(key=lambda x: (x[0][p0], x[1], x[2]))
+        items.sort(key=lambda x: (x[0][p], x[1], x[2]))
         return [Mark(a, do) for a, _, _, do in items], after
 
 

@@ -80,20 +80,19 @@ class Knobs:
     @classmethod
     def of(cls, **kw: Any) -> Knobs:
         """Knobs from keywords; an unknown one is an error naming the accepted ones."""
-        names = [f.name for f in dataclasses.fields(cls)]
+        return cls().replace(**kw)
+
+    def replace(self, **kw: Any) -> Knobs:
+        """These knobs with ``kw`` changed (None for ``rank_speed``/``uneven``: none); an
+        unknown keyword is an error naming the knobs."""
+        names = [f.name for f in dataclasses.fields(self)]
         unknown = sorted(k for k in kw if k not in names)
         if unknown:
             raise TypeError(f"unknown replay knob(s) {', '.join(unknown)}; the knobs are: "
                             f"{', '.join(names)}")
-        kw = {k: v for k, v in kw.items() if not (k in ("rank_speed", "uneven") and v is None)}
-        return cls(**kw)
-
-    def replace(self, **kw: Any) -> Knobs:
+        kw = {k: ({} if k in ("rank_speed", "uneven") and v is None else v)
+              for k, v in kw.items()}
         return dataclasses.replace(self, **kw)
-
-    def given(self, kw: Mapping[str, Any]) -> dict[str, Any]:
-        """This object's values of the fields named in ``kw`` (the keywords a caller gave)."""
-        return {k: getattr(self, k) for k in kw}
 
     @property
     def period(self) -> int | None:

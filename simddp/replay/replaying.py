@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import gc
 import time as _time
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 from fakepg.arguments import integer
@@ -84,7 +84,7 @@ def replay(captured: Any, world_size: int | None = None, *,
     if knobs is not None and not isinstance(knobs, Knobs):
         raise TypeError(f"knobs must be a simddp.program.Knobs, got {knobs!r}")
     base = knobs or Knobs()
-    k = base.replace(**Knobs.of(**knob_values).given(knob_values)) if knob_values else base
+    k = base.replace(**knob_values)
     net = _network(network, cap)
     checked = k.checked(world, net)
     program = plan(cap, checked)

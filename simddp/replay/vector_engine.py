@@ -92,7 +92,8 @@ class VectorReplay(ResultRecords):
 
     def __init__(self, program: Any, checked: CheckedKnobs) -> None:
         self.program, self.mesh = program, program.mesh
-        self.world, self.net = world, net = checked.world, checked.network
+        world = self.world = checked.world
+        self.net = checked.network
         self.iterations = program.iterations
         self.jitter, self.seed = checked.knobs.jitter, checked.knobs.seed
         self.nprof = program.nprofiles
