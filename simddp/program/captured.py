@@ -22,7 +22,7 @@ from fakepg.arguments import number
 
 from ..models import Network
 
-__all__ = ["CapturedIteration", "CapturedStep", "ParamInfo", "RankProfile", "assign_buckets",
+__all__ = ["CapturedIteration", "CapturedStep", "CapturedPipeline", "ParamInfo", "RankProfile", "assign_buckets",
            "parse_indices"]
 
 _MB = 1024 * 1024
@@ -334,6 +334,64 @@ class CapturedStep(_JSON):
     @property
     def shard_size(self) -> int:
         return int(self.mesh.get("shard", 1))
+
+    def network_model(self) -> Network | None:
+        return None if self.network is None else Network(**self.network)
+
+
+@dataclass
+class CapturedPipeline(_JSON):
+    """One training step of a pipeline-parallel program (``torch.distributed.pipelining``,
+    optionally with FSDP2 and/or tensor parallelism inside each stage), as
+    :func:`~simddp.cosim.capture_pp.capture_pp` recorded it; JSON-serialisable.
+
+    ``stages``: per stage index (``pp × stages_per_rank`` of them), a dict::
+
+        {"stage": s, "layers": [first, end),           # the blocks the stage holds
+         "param_bytes": int,                           # the stage's parameters, unsharded
+         "optimizer_state_bytes": int,                 # one rank's optimizer state
+         "activation_bytes": int,                      # saved for backward, one microbatch
+         "send_bytes": {"F": int, "B": int},           # to the next stage / previous stage
+         "actions": {"F": [profile, ...], "B": [...], "I": [...], "W": [...]},
+         "optimizer": profile}
+
+    with one ``profile`` per captured microbatch (index = microbatch) for each action type the
+    captured schedule ran (``B`` for full-backward schedules, ``I`` and ``W`` for zero-bubble
+    ones), each a phase profile as :class:`CapturedStep` has them: ``{"seconds": compute,
+    waits excluded, "events": [{"op", "bytes", "scope", "offset", "wait_at"}]}`` — the
+    collectives the action issued inside the stage (tensor parallelism on ``"tp"``, FSDP2 on
+    ``"shard"``/``"replicate"``), not the pipeline's sends and receives, which the schedule's
+    action list places (``send_bytes``). ``schedule``: the torch schedule class captured;
+    ``mesh``: the capture's mesh (``{"pp": p[, "replicate": r][, "shard": s][, "tp": t]}``).
+    """
+
+    name: str
+    schedule: str
+    pp: int
+    stages_per_rank: int
+    microbatches: int
+    microbatch_size: int
+    mesh: dict[str, int]
+    world_size: int
+    stages: list[dict[str, Any]]
+    param_bytes: int
+    data: str = "none"  # data parallelism inside a stage: "none", "fsdp" or "hsdp"
+    reshard_after_forward: bool = False
+    param_dtype: str | None = None
+    reduce_dtype: str | None = None
+    network: dict[str, Any] | None = None
+    compute: str = ""
+    costs: dict[str, float] | None = None
+    cosim_iteration_time: float = 0.0
+    cosim_exposed_comm: float = 0.0
+
+    @property
+    def shard_size(self) -> int:
+        return int(self.mesh.get("shard", 1))
+
+    @property
+    def tp_size(self) -> int:
+        return int(self.mesh.get("tp", 1))
 
     def network_model(self) -> Network | None:
         return None if self.network is None else Network(**self.network)
