@@ -14,7 +14,7 @@ rank_dependent_unused, tied_weights, buffers, sparse_embedding, mixed_dtypes, tr
 param_order, uneven_inputs. Benchmark workloads (``WORKLOADS``, also reached by ``get``; the
 feature suite does not train them): resnet50, resnet101, resnext101_32x4d (:mod:`.resnet`), vgg16,
 alexnet, inception_v3 (:mod:`.vision`), all torchvision-equal; bert_base, bert_large, gpt2,
-gpt2_medium (transformers-equal, :mod:`.language`); llama3-8b, llama3-70b, llama3-tiny (a
+gpt2_medium (transformers-equal, :mod:`.language`); llama3-8b, llama3-70b, llama3-405b, llama3-tiny (a
 Llama-3-style decoder, :mod:`.llama`).
 """
 

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["LlamaArgs", "Llama", "LLAMA3_8B", "LLAMA3_70B", "LLAMA3_TINY", "LLAMA3_CONFIGS",
+__all__ = ["LlamaArgs", "Llama", "LLAMA3_8B", "LLAMA3_70B", "LLAMA3_405B", "LLAMA3_TINY", "LLAMA3_CONFIGS",
            "lm_loss"]
 
 
@@ -91,11 +91,15 @@ LLAMA3_8B = LlamaArgs(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_siz
                       multiple_of=1024, ffn_dim_multiplier=1.3, rope_theta=500000.0)
 LLAMA3_70B = LlamaArgs(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, vocab_size=128256,
                        multiple_of=4096, ffn_dim_multiplier=1.3, rope_theta=500000.0)
+# Llama 3.1 405B (Meta's params.json; the Llama 3 paper, Table 3: 126 layers, dim 16,384, FFN
+# 53,248, 128 heads, 8 key/value heads).
+LLAMA3_405B = LlamaArgs(dim=16384, n_layers=126, n_heads=128, n_kv_heads=8, vocab_size=128256,
+                        multiple_of=4096, ffn_dim_multiplier=1.2, rope_theta=500000.0)
 # A test-sized one with the same structure (grouped-query attention, SwiGLU rounding).
 LLAMA3_TINY = LlamaArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=256,
                         multiple_of=32, ffn_dim_multiplier=1.3, rope_theta=500000.0,
                         max_seq_len=64)
-LLAMA3_CONFIGS = {"8b": LLAMA3_8B, "70b": LLAMA3_70B, "tiny": LLAMA3_TINY}
+LLAMA3_CONFIGS = {"8b": LLAMA3_8B, "70b": LLAMA3_70B, "405b": LLAMA3_405B, "tiny": LLAMA3_TINY}
 
 
 class RMSNorm(nn.Module):

@@ -20,7 +20,7 @@ from .scenario import Scenario, SeededBatches, cross_entropy_loss, ddp_options
 __all__ = ["WORKLOADS", "resnet50", "resnet101", "resnext101_32x4d", "vgg16", "alexnet",
            "inception_v3", "bert_base", "bert_large", "gpt2", "gpt2_medium",
            "inception_loss", "masked_lm_loss", "causal_lm_loss", "llama3_8b", "llama3_70b",
-           "llama3_tiny"]
+           "llama3_405b", "llama3_tiny"]
 
 WORKLOADS: dict[str, Callable[..., Scenario]] = {}
 
@@ -137,6 +137,14 @@ def llama3_70b(batch_size: int = 1, seq_len: int = 8192, iterations: int = 3, se
     return _llama3("70b", batch_size, seq_len, iterations, seed, bucket_cap_mb)
 
 
+def llama3_405b(batch_size: int = 1, seq_len: int = 8192, iterations: int = 3, seed: int = 0,
+                bucket_cap_mb: float | None = None) -> Scenario:
+    """Llama 3.1 405B (405,853,388,800 parameters; :data:`llama.LLAMA3_405B`), as
+    :func:`llama3_8b`: for pipeline and tensor parallel what-ifs. In ``WORKLOADS`` as
+    ``llama3-405b``."""
+    return _llama3("405b", batch_size, seq_len, iterations, seed, bucket_cap_mb)
+
+
 def llama3_tiny(batch_size: int = 2, seq_len: int = 32, iterations: int = 3, seed: int = 0,
                 bucket_cap_mb: float | None = None) -> Scenario:
     """The Llama 3 architecture at test size (:data:`llama.LLAMA3_TINY`): trains on CPU in
@@ -229,4 +237,5 @@ def gpt2_medium(batch_size: int = 4, seq_len: int = 1024, iterations: int = 3, s
 WORKLOADS.update(resnet50=resnet50, resnet101=resnet101, resnext101_32x4d=resnext101_32x4d,
                  vgg16=vgg16, alexnet=alexnet, inception_v3=inception_v3, bert_base=bert_base,
                  bert_large=bert_large, gpt2=gpt2, gpt2_medium=gpt2_medium)
-WORKLOADS.update({"llama3-8b": llama3_8b, "llama3-70b": llama3_70b, "llama3-tiny": llama3_tiny})
+WORKLOADS.update({"llama3-8b": llama3_8b, "llama3-70b": llama3_70b,
+                  "llama3-405b": llama3_405b, "llama3-tiny": llama3_tiny})

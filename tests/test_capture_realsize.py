@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fakepg import zoo
-from models.llama import LLAMA3_70B, LLAMA3_8B, LLAMA3_TINY, Llama, LlamaArgs
+from models.llama import LLAMA3_405B, LLAMA3_70B, LLAMA3_8B, LLAMA3_TINY, Llama, LlamaArgs
 from simddp import Compute, Timing
 from simddp.cosim.capture import capture
 from simddp.program.captured import CapturedIteration
@@ -29,6 +29,11 @@ def test_llama3_8b_has_its_published_parameter_count():
 def test_llama3_70b_has_its_published_parameter_count():
     assert LLAMA3_70B.ffn_hidden_dim == 28672
     assert _params_on_meta(LLAMA3_70B) == LLAMA3_70B.num_params() == 70_553_706_496
+
+
+def test_llama3_405b_has_its_published_parameter_count():
+    assert LLAMA3_405B.ffn_hidden_dim == 53248
+    assert _params_on_meta(LLAMA3_405B) == LLAMA3_405B.num_params() == 405_853_388_800
 
 
 def test_tied_embeddings_count_the_shared_weight_once():
