@@ -255,3 +255,32 @@ def test_both_engines_agree_where_communicators_of_one_dimension_sit_differently
     def gathers(r):
         return [c.duration for c in slow.timeline.rank_comms(r) if c.group.startswith("shard")]
     assert sum(gathers(6)) > sum(gathers(0))
+
+
+# ---- co-simulation: the same placement from a group's ranks --------------------------------
+
+def _strided_and_local(rank):
+    import torch.distributed as dist
+
+    strided = [dist.new_group([0, 2]), dist.new_group([1, 3])][rank % 2]  # one per node
+    local = [dist.new_group([0, 1]), dist.new_group([2, 3])][rank // 2]  # inside a node
+    t = torch.ones(1 << 18)
+    dist.all_reduce(t, group=strided)
+    dist.all_reduce(t, group=local)
+
+
+def test_cosimulation_costs_a_group_where_its_ranks_sit():
+    import simddp
+
+    net = Network.preset("100gbe", gpus_per_node=2, algorithm="ring")
+    res = simddp.simulate(_strided_and_local, (), 4, timing=Timing(network=net), seed=0)
+    ars = [r for r in res.trace[0] if r.op == "all_reduce"]
+    assert len(ars) == 2
+    strided, local = ars  # rank 0: its strided group's all_reduce first
+    nbytes = 4 << 18
+    assert strided.end - strided.start == pytest.approx(
+        net.placed(1).collective_time("all_reduce", nbytes, 2), rel=1e-9)
+    assert local.end - local.start == pytest.approx(
+        net.collective_time("all_reduce", nbytes, 2), rel=1e-9)
+    # a NIC (12.5 GB/s) between nodes, NVLink (450 GB/s) inside one
+    assert strided.end - strided.start > 10 * (local.end - local.start)

@@ -11,11 +11,20 @@ that stays inside a node when it fits).
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["Mesh", "DDPMesh", "DeviceMesh"]
+__all__ = ["Mesh", "DDPMesh", "DeviceMesh", "ranks_per_node"]
+
+
+def ranks_per_node(ranks: Iterable[int], gpus_per_node: int) -> int:
+    """How many of ``ranks`` share their busiest node, nodes being ``gpus_per_node``
+    consecutive ranks (torchrun's layout): a communicator's placement."""
+    nodes: dict[int, int] = {}
+    for r in ranks:
+        nodes[r // gpus_per_node] = nodes.get(r // gpus_per_node, 0) + 1
+    return max(nodes.values())
 
 
 class Mesh:
@@ -41,10 +50,7 @@ class Mesh:
         one), nodes being ``gpus_per_node`` consecutive ranks: what the network costs it with
         (:meth:`simddp.Network.placed`). By default counted from :meth:`members`, so any mesh
         (a pipeline's p2p channel between two nodes: 1) has it."""
-        nodes: dict[int, int] = {}
-        for m in self.members(rank, scope):
-            nodes[m // gpus_per_node] = nodes.get(m // gpus_per_node, 0) + 1
-        return max(nodes.values())
+        return ranks_per_node(self.members(rank, scope), gpus_per_node)
 
     def per_node_codes(self, scope: str, gpus_per_node: int) -> np.ndarray:
         """:meth:`per_node` for every communicator of ``scope`` at once, indexed by its code
