@@ -16,8 +16,10 @@
   — decided by the simpy engine (:mod:`simddp.core`): each communicator and each
   point-to-point channel is a :class:`~simddp.engine.Channel` (a simpy environment of its own
   with a capacity-1 resource) on which the collective runs as a process — and lasts
-  ``network.collective_time(op, bytes, group size) × noise`` (send/recv: the "send" cost of
-  the sent bytes). These times land in the trace records (``issue``, ``start``, ``end``).
+  ``network.collective_time(op, bytes, group size) × noise`` on the fabric as the group's
+  placement sees it (how many members share a node: :meth:`simddp.Network.placed`; send/recv:
+  the "send" cost of the sent bytes). These times land in the trace records (``issue``,
+  ``start``, ``end``).
 * **Waits.** ``Work.wait()``, ``Future.wait()`` and synchronous calls move the waiting rank's
   clock to ``max(clock, end)``. fakepg settling a collective inside backward (before the C++
   Reducer waits where Python cannot see) is *not* a wait in virtual time.
@@ -93,6 +95,7 @@ from ..errors import CollectiveRaceError, CollectiveTimeoutError
 from ..faults import SlowLink, link_slowdown
 from ..faults import check as check_faults
 from ..models import collective_time, noise
+from ..program.mesh import ranks_per_node
 from ..timing import Timing
 from .clock import CB, KIND_NAMES, OPT, Flight, RankClock, bind, current, ptr
 from . import modules, optim_steps, tape
@@ -188,7 +191,9 @@ class Simulator(WorldHooks):
             key = id(coll.group)
             op, n = coll.op, coll.group.size
             nbytes = max(c.record.bytes for c in members)
-        dur = collective_time(self.network, op, nbytes, n)
+        G = self.network.gpus_per_node  # placement: as replay, from the members' ranks
+        dur = collective_time(self.network, op, nbytes, n,
+                              None if G is None else ranks_per_node((c.rank for c in members), G))
         if self.net_noise is not None:
             dur *= self.net_noise.next()
         channel = self.channels.get(key)

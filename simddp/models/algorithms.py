@@ -73,6 +73,20 @@ Inside one node (n ≤ G) the flat formulas run on the intra link, except that N
 node is a chain (2(n−1) steps). With equal intra and per-GPU inter links the bandwidth terms
 reduce to the flat ones. A last, partly filled node is treated as full (an approximation).
 
+Placement (``Network.placed(g)``): the formulas above assume a communicator fills nodes, G
+members each. A communicator of a strided mesh dimension does not: FSDP's shard group of
+``fsdp:32,tp:8`` on 8-GPU nodes has stride 8, one member per node on 32 nodes, and each node
+runs 8 such groups at once. A communicator with g < G members per node is costed by the same
+formulas on the fabric as it sees it: nodes of g ranks (N = ⌈n/g⌉; n ≤ g is inside one node),
+each node's NICs shared by the G/g communicators of that shape that run concurrently, so this
+one gets B_node · g/G (g "NICs" of B_node/G), and no NVLS where a node holds one member
+(nothing to reduce in the switch; a forced ``algorithm="nvls"`` becomes "auto" there). With
+g = 1 a ring is NCCL's ring over N = n nodes on one NIC's share each: tuning.cc's 2N network
+steps and 2(n−1) − 2N (= −2) intra steps, exactly as it counts them. g ≥ G is today's
+contiguous layout, unchanged. Models that do not know placement (a
+:class:`~simddp.models.MeasuredNetwork`) are asked as if contiguous
+(:func:`simddp.models.collective_time`).
+
 Until this version the hierarchical all_reduce was a sequence intra reduce_scatter → inter
 all_reduce of S/G → intra all_gather (times added, latency 2(G−1)+2(N−1) steps). NCCL does not
 do that for ring/tree: it under-predicted multi-node bus bandwidth (DGX A100, 8×HDR: 153 GB/s

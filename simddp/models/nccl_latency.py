@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .protocols import collective_time
+from .protocols import collective_time, placed
 
 __all__ = ["BASE_LATENCY_US", "PROTOCOL_EFFICIENCY", "ProtocolLatency", "base_latency_s"]
 
@@ -65,6 +65,17 @@ class ProtocolLatency:
     @property
     def gpus_per_node(self) -> int | None:
         return self.inner.gpus_per_node
+
+    def placed(self, per_node: int) -> ProtocolLatency:
+        """``inner`` placed (:meth:`simddp.Network.placed`), with the same base latency."""
+        inner = placed(self.inner, per_node)
+        if inner is self.inner:
+            return self
+        cache = self.__dict__.setdefault("_placed", {})
+        net = cache.get(per_node)
+        if net is None:
+            net = cache[per_node] = ProtocolLatency(inner)
+        return net
 
     def collective_time(self, op: str, nbytes: int, nranks: int) -> float:
         t = collective_time(self.inner, op, nbytes, nranks)

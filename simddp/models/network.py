@@ -181,6 +181,38 @@ class Network:
         return _alg.other_time(self, kind, nbytes, nranks)
 
 
+    def placed(self, per_node: int) -> Network:
+        """The fabric as a communicator with ``per_node`` of its members on each node sees it
+        (see :mod:`simddp.models.algorithms`, "Placement"): nodes of ``per_node`` ranks,
+        each with ``per_node / gpus_per_node`` of the node's NIC bandwidth (the node runs
+        ``gpus_per_node / per_node`` such communicators at once), NVLS only where a node holds
+        several members. ``per_node >= gpus_per_node`` (contiguous) or a flat fabric: ``self``.
+        Cached per instance.
+
+        >>> net = Network.preset("dgx-h100")
+        >>> one = net.placed(1)                       # one member per node: one NIC each
+        >>> one.gpus_per_node, one.node_bandwidth_Bps / 1e9, one.nvls_bandwidth_GBps
+        (1, 50.0, None)
+        >>> net.placed(8) is net
+        True
+        """
+        G = self.gpus_per_node
+        per_node = integer("per_node", per_node, minimum=1,
+                           hint="how many of the communicator's ranks share one node")
+        if G is None or per_node >= G:
+            return self
+        cache = self.__dict__.setdefault("_placed", {})
+        net = cache.get(per_node)
+        if net is None:
+            # per_node "NICs" of the node's per-GPU NIC share: B_node · per_node / G in all
+            nvls = self.nvls_bandwidth_GBps if per_node > 1 else None
+            algorithm = "auto" if self.algorithm == "nvls" and nvls is None else self.algorithm
+            net = cache[per_node] = replace(
+                self, gpus_per_node=per_node, nics_per_node=per_node,
+                bandwidth_GBps=self.node_bandwidth_Bps / G / 1e9, nvls_bandwidth_GBps=nvls,
+                algorithm=algorithm)
+        return net
+
     def chosen_algorithm(self, op: str, nbytes: int, nranks: int) -> str:
         """The algorithm ``collective_time`` uses for this call: ``algorithm`` when forced; under
         "auto" the fastest of ring, tree and (where the network has it) NVLS for all_reduce and

@@ -24,7 +24,11 @@ class NetworkModel(Protocol):
     (:mod:`fakepg.ops`), ``nbytes`` as :class:`simddp.Network` documents. ``describe()``: the
     model's parameters as a flat dict of JSON values (columns of sweep tables). Optional: a
     ``contention`` attribute (a :class:`~simddp.models.Contention` or None), which replay
-    applies; a model without one has none.
+    applies; a model without one has none. Optional: ``placed(per_node)``, the model as a
+    communicator with ``per_node`` of its ranks on each node sees the fabric
+    (:meth:`simddp.Network.placed`); a model without it is asked as if every communicator
+    filled nodes contiguously (``gpus_per_node`` ranks a node), which is right for DDP and
+    1-D FSDP and overestimates strided ones (an FSDP group across TP ranks, HSDP's replicas).
     """
 
     name: str
@@ -42,11 +46,24 @@ class ComputeModel(Protocol):
     def op_time(self, func: Any, args: tuple, kwargs: Mapping[str, Any], out: Any) -> float: ...
 
 
-def collective_time(network: NetworkModel, op: str, nbytes: int, nranks: int) -> float:
+def collective_time(network: NetworkModel, op: str, nbytes: int, nranks: int,
+                    per_node: int | None = None) -> float:
     """``network.collective_time``; an op fakepg's registry does not know (a name a layer
-    above invented) is costed as an all_reduce of its bytes."""
+    above invented) is costed as an all_reduce of its bytes. ``per_node``: how many of the
+    communicator's ranks share a node (:meth:`simddp.program.mesh.Mesh.per_node`), None =
+    contiguous; fewer than ``nranks`` asks the network's ``placed(per_node)`` where it has
+    one (see :class:`NetworkModel`)."""
     try:
         ops.cost_kind(op)
     except ValueError:
         op = "all_reduce"
+    if per_node is not None and per_node < nranks:
+        network = placed(network, per_node)
     return network.collective_time(op, nbytes, nranks)
+
+
+def placed(network: NetworkModel, per_node: int) -> NetworkModel:
+    """``network.placed(per_node)``, or ``network`` itself for a model that does not know
+    placement (the documented contiguous fallback)."""
+    place = getattr(network, "placed", None)
+    return network if place is None else place(per_node)

@@ -11,11 +11,20 @@ that stays inside a node when it fits).
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["Mesh", "DDPMesh", "DeviceMesh"]
+__all__ = ["Mesh", "DDPMesh", "DeviceMesh", "ranks_per_node"]
+
+
+def ranks_per_node(ranks: Iterable[int], gpus_per_node: int) -> int:
+    """How many of ``ranks`` share their busiest node, nodes being ``gpus_per_node``
+    consecutive ranks (torchrun's layout): a communicator's placement."""
+    nodes: dict[int, int] = {}
+    for r in ranks:
+        nodes[r // gpus_per_node] = nodes.get(r // gpus_per_node, 0) + 1
+    return max(nodes.values())
 
 
 class Mesh:
@@ -36,6 +45,24 @@ class Mesh:
         """Shared links (a node's NIC) the communicator holds while it runs (none by default)."""
         return []
 
+    def per_node(self, rank: int, scope: str, gpus_per_node: int) -> int:
+        """How many members of rank's communicator in ``scope`` share a node (its busiest
+        one), nodes being ``gpus_per_node`` consecutive ranks: what the network costs it with
+        (:meth:`simddp.Network.placed`). By default counted from :meth:`members`, so any mesh
+        (a pipeline's p2p channel between two nodes: 1) has it."""
+        return ranks_per_node(self.members(rank, scope), gpus_per_node)
+
+    def per_node_codes(self, scope: str, gpus_per_node: int) -> np.ndarray:
+        """:meth:`per_node` for every communicator of ``scope`` at once, indexed by its code
+        (:meth:`codes`; 0 for a code no rank has). By default counted from :meth:`codes`."""
+        code, ncode = self.codes(scope)
+        nnodes = -(-self.world // gpus_per_node)
+        pairs = code * nnodes + np.arange(self.world, dtype=np.int64) // gpus_per_node
+        uniq, count = np.unique(pairs, return_counts=True)
+        out = np.zeros(ncode, dtype=np.int64)
+        np.maximum.at(out, uniq // nnodes, count)
+        return out
+
     def codes(self, scope: str) -> tuple[np.ndarray, int]:
         """Per rank its communicator's code in ``scope``, and the number of codes."""
         raise NotImplementedError
@@ -47,9 +74,26 @@ class Mesh:
     def class_code(self, nprof: int) -> tuple[np.ndarray, int]:
         """Per rank an integer that replay's equivalence classes must respect, and how many
         there are: here the captured profile only — on a regular mesh every communicator of
-        a dimension has the same size, so ranks in different ones behave alike."""
+        a dimension has the same size, so ranks in different ones behave alike (placement
+        aside: :meth:`placement_code`)."""
         ranks = np.arange(self.world, dtype=np.int64)
         return ranks % nprof, nprof
+
+    def placement_code(self, gpus_per_node: int | None) -> tuple[np.ndarray, int]:
+        """Per rank an integer that tells apart ranks whose communicators of some scope sit
+        differently on nodes (:meth:`per_node_codes` unequal: a dimension that straddles node
+        boundaries unevenly), so the network costs them differently; and how many there are.
+        All zeros (1) where every scope's communicators are placed alike."""
+        code, width = np.zeros(self.world, dtype=np.int64), 1
+        if gpus_per_node is None:
+            return code, width
+        for scope in self.scopes:
+            place = self.per_node_codes(scope, gpus_per_node)[self.codes(scope)[0]]
+            if place.min() != place.max():
+                uniq, inv = np.unique(place, return_inverse=True)
+                code += width * inv.reshape(-1)
+                width *= len(uniq)
+        return code, width
 
 
 class DDPMesh(Mesh):
@@ -99,6 +143,18 @@ class DDPMesh(Mesh):
 
     def label(self, key: tuple) -> str:
         return f"dp{key[1]}" if key[0] == "dp" else f"dp{key[1]}/node{key[2]}"
+
+    def per_node(self, rank: int, scope: str, gpus_per_node: int) -> int:
+        """Contiguous, as DDP has always been costed: a node subgroup is inside its node, and
+        a DDP group is costed as if it filled nodes (several groups interleave their ranks;
+        their sharing of a node's NICs is ``shared_nic``'s, not placement's)."""
+        return gpus_per_node
+
+    def per_node_codes(self, scope: str, gpus_per_node: int) -> np.ndarray:
+        return np.full(self.codes(scope)[1], gpus_per_node, dtype=np.int64)
+
+    def placement_code(self, gpus_per_node: int | None) -> tuple[np.ndarray, int]:
+        return np.zeros(self.world, dtype=np.int64), 1
 
     def class_code(self, nprof: int) -> tuple[np.ndarray, int]:
         """Per rank: (profile, group[, node]) as one integer — DDP's equivalence classes."""
@@ -151,6 +207,28 @@ class DeviceMesh(Mesh):
 
     def label(self, key: tuple) -> str:
         return f"{key[0]}@{key[1]}"
+
+    def _regular_per_node(self, scope: str, gpus_per_node: int) -> int | None:
+        """Members per node of every communicator of ``scope``, from its stride s and size d,
+        where the layout is regular: s a multiple of G — one per node; s dividing G with the
+        G/s members a node can hold dividing d, or d dividing them — min(d, G/s). None: count
+        (a dimension that straddles node boundaries unevenly)."""
+        s, d, G = self._stride[scope], self.dims[scope], gpus_per_node
+        if s % G == 0:
+            return 1
+        if G % s == 0 and (d % (G // s) == 0 or (G // s) % d == 0):
+            return min(d, G // s)
+        return None
+
+    def per_node(self, rank: int, scope: str, gpus_per_node: int) -> int:
+        g = self._regular_per_node(scope, gpus_per_node)
+        return super().per_node(rank, scope, gpus_per_node) if g is None else g
+
+    def per_node_codes(self, scope: str, gpus_per_node: int) -> np.ndarray:
+        g = self._regular_per_node(scope, gpus_per_node)
+        if g is None:
+            return super().per_node_codes(scope, gpus_per_node)
+        return np.full(self.codes(scope)[1], g, dtype=np.int64)
 
     def describe(self) -> dict[str, Any]:
         return dict(self.dims)

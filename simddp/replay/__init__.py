@@ -69,7 +69,9 @@ rank runs:
 Knobs (all of :func:`replay`'s keywords are grid axes for :func:`sweep`):
 
 * ``network``: a :class:`~simddp.Network` or preset name; a collective lasts
-  ``network.collective_time(op, bytes, group size) × jitter``. The network's ``contention``
+  ``network.collective_time(op, bytes, group size) × jitter`` on the fabric as the
+  communicator's placement sees it (how many of its members share a node; a strided mesh
+  dimension: :meth:`simddp.Network.placed`). The network's ``contention``
   (:class:`~simddp.Contention`), if any: a rank's compute segments run at ``1/slowdown`` of
   their rate while one of its own collectives is in flight, and each collective the rank
   issues from its compute stream (forward collectives, buckets — a multi-stage hook's first

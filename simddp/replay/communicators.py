@@ -2,8 +2,9 @@
 
 :class:`_Communicators`, a mixin of :class:`~simddp.replay.simpy_engine._Replay`: each communicator
 of the program's mesh (DDP's groups and node subgroups, FSDP's shard and replicate groups…),
-the collectives enqueued on them in program order with their sequence numbers and durations,
-and a lane's arrivals at them.
+the collectives enqueued on them in program order with their sequence numbers and durations
+(the network's time for the communicator's size and placement: how many of its members share
+a node, :meth:`~simddp.program.mesh.Mesh.per_node`), and a lane's arrivals at them.
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ class _Communicators:
         if c is None:
             members = mesh.members(rank, scope)
             n = len(members)
-            dur = collective_time(self.net, op, nbytes, n) * self._net_factor() if n > 1 else 0.0
+            G = self.net.gpus_per_node  # placement: how many members share a node
+            g = None if G is None else mesh.per_node(rank, scope, G)
+            dur = collective_time(self.net, op, nbytes, n, g) * self._net_factor() if n > 1 \
+                else 0.0
             seq = self.seq.get(key, 0)
             self.seq[key] = seq + 1
             group = mesh.label(key)

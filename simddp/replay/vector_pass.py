@@ -133,12 +133,8 @@ class PlanPass:
         last = sc.reduce(np.maximum, arrive, -np.inf)
         start = np.maximum(self.free[scope], last)
         dur = np.zeros(sc.ncode)
-        base: dict[int, float] = {}
-        for size in np.unique(sc.size[sc.present]).tolist():
-            if size > 1:
-                base[size] = collective_time(self.eng.net, op, nbytes, size)
-        for size, t in base.items():
-            m = sc.size == size
+        for size, per_node, m in sc.shapes:  # the simpy engine's call, per size and placement
+            t = collective_time(self.eng.net, op, nbytes, size, per_node)
             dur[m] = t if factors is None else t * factors[st.draw[m]]
         st.start, st.end = start, start + dur
         st.end[sc.size == 0] = np.nan
