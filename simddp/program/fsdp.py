@@ -203,7 +203,8 @@ def event_marks(phases: Sequence[dict[str, Any]], p: int, phase: str, prefetch: 
     at = lambda i, key: tuple(  # noqa: E731 - per profile: event i's offset
         float(q["events"][i][key] if q["events"][i][key] is not None
               else q["events"][i]["offset"]) for q in phases)
-    gathers = [i for i, e in enumerate(evs) if e["op"] in _GATHERS]
+    # FSDP's unit all-gathers (tensor parallelism's keep their captured points, as others)
+    gathers = [i for i, e in enumerate(evs) if e["op"] in _GATHERS and e["scope"] != "tp"]
     d = prefetch
     items: list[tuple[tuple[float, ...], int, int, Any]] = []  # (at, order, index, do)
     tags = {}

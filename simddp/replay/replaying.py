@@ -138,8 +138,9 @@ def replay(captured: Any, world_size: int | None = None, *,
     colls = [{"name": c.info["name"], "op": c.info["op"], "group": c.info["group"],
               "members": len(c.info["members"]), "seq": c.info["seq"],
               "bytes": c.info["bytes"], "start": c.start, "end": c.end} for c in sim.order]
+    bubbles = getattr(program, "bubble_fractions", None)
     return ReplayResult(
-        **result, collectives=colls,
+        **result, collectives=colls, bubble_fraction=bubbles and bubbles(timeline),
         rank_collectives=sim.per_rank([len(x) for x in sim.comms]),
         rank_comm_bytes=sim.per_rank([sum(c.info["bytes"] for c, _ in x) for x in sim.comms]),
         timeline=timeline, wall_time=_time.perf_counter() - t_wall,
