@@ -178,6 +178,8 @@ def test_microbatches_and_schedule_may_differ_from_the_capture():
     (dict(stages_per_rank=2), "captured with 1 stages per rank"),
     (dict(pp_schedule="Zigzag"), "unknown pp_schedule"),
     (dict(microbatches=0), "microbatches"),
+    (dict(comm_hook="fp16"), "do not apply to a pipeline replay"),
+    (dict(reshard_after_forward=True), "each needs its own capture"),
 ])
 def test_replay_refuses_what_the_capture_cannot_say(kw, match):
     cap = uniform_pipeline(4, 8, 1.0, 2.0)

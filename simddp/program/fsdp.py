@@ -39,12 +39,12 @@ from collections import Counter
 from typing import Any, Callable, Sequence
 
 from .captured import CapturedStep
-from .knobs import CheckedKnobs
+from .knobs import CheckedKnobs, Knobs
 from .parallel import Parallel
 from .steps import (Collective, Instruction, Issue, Mark, Memory, Segment, Wait, WaitAll,
                     peak_memory)
 
-__all__ = ["FSDPProgram", "plan_fsdp", "event_marks"]
+__all__ = ["FSDPProgram", "plan_fsdp", "event_marks", "check_sharded_knobs"]
 
 _NOISE = {"forward": 0, "backward": 1, "optimizer": 3}
 _GATHERS = ("all_gather_into_tensor", "all_gather", "_allgather_base")
@@ -70,23 +70,7 @@ class FSDPProgram:
             raise ValueError(f"reshard_after_forward={k.reshard_after_forward} but the capture "
                              f"ran with {cap.reshard_after_forward}: FSDP2's collectives differ "
                              f"between the two, so each needs its own capture")
-        for name in ("forward_prefetch", "backward_prefetch"):
-            v = getattr(k, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ValueError(f"{name} must be an integer >= 0 (units all-gathered ahead), "
-                                 f"got {v!r}")
-        if k.comm_hook is not None or k.bucket_cap_mb is not None or k.period is not None \
-                or k.uneven or k.groups != 1:
-            raise ValueError("DDP's knobs (comm_hook, bucket_cap_mb, localsgd/slowmo, uneven, "
-                             "groups) do not apply to an FSDP2 replay")
-        default = type(k)()
-        ddp_only = [n for n in ("overlap", "host_per_sample_us", "loader_workers", "sync_points",
-                                "metric_allreduces")
-                    if getattr(k, n, None) != getattr(default, n, None)]
-        if ddp_only:
-            raise ValueError(f"{', '.join(ddp_only)}: these cost mechanisms are modelled for DDP "
-                             f"replays only so far (the network's protocol latency and GPU "
-                             f"contention apply to FSDP2 too)")
+        check_sharded_knobs(k, "an FSDP2 replay", "FSDP2")
         self.cap, self.world, self.parallel = cap, world, par
         self.iterations = checked.iterations
         self.nprofiles = cap.world_size
@@ -179,6 +163,29 @@ class FSDPProgram:
         return event_marks([q[phase] for q in self.cap.profiles], p, phase,
                            self.prefetch.get(phase, 0), self._bytes, units=units,
                            resharded=resharded, sharded_grad=self._sharded_grad)
+
+
+def check_sharded_knobs(k: Knobs, replay: str, who: str) -> None:
+    """The knobs a sharded replay (FSDP2's, a pipeline's) reads are valid, and DDP's are not
+    set: ``replay`` names it in errors ("an FSDP2 replay"), ``who`` in the cost-mechanism
+    note."""
+    for name in ("forward_prefetch", "backward_prefetch"):
+        v = getattr(k, name)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"{name} must be an integer >= 0 (units all-gathered ahead), "
+                             f"got {v!r}")
+    if k.comm_hook is not None or k.bucket_cap_mb is not None or k.period is not None \
+            or k.uneven or k.groups != 1:
+        raise ValueError(f"DDP's knobs (comm_hook, bucket_cap_mb, localsgd/slowmo, uneven, "
+                         f"groups) do not apply to {replay}")
+    default = type(k)()
+    ddp_only = [n for n in ("overlap", "host_per_sample_us", "loader_workers", "sync_points",
+                            "metric_allreduces")
+                if getattr(k, n, None) != getattr(default, n, None)]
+    if ddp_only:
+        raise ValueError(f"{', '.join(ddp_only)}: these cost mechanisms are modelled for DDP "
+                         f"replays only so far (the network's protocol latency and GPU "
+                         f"contention apply to {who} too)")
 
 
 def event_marks(phases: Sequence[dict[str, Any]], p: int, phase: str, prefetch: int,

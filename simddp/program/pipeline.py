@@ -44,7 +44,7 @@ from fakepg.arguments import integer, number
 
 from ..models import Network
 from .captured import CapturedPipeline
-from .fsdp import event_marks
+from .fsdp import check_sharded_knobs, event_marks
 from .knobs import CheckedKnobs
 from .mesh import DeviceMesh, Mesh
 from .parallel import Parallel
@@ -154,10 +154,12 @@ class PipelineProgram:
         if len(cap.stages) != cap.pp * v:
             raise ValueError(f"{cap.name}: {len(cap.stages)} stages captured, pp × "
                              f"stages_per_rank = {cap.pp * v}")
-        if k.comm_hook is not None or k.bucket_cap_mb is not None or k.period is not None \
-                or k.uneven or k.groups != 1:
-            raise ValueError("DDP's knobs (comm_hook, bucket_cap_mb, localsgd/slowmo, uneven, "
-                             "groups) do not apply to a pipeline replay")
+        check_sharded_knobs(k, "a pipeline replay", "pipelines")
+        if k.reshard_after_forward is not None and \
+                bool(k.reshard_after_forward) != cap.reshard_after_forward:
+            raise ValueError(f"reshard_after_forward={k.reshard_after_forward} but the capture "
+                             f"ran with {cap.reshard_after_forward}: FSDP2's collectives differ "
+                             f"between the two, so each needs its own capture")
         self.schedule = _name(k.pp_schedule or cap.schedule)
         self.microbatches = m = k.microbatches or cap.microbatches
         self.ops = schedule_ops(k.pp_schedule or cap.schedule, cap.pp, m, v)
