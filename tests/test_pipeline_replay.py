@@ -169,8 +169,18 @@ def test_a_full_backward_capture_refuses_a_schedule_that_splits_backward():
 
 def test_microbatches_and_schedule_may_differ_from_the_capture():
     cap = uniform_pipeline(4, 8, 1.0, 2.0, schedule="1F1B")
-    _, b = bubbles(cap, pp_schedule="GPipe", microbatches=12)
+    r, b = bubbles(cap, pp_schedule="gpipe", microbatches=12)
     assert b[0] == pytest.approx(3 / 15, abs=EXACT)
+    row = r.row()
+    assert (row["pp_schedule"], row["microbatches"], row["stages_per_rank"]) == ("GPipe", 12, 1)
+    assert row["bubble_fraction"] == max(b)
+
+
+def test_rows_show_the_captured_schedule_when_no_knob_is_given():
+    r, b = bubbles(uniform_pipeline(4, 8, 1.0, 2.0, stages_per_rank=2))
+    row = r.row()
+    assert (row["pp_schedule"], row["microbatches"]) == ("Interleaved1F1B", 8)
+    assert row["bubble_fraction_mean"] == pytest.approx(sum(b) / len(b))
 
 
 @pytest.mark.parametrize("kw,match", [

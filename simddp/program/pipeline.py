@@ -200,6 +200,11 @@ class PipelineProgram:
     def rank_kinds(self) -> dict[int, tuple]:
         return {}
 
+    def knob_values(self) -> dict[str, Any]:
+        """The pipeline knobs as replayed (the capture's where a knob was None)."""
+        return {"pp_schedule": self.schedule, "microbatches": self.microbatches,
+                "stages_per_rank": self.cap.stages_per_rank}
+
     def static_memory(self, coord: int = 0) -> dict[str, int]:
         """Per rank of pipeline rank ``coord`` before the step: its stages' parameters and
         optimizer state."""

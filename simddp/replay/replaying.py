@@ -90,7 +90,10 @@ def replay(captured: Any, world_size: int | None = None, *,
     program = plan(cap, checked)
     peak, by_category = program.memory()
     limit = None if k.gpu_memory_gb is None else int(k.gpu_memory_gb * 1e9)
-    result = dict(world_size=world, iterations=program.iterations, knobs=checked.describe(),
+    # a knob the planner resolved from the capture (a pipeline's schedule) shows its value
+    resolved = program.knob_values() if hasattr(program, "knob_values") else {}
+    result = dict(world_size=world, iterations=program.iterations,
+                  knobs={**checked.describe(), **resolved},
                   buckets=program.buckets,
                   bucket_bytes=[[b for _, b, _ in p.stages] for p in program.plans],
                   peak_memory_bytes=peak, memory=by_category, memory_limit_bytes=limit)
