@@ -267,3 +267,13 @@ def test_activations_per_microbatch_in_flight(schedule, in_flight):
         assert peak == n * act + (1 << 24)
     r = replay(cap, network=FREE, progress=False)
     assert r.peak_memory_bytes == max(in_flight) * act + (1 << 24)
+
+
+def test_jitter_replays_every_rank_and_the_same_seed_gives_the_same_result():
+    net = Network.preset("dgx-h100")
+    a = replay(_three_d(), 16, network=net, progress=False, jitter=0.05, seed=3)
+    b = replay(_three_d(), 16, network=net, progress=False, jitter=0.05, seed=3)
+    c = replay(_three_d(), 16, network=net, progress=False, jitter=0.05, seed=4)
+    assert a.engine == "simpy" and "pipeline parallelism" in a.engine_reason
+    assert a.to_json() == b.to_json() and a.bubble_fraction == b.bubble_fraction
+    assert a.iteration_times != c.iteration_times
