@@ -98,6 +98,7 @@ class ReplayResult(RunResult):
     engine / engine_reason: the engine that ran ("simpy", "vector") and why.
     peak_memory_bytes: the largest rank's peak memory in a step; memory: its bytes per category
     at that peak; memory_limit_bytes: the device's (``gpu_memory_gb``); oom: whether it fits.
+    bubble_fraction: a pipeline's, per pipeline rank (None: no pipeline).
     """
 
     world_size: int
@@ -115,6 +116,8 @@ class ReplayResult(RunResult):
     peak_memory_bytes: int = 0
     memory: dict[str, int] = field(default_factory=dict)
     memory_limit_bytes: int | None = None
+    # pipeline parallelism: per pipeline rank, its bubble fraction (docs/pipeline-parallel.md)
+    bubble_fraction: list[float] | None = None
 
     @property
     def oom(self) -> bool | None:
@@ -142,7 +145,15 @@ class ReplayResult(RunResult):
                 "buckets": len(self.buckets),
                 "collectives_per_iteration": self.collectives_per_iteration,
                 "comm_bytes_per_iteration": self.comm_bytes_per_iteration,
-                "peak_memory_bytes": self.peak_memory_bytes, "oom": self.oom}
+                "peak_memory_bytes": self.peak_memory_bytes, "oom": self.oom,
+                **self._bubble_columns()}
+
+    def _bubble_columns(self) -> dict[str, Any]:
+        """A pipeline's bubble fraction: the largest over pipeline ranks, and their mean."""
+        b = self.bubble_fraction
+        if b is None:
+            return {}
+        return {"bubble_fraction": max(b), "bubble_fraction_mean": sum(b) / len(b)}
 
     def to_dict(self) -> dict[str, Any]:
         return {"world_size": self.world_size, "iterations": self.iterations,
@@ -151,7 +162,9 @@ class ReplayResult(RunResult):
                 "slowest_rank": self.slowest_rank, "buckets": self.buckets,
                 "bucket_bytes": self.bucket_bytes,
                 "rank_collectives": list(self.rank_collectives),
-                "rank_comm_bytes": list(self.rank_comm_bytes), "collectives": self.collectives}
+                "rank_comm_bytes": list(self.rank_comm_bytes), "collectives": self.collectives,
+                **({} if self.bubble_fraction is None
+                   else {"bubble_fraction": self.bubble_fraction})}
 
     def to_json(self, path: str | os.PathLike | None = None) -> str:
         """Everything but the wall time (so equal inputs give identical text)."""

@@ -36,15 +36,15 @@ step's ``zero_grad``.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .captured import CapturedStep
-from .knobs import CheckedKnobs
+from .knobs import CheckedKnobs, Knobs
 from .parallel import Parallel
 from .steps import (Collective, Instruction, Issue, Mark, Memory, Segment, Wait, WaitAll,
                     peak_memory)
 
-__all__ = ["FSDPProgram", "plan_fsdp"]
+__all__ = ["FSDPProgram", "plan_fsdp", "event_marks", "check_sharded_knobs"]
 
 _NOISE = {"forward": 0, "backward": 1, "optimizer": 3}
 _GATHERS = ("all_gather_into_tensor", "all_gather", "_allgather_base")
@@ -70,23 +70,7 @@ class FSDPProgram:
             raise ValueError(f"reshard_after_forward={k.reshard_after_forward} but the capture "
                              f"ran with {cap.reshard_after_forward}: FSDP2's collectives differ "
                              f"between the two, so each needs its own capture")
-        for name in ("forward_prefetch", "backward_prefetch"):
-            v = getattr(k, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ValueError(f"{name} must be an integer >= 0 (units all-gathered ahead), "
-                                 f"got {v!r}")
-        if k.comm_hook is not None or k.bucket_cap_mb is not None or k.period is not None \
-                or k.uneven or k.groups != 1:
-            raise ValueError("DDP's knobs (comm_hook, bucket_cap_mb, localsgd/slowmo, uneven, "
-                             "groups) do not apply to an FSDP2 replay")
-        default = type(k)()
-        ddp_only = [n for n in ("overlap", "host_per_sample_us", "loader_workers", "sync_points",
-                                "metric_allreduces")
-                    if getattr(k, n, None) != getattr(default, n, None)]
-        if ddp_only:
-            raise ValueError(f"{', '.join(ddp_only)}: these cost mechanisms are modelled for DDP "
-                             f"replays only so far (the network's protocol latency and GPU "
-                             f"contention apply to FSDP2 too)")
+        check_sharded_knobs(k, "an FSDP2 replay", "FSDP2")
         self.cap, self.world, self.parallel = cap, world, par
         self.iterations = checked.iterations
         self.nprofiles = cap.world_size
@@ -176,71 +160,119 @@ class FSDPProgram:
 
     def _phase_marks(self, p: int, phase: str, units: list[int], resharded: list[bool]
                      ) -> tuple[list[Mark], list[Instruction]]:
-        cap = self.cap
-        evs = cap.profiles[p][phase]["events"]
-        at = lambda i, key: tuple(  # noqa: E731 - per profile: event i's offset
-            float(q[phase]["events"][i][key] if q[phase]["events"][i][key] is not None
-                  else q[phase]["events"][i]["offset"]) for q in cap.profiles)
-        gathers = [i for i, e in enumerate(evs) if e["op"] in _GATHERS]
-        d = self.prefetch.get(phase, 0)
-        items: list[tuple[tuple[float, ...], int, int, Any]] = []  # (at, order, index, do)
-        tags = {}
-        for j, i in enumerate(gathers):  # issued where gather j - d was needed
-            src = gathers[max(0, j - d)]
-            tag = (phase[0] + "ag", j)
-            tags[i] = tag
-            c = Collective(tag, evs[i]["scope"], evs[i]["op"], self._bytes(evs[i]),
-                           phase == "backward")
-            issue_at = at(src, "wait_at") if j - d >= 0 else at(i, "offset")
-            items.append((issue_at, 0, i, Issue(((c, 0.0),), kind=phase, pending=False)))
+        return event_marks([q[phase] for q in self.cap.profiles], p, phase,
+                           self.prefetch.get(phase, 0), self._bytes, units=units,
+                           resharded=resharded, sharded_grad=self._sharded_grad)
+
+
+def check_sharded_knobs(k: Knobs, replay: str, who: str) -> None:
+    """The knobs a sharded replay (FSDP2's, a pipeline's) reads are valid, and DDP's are not
+    set: ``replay`` names it in errors ("an FSDP2 replay"), ``who`` in the cost-mechanism
+    note."""
+    for name in ("forward_prefetch", "backward_prefetch"):
+        v = getattr(k, name)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"{name} must be an integer >= 0 (units all-gathered ahead), "
+                             f"got {v!r}")
+    if k.comm_hook is not None or k.bucket_cap_mb is not None or k.period is not None \
+            or k.uneven or k.groups != 1:
+        raise ValueError(f"DDP's knobs (comm_hook, bucket_cap_mb, localsgd/slowmo, uneven, "
+                         f"groups) do not apply to {replay}")
+    default = type(k)()
+    ddp_only = [n for n in ("overlap", "host_per_sample_us", "loader_workers", "sync_points",
+                            "metric_allreduces")
+                if getattr(k, n, None) != getattr(default, n, None)]
+    if ddp_only:
+        raise ValueError(f"{', '.join(ddp_only)}: these cost mechanisms are modelled for DDP "
+                         f"replays only so far (the network's protocol latency and GPU "
+                         f"contention apply to {who} too)")
+
+
+def event_marks(phases: Sequence[dict[str, Any]], p: int, phase: str, prefetch: int,
+                nbytes: Callable[[dict[str, Any]], int], *, tag: tuple = (),
+                units: list[int] | None = None, resharded: list[bool] | None = None,
+                sharded_grad: Callable[[int], int] | None = None
+                ) -> tuple[list[Mark], list[Instruction]]:
+    """A captured phase's collectives as the marks of its :class:`Segment` (see the module
+    docstring: all-gathers issued ``prefetch`` ahead and waited where captured, reduce-scatters
+    (with HSDP's all-reduce chained) waited at the end of backward, others where captured).
+
+    ``phases``: per captured profile that phase's ``{"seconds", "events"}``; marks are ordered
+    by profile ``p``'s offsets. ``nbytes(event)``: the bytes replayed. ``tag``: words after the
+    phase's in every collective's tag (unique per phase within an iteration). ``units`` (the
+    forward's all-gather sizes), ``resharded`` (per unit: resharded after forward) and
+    ``sharded_grad`` (a unit's sharded gradient bytes from its all-gather's): FSDP2's memory
+    marks; None: no memory marks. Returns the marks and what follows the segment."""
+    memory = sharded_grad is not None
+    units = units or []
+    resharded = resharded or []
+    evs = phases[p]["events"]
+    at = lambda i, key: tuple(  # noqa: E731 - per profile: event i's offset
+        float(q["events"][i][key] if q["events"][i][key] is not None
+              else q["events"][i]["offset"]) for q in phases)
+    # FSDP's unit all-gathers (tensor parallelism's keep their captured points, as others)
+    gathers = [i for i, e in enumerate(evs) if e["op"] in _GATHERS and e["scope"] != "tp"]
+    d = prefetch
+    items: list[tuple[tuple[float, ...], int, int, Any]] = []  # (at, order, index, do)
+    tags = {}
+    for j, i in enumerate(gathers):  # issued where gather j - d was needed
+        src = gathers[max(0, j - d)]
+        t = (phase[0] + "ag", *tag, j)
+        tags[i] = t
+        c = Collective(t, evs[i]["scope"], evs[i]["op"], nbytes(evs[i]), phase == "backward")
+        issue_at = at(src, "wait_at") if j - d >= 0 else at(i, "offset")
+        items.append((issue_at, 0, i, Issue(((c, 0.0),), kind=phase, pending=False)))
+        if memory:
             items.append((issue_at, 1, i, Memory("parameters", evs[i]["bytes"],
                                                  "unsharded (all-gather)")))
-            items.append((at(i, "wait_at"), 2, i, Wait(tag, f"wait: all-gather {j}")))
-        # forward: a resharded unit's parameters are freed when the next unit's compute starts
-        after: list[Instruction] = []
-        if phase == "forward":
-            for j, i in enumerate(gathers):
-                if j < len(resharded) and resharded[j]:
-                    mem = Memory("parameters", -evs[i]["bytes"], "resharded after forward")
-                    if j + 1 < len(gathers):
-                        items.append((at(gathers[j + 1], "wait_at"), 3, i, mem))
-                    else:
-                        after.append(mem)
-        nscatter = 0
-        skip = set()
-        for i, e in enumerate(evs):
-            if i in tags or i in skip:
-                continue
-            c = Collective((phase[0] + "c", i), e["scope"], e["op"], self._bytes(e),
-                           phase == "backward")
-            if e["op"] in _SCATTERS:
-                stages = [(c, 0.0)]
-                nxt = i + 1
-                if nxt < len(evs) and evs[nxt]["scope"] == "replicate" and \
-                        evs[nxt]["op"] == "all_reduce":  # HSDP: the shard's all-reduce
-                    skip.add(nxt)
-                    stages.append((Collective((phase[0] + "c", nxt), "replicate", "all_reduce",
-                                              self._bytes(evs[nxt]), True), 0.0))
-                unit = len(units) - 1 - nscatter  # reduce-scatters run in reverse unit order
-                nscatter += 1
-                ub = units[unit] if 0 <= unit < len(units) else 0
+        items.append((at(i, "wait_at"), 2, i, Wait(t, f"wait: all-gather {j}")))
+    # forward: a resharded unit's parameters are freed when the next unit's compute starts
+    after: list[Instruction] = []
+    if phase == "forward" and memory:
+        for j, i in enumerate(gathers):
+            if j < len(resharded) and resharded[j]:
+                mem = Memory("parameters", -evs[i]["bytes"], "resharded after forward")
+                if j + 1 < len(gathers):
+                    items.append((at(gathers[j + 1], "wait_at"), 3, i, mem))
+                else:
+                    after.append(mem)
+    nscatter = 0
+    skip = set()
+    for i, e in enumerate(evs):
+        if i in tags or i in skip:
+            continue
+        c = Collective((phase[0] + "c", *tag, i), e["scope"], e["op"], nbytes(e),
+                       phase == "backward")
+        if e["op"] in _SCATTERS:
+            stages = [(c, 0.0)]
+            nxt = i + 1
+            if nxt < len(evs) and evs[nxt]["scope"] == "replicate" and \
+                    evs[nxt]["op"] == "all_reduce":  # HSDP: the shard's all-reduce
+                skip.add(nxt)
+                stages.append((Collective((phase[0] + "c", *tag, nxt), "replicate",
+                                          "all_reduce", nbytes(evs[nxt]), True), 0.0))
+            unit = len(units) - 1 - nscatter  # reduce-scatters run in reverse unit order
+            nscatter += 1
+            ub = units[unit] if 0 <= unit < len(units) else 0
+            if memory:
                 items.append((at(i, "offset"), 0, i, Memory("gradients", e["bytes"],
                                                             "unsharded gradient")))
-                items.append((at(i, "offset"), 1, i, Issue(tuple(stages), kind=phase,
-                                                           pending=True)))
+            items.append((at(i, "offset"), 1, i, Issue(tuple(stages), kind=phase,
+                                                       pending=True)))
+            if memory:
                 mem = [Memory("parameters", -ub, "resharded after backward")] if ub else []
-                mem.append(Memory("gradients", self._sharded_grad(ub) - e["bytes"],
+                mem.append(Memory("gradients", sharded_grad(ub) - e["bytes"],
                                   "sharded gradient kept"))
                 items.extend((at(i, "offset"), 2 + n, i, m) for n, m in enumerate(mem))
-            elif e["wait_at"] is not None:
-                items.append((at(i, "offset"), 0, i, Issue(((c, 0.0),), kind=phase,
-                                                           pending=False)))
-                items.append((at(i, "wait_at"), 2, i, Wait(c.tag, f"wait: {e['op']}")))
-            else:
-                items.append((at(i, "offset"), 0, i, Issue(((c, 0.0),), kind=phase,
-                                                           pending=True)))
-        items.sort(key=lambda x: (x[0][p], x[1], x[2]))
-        return [Mark(a, do) for a, _, _, do in items], after
+        elif e["wait_at"] is not None:
+            items.append((at(i, "offset"), 0, i, Issue(((c, 0.0),), kind=phase,
+                                                       pending=False)))
+            items.append((at(i, "wait_at"), 2, i, Wait(c.tag, f"wait: {e['op']}")))
+        else:
+            items.append((at(i, "offset"), 0, i, Issue(((c, 0.0),), kind=phase,
+                                                       pending=True)))
+    items.sort(key=lambda x: (x[0][p], x[1], x[2]))
+    return [Mark(a, do) for a, _, _, do in items], after
 
 
 def plan_fsdp(cap: CapturedStep, checked: CheckedKnobs) -> FSDPProgram:

@@ -44,6 +44,11 @@ class Knobs:
     ``sync_points``, ``sync_us``, ``metric_allreduces``), NCCL's per-collective latency
     (``protocol_latency``, :mod:`simddp.models.nccl_latency`) and SM contention
     (``gpu_contention``, :mod:`simddp.models.gpu_contention`).
+    Pipeline parallelism (:mod:`simddp.program.pipeline`; None: the capture's):
+    ``pp_schedule`` (torch's schedule name as ``get_schedule_class`` takes it: "GPipe",
+    "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
+    "DualPipeV"), ``microbatches`` and ``stages_per_rank`` (virtual stages; must be the
+    capture's).
     """
 
     bucket_cap_mb: float | None = None
@@ -76,6 +81,9 @@ class Knobs:
     metric_allreduces: int = 0
     protocol_latency: bool = False
     gpu_contention: str | None = None
+    pp_schedule: str | None = None
+    microbatches: int | None = None
+    stages_per_rank: int | None = None
 
     @classmethod
     def of(cls, **kw: Any) -> Knobs:
@@ -137,6 +145,7 @@ class Knobs:
                 raise ValueError(f"uneven maps ranks (0..{world - 1}) to iteration counts, "
                                  f"got rank {r!r}")
             integer(f"uneven[{r}]", n, minimum=0, hint="the iterations that rank runs")
+        self._check_pipeline()
         iterations = self.iterations
         if iterations is None:
             iterations = max(1, period or 1, max(uneven.values(), default=-1) + 1)
@@ -144,6 +153,25 @@ class Knobs:
         if any(n > iterations for n in uneven.values()):
             raise ValueError(f"uneven gives a rank more than iterations={iterations} iterations")
         return CheckedKnobs(self, world, *self._costs(world, net), speeds, uneven, iterations)
+
+    def _check_pipeline(self) -> None:
+        """The pipeline knobs, each on its own (the planner checks them against the capture)."""
+        if self.pp_schedule is not None:
+            from .schedules import schedule_class
+
+            schedule_class(self.pp_schedule)
+        if self.microbatches is not None:
+            integer("microbatches", self.microbatches, minimum=1,
+                    hint="microbatches per step, e.g. 8")
+        if self.stages_per_rank is not None:
+            integer("stages_per_rank", self.stages_per_rank, minimum=1,
+                    hint="pipeline stages per rank: 1, or 2+ for interleaved schedules")
+
+    @property
+    def pipeline_knobs(self) -> dict[str, Any]:
+        """The pipeline knobs that are set."""
+        return {n: getattr(self, n) for n in ("pp_schedule", "microbatches", "stages_per_rank")
+                if getattr(self, n) is not None}
 
     def _costs(self, world: int, net: NetworkModel) -> tuple[NetworkModel, Any, float, int]:
         """The cost mechanisms' models: (the network with NCCL's latency and the GPU's
@@ -214,7 +242,7 @@ class CheckedKnobs:
                 "groups": k.groups, "shared_nic": k.shared_nic, "parallel": k.parallel,
                 "forward_prefetch": k.forward_prefetch, "backward_prefetch": k.backward_prefetch,
                 "reshard_after_forward": k.reshard_after_forward,
-                "gpu_memory_gb": k.gpu_memory_gb, **self._cost_columns()}
+                "gpu_memory_gb": k.gpu_memory_gb, **k.pipeline_knobs, **self._cost_columns()}
 
     def _cost_columns(self) -> dict[str, Any]:
         """The cost mechanisms' columns, only those switched on (rows stay as they were)."""

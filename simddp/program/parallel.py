@@ -11,8 +11,9 @@ the world size over the others. Names (:data:`PARALLEL_MODES`):
 * ``tp`` — tensor parallelism (DTensor ``parallelize_module``) over the dimension;
 * ``pp`` — pipeline parallelism (``torch.distributed.pipelining``) over the dimension.
 
-``tp`` and ``pp`` are laid out on the mesh but not replayed yet: ``simddp whatif`` refuses them
-with that reason.
+``tp`` and ``pp`` are laid out on the mesh; ``simddp whatif`` does not replay them yet and
+refuses them with that reason. A pipeline capture (:class:`~simddp.program.captured.CapturedPipeline`)
+replays through :mod:`simddp.program.pipeline` with ``pp`` (and ``tp``) as captured.
 
 The mesh is laid out as torchtitan lays it out, row-major ``pp × replicate × shard × tp``
 (tensor parallelism innermost, so it stays inside a node when it fits).

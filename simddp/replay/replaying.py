@@ -90,7 +90,10 @@ def replay(captured: Any, world_size: int | None = None, *,
     program = plan(cap, checked)
     peak, by_category = program.memory()
     limit = None if k.gpu_memory_gb is None else int(k.gpu_memory_gb * 1e9)
-    result = dict(world_size=world, iterations=program.iterations, knobs=checked.describe(),
+    # a knob the planner resolved from the capture (a pipeline's schedule) shows its value
+    resolved = program.knob_values() if hasattr(program, "knob_values") else {}
+    result = dict(world_size=world, iterations=program.iterations,
+                  knobs={**checked.describe(), **resolved},
                   buckets=program.buckets,
                   bucket_bytes=[[b for _, b, _ in p.stages] for p in program.plans],
                   peak_memory_bytes=peak, memory=by_category, memory_limit_bytes=limit)
@@ -138,8 +141,9 @@ def replay(captured: Any, world_size: int | None = None, *,
     colls = [{"name": c.info["name"], "op": c.info["op"], "group": c.info["group"],
               "members": len(c.info["members"]), "seq": c.info["seq"],
               "bytes": c.info["bytes"], "start": c.start, "end": c.end} for c in sim.order]
+    bubbles = getattr(program, "bubble_fractions", None)
     return ReplayResult(
-        **result, collectives=colls,
+        **result, collectives=colls, bubble_fraction=bubbles and bubbles(timeline),
         rank_collectives=sim.per_rank([len(x) for x in sim.comms]),
         rank_comm_bytes=sim.per_rank([sum(c.info["bytes"] for c, _ in x) for x in sim.comms]),
         timeline=timeline, wall_time=_time.perf_counter() - t_wall,

@@ -1,0 +1,446 @@
+"""The pipeline-parallel planner: a captured pipeline step
+(:class:`~simddp.program.captured.CapturedPipeline`) as a step program on a world of any
+data-parallel size, under any of torch's schedules and microbatch counts.
+
+Each pipeline rank runs its schedule's actions (:mod:`~simddp.program.schedules`: torch's own
+action lists with their run-time p2p placement):
+
+* a compute action (``F``, ``B``, ``I``, ``W``) of stage s on microbatch i replays the stage's
+  captured profile of that action — microbatch 0 the first captured, the last the last
+  captured, the others the middle ones (so FSDP's first all-gathers and last reduce-scatters
+  stay where the capture saw them) — with its in-stage collectives as marks
+  (:func:`~simddp.program.fsdp.event_marks`, FSDP2's stream semantics). A full backward ``B``
+  of a capture that split it replays as ``I`` then ``W``; a schedule that splits backward
+  cannot replay a capture that did not (torch computed both gradients together there);
+* a message (activations to stage s + 1, gradients to stage s − 1) is one 2-member ``send``
+  collective on a directed channel between neighbouring pipeline ranks (:class:`PipelineMesh`:
+  ``pp>c`` carries what pipeline rank c sends to c + 1, ``pp<c`` what it sends to c − 1,
+  wrapping around for interleaved stages), FIFO per channel, costed by the network; the
+  receiver posts it (an arrival), the sender arrives after its compute, and it runs once both
+  have; a receive is waited for where torch waits for it, a send where torch does;
+* the optimizer of every local stage after the schedule (its time × the shard ratio, as FSDP2's
+  local shard), after the in-stage collectives still in flight (reduce-scatters).
+
+Memory per rank: its stages' parameters (``param_bytes`` / (tp × shard)) and optimizer state
+from the start; activations (the stage's ``activation_bytes``) from each forward until its
+backward frees them (``B``, or ``W`` when backward is split).
+
+Bubble fraction (:meth:`PipelineProgram.bubble_fractions`): per pipeline rank and iteration,
+``(T − d + w) / T`` with T the iteration time (the slowest rank's), d the rank's own iteration
+duration and w the time it waited on pipeline messages in it (receives and sends): the share of
+the step in which the rank does none of its own work because of the pipeline — its waits for
+neighbours plus the drain after its last action while the pipeline finishes. With no other
+waits it is ``1 − (compute + in-stage communication waits) / T``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Sequence
+
+import numpy as np
+from fakepg.arguments import integer, number
+
+from ..models import Network
+from .captured import CapturedPipeline
+from .fsdp import check_sharded_knobs, event_marks
+from .knobs import CheckedKnobs
+from .mesh import DeviceMesh, Mesh
+from .parallel import Parallel
+from .schedules import Op, schedule_class, schedule_ops, stage_ranks
+from .steps import (Collective, Compute, Instruction, Issue, Memory, Segment, Wait, WaitAll,
+                    peak_memory)
+
+__all__ = ["PipelineProgram", "PipelineMesh", "plan_pipeline", "uniform_pipeline"]
+
+_NOISE = {"F": 0, "B": 1, "I": 1, "W": 1}
+_PHASE = {"F": "forward", "B": "backward", "I": "backward", "W": "backward"}
+_P2P = ("pp_send_next", "pp_recv_prev", "pp_send_prev", "pp_recv_next")
+PIPELINE_WAIT = "pipeline: "  # the label prefix of waits on pipeline messages
+
+
+class PipelineMesh(Mesh):
+    """A pp × (data) × tp :class:`DeviceMesh` with the pipeline's directed p2p channels.
+
+    Inside a stage, the device mesh's scopes (``shard``, ``replicate``, ``tp``). Between
+    stages, per rank four scopes naming two channels each way: ``pp_send_next`` /
+    ``pp_recv_prev`` (the channel ``pp>c`` from pipeline rank c to c + 1 mod pp, at the same
+    data and tp coordinates) and ``pp_send_prev`` / ``pp_recv_next`` (``pp<c``, to c − 1).
+    Ranks of one pipeline rank behave alike, so replay's equivalence classes are the pipeline
+    coordinate (:meth:`class_code`)."""
+
+    def __init__(self, inner: DeviceMesh) -> None:
+        self.inner = inner
+        self.world = inner.world
+        self.pp = inner.dims["pp"]
+        self.stride = inner.world // self.pp
+        self.scopes = tuple(s for s in inner.scopes if s != "pp") + _P2P
+
+    def coord(self, rank: int) -> int:
+        """The rank's pipeline coordinate."""
+        return rank // self.stride
+
+    def _step(self, rank: int, d: int) -> int:
+        return rank + ((self.coord(rank) + d) % self.pp - self.coord(rank)) * self.stride
+
+    def key(self, rank: int, scope: str) -> tuple:
+        if scope == "pp_send_next":
+            return ("pp>", rank)
+        if scope == "pp_recv_prev":
+            return ("pp>", self._step(rank, -1))
+        if scope == "pp_send_prev":
+            return ("pp<", rank)
+        if scope == "pp_recv_next":
+            return ("pp<", self._step(rank, 1))
+        return self.inner.key(rank, scope)
+
+    def members(self, rank: int, scope: str) -> Sequence[int]:
+        if scope in _P2P:
+            d, src = self.key(rank, scope)
+            return (src, self._step(src, 1 if d == "pp>" else -1))
+        return self.inner.members(rank, scope)
+
+    def codes(self, scope: str) -> tuple[np.ndarray, int]:
+        if scope not in _P2P:
+            return self.inner.codes(scope)
+        ranks = np.arange(self.world, dtype=np.int64)
+        c = ranks // self.stride
+        d = {"pp_send_next": 0, "pp_recv_prev": -1, "pp_send_prev": 0, "pp_recv_next": 1}[scope]
+        return ranks + ((c + d) % self.pp - c) * self.stride, self.world
+
+    def label(self, key: tuple) -> str:
+        return f"{key[0]}{key[1]}" if key[0] in ("pp>", "pp<") else self.inner.label(key)
+
+    def class_code(self, nprof: int) -> tuple[np.ndarray, int]:
+        ranks = np.arange(self.world, dtype=np.int64)
+        return (ranks // self.stride) * nprof + ranks % nprof, self.pp * nprof
+
+    def describe(self) -> dict[str, Any]:
+        return self.inner.describe()
+
+
+class PipelineProgram:
+    """A captured pipeline step as a step program (see the module docstring)."""
+
+    nprofiles = 1
+
+    def __init__(self, cap: CapturedPipeline, checked: CheckedKnobs) -> None:
+        k, world = checked.knobs, checked.world
+        if cap.pp < 2:
+            raise ValueError(f"{cap.name}: a pipeline has pp >= 2 stages' ranks, the capture "
+                             f"has pp={cap.pp}")
+        spec = k.parallel or _default_spec(cap, world)
+        par = Parallel.parse(spec, world)
+        if par.pp != cap.pp or par.tp != cap.tp_size:
+            raise ValueError(f"parallel={spec!r} (pp:{par.pp}, tp:{par.tp}) cannot replay "
+                             f"{cap.name}, captured with pp:{cap.pp}, tp:{cap.tp_size}: the "
+                             f"stages and their tensor-parallel collectives are the capture's, "
+                             f"so pp and tp must be too (data parallelism may differ)")
+        data = par.replicate * par.shard
+        if cap.data == "none" and data > 1:
+            raise ValueError(f"parallel={spec!r} replicates the pipeline {data} times, but "
+                             f"{cap.name} has no data parallelism inside its stages: use a "
+                             f"world of pp × tp = {cap.pp * cap.tp_size} ranks, or capture with "
+                             f"FSDP")
+        if cap.data != "none" and par.data != cap.data:
+            raise ValueError(f"parallel={spec!r} lays out {par.data}, the capture ran "
+                             f"{cap.data} inside its stages: replay the capture's flavour")
+        v = cap.stages_per_rank
+        if k.stages_per_rank is not None and k.stages_per_rank != v:
+            raise ValueError(f"stages_per_rank={k.stages_per_rank}, but {cap.name} was "
+                             f"captured with {v} stages per rank: its stages are the "
+                             f"capture's, so capture the split you replay")
+        if len(cap.stages) != cap.pp * v:
+            raise ValueError(f"{cap.name}: {len(cap.stages)} stages captured, pp × "
+                             f"stages_per_rank = {cap.pp * v}")
+        check_sharded_knobs(k, "a pipeline replay", "pipelines")
+        if k.reshard_after_forward is not None and \
+                bool(k.reshard_after_forward) != cap.reshard_after_forward:
+            raise ValueError(f"reshard_after_forward={k.reshard_after_forward} but the capture "
+                             f"ran with {cap.reshard_after_forward}: FSDP2's collectives differ "
+                             f"between the two, so each needs its own capture")
+        self.schedule = _name(k.pp_schedule or cap.schedule)
+        self.microbatches = m = k.microbatches or cap.microbatches
+        self.ops = schedule_ops(k.pp_schedule or cap.schedule, cap.pp, m, v)
+        where = stage_ranks(self.ops)
+        self.stage_rank = where
+        self.cap, self.world, self.parallel = cap, world, par
+        self.iterations = checked.iterations
+        self.mesh = PipelineMesh(par.mesh())
+        self.shard_ratio = cap.shard_size / par.shard
+        self.prefetch = {"forward": k.forward_prefetch, "backward": k.backward_prefetch}
+        self.buckets: list[list[int]] = []
+        self.plans: list[Any] = []
+        self.param_bytes = cap.param_bytes
+        kinds = {op.kind for r in self.ops for op in r}
+        self.split = bool(kinds & {"I", "W"})
+        for st in cap.stages:
+            acts = st["actions"]
+            if self.split and not (acts.get("I") and acts.get("W")):
+                raise ValueError(
+                    f"{self.schedule} splits backward into input (I) and weight (W) "
+                    f"gradients, but {cap.name} was captured with "
+                    f"{cap.schedule}, whose full backward computed both together: the split's "
+                    f"times are not in the capture; capture with a zero-bubble schedule")
+            if "B" in kinds and not (acts.get("B") or (acts.get("I") and acts.get("W"))):
+                raise ValueError(f"{cap.name}: stage {st['stage']} has no backward profile")
+        self._by_coord = [self._rank(c) for c in range(cap.pp)]
+
+    # -- what engines ask ------------------------------------------------------------------
+    def iteration(self, rank: int, it: int) -> Sequence[Instruction]:
+        return self._by_coord[self.mesh.coord(rank)]
+
+    def epilogue(self, rank: int) -> Sequence[Instruction]:
+        return ()
+
+    def uniform(self) -> str | None:
+        return "pipeline parallelism (each pipeline rank runs its own schedule)"
+
+    def rank_kinds(self) -> dict[int, tuple]:
+        return {}
+
+    def knob_values(self) -> dict[str, Any]:
+        """The pipeline knobs as replayed (the capture's where a knob was None)."""
+        return {"pp_schedule": self.schedule, "microbatches": self.microbatches,
+                "stages_per_rank": self.cap.stages_per_rank}
+
+    def static_memory(self, coord: int = 0) -> dict[str, int]:
+        """Per rank of pipeline rank ``coord`` before the step: its stages' parameters and
+        optimizer state."""
+        mine = [st for st in self.cap.stages if self.stage_rank[st["stage"]] == coord]
+        split = self.parallel.tp * self.parallel.shard
+        return {"parameters": sum(int(st["param_bytes"]) // split for st in mine),
+                "optimizer": sum(int(st["optimizer_state_bytes"] * self.shard_ratio)
+                                 for st in mine)}
+
+    def memory(self, rank: int | None = None) -> tuple[int, dict[str, int]]:
+        """(peak bytes, bytes per category at the peak) of ``rank`` in one step; None: the
+        pipeline rank with the highest peak."""
+        coords = range(self.cap.pp) if rank is None else [self.mesh.coord(rank)]
+        best = (-1, {})
+        for c in coords:
+            peak, at_peak, _ = peak_memory(self._by_coord[c], self.static_memory(c))
+            if peak > best[0]:
+                best = (peak, at_peak)
+        return best
+
+    def bubble_fractions(self, timeline: Any) -> list[float]:
+        """Per pipeline rank, its bubble fraction (module docstring) averaged over
+        iterations."""
+        times = timeline.iteration_times()
+        out = []
+        for c in range(self.cap.pp):
+            lane = timeline.lanes[c * self.mesh.stride]
+            fr = []
+            for i, (lo, hi) in enumerate(lane.windows()):
+                t = times[i]
+                w = sum(min(e, hi) - max(s, lo) for kind, s, e, label in lane.spans
+                        if kind == "wait" and label.startswith(PIPELINE_WAIT) and e > lo
+                        and s < hi)
+                fr.append((t - (hi - lo) + w) / t if t > 0 else 0.0)
+            out.append(sum(fr) / len(fr) if fr else 0.0)
+        return out
+
+    # -- the instructions ------------------------------------------------------------------
+    def _bytes(self, ev: dict[str, Any]) -> int:
+        if ev["scope"] == "replicate":  # one shard's worth, across replicas
+            return int(round(ev["bytes"] * self.shard_ratio))
+        return int(ev["bytes"])
+
+    def _profile(self, stage: int, kind: str, mb: int) -> dict[str, Any]:
+        """Microbatch ``mb``'s captured profile: first, last, or a middle one."""
+        profs = self.cap.stages[stage]["actions"][kind]
+        n, m = len(profs), self.microbatches
+        if mb == 0 or n == 1:
+            return profs[0]
+        if mb == m - 1:
+            return profs[-1]
+        return profs[min(mb, n - 2)] if n > 2 else profs[0]
+
+    def _compute(self, kind: str, stage: int, mb: int) -> list[Instruction]:
+        prof = self._profile(stage, kind, mb)
+        phase = _PHASE[kind]
+        if not prof["events"]:
+            return [Compute(phase, (float(prof["seconds"]),), _NOISE[kind],
+                            f"{kind}{mb} stage {stage}")]
+        marks, after = event_marks([prof], 0, phase, self.prefetch[phase], self._bytes,
+                                   tag=(kind, stage, mb))
+        return [Segment(phase, (float(prof["seconds"]),), _NOISE[kind], tuple(marks)), *after]
+
+    def _channel(self, src: int, dst: int, what: str) -> tuple[str, str]:
+        """(sender's scope, receiver's scope) for a message from stage src to stage dst."""
+        pp = self.cap.pp
+        a, b = self.stage_rank[src], self.stage_rank[dst]
+        up, down = b == (a + 1) % pp, b == (a - 1) % pp
+        if up and (what == "F" or not down):
+            return "pp_send_next", "pp_recv_prev"
+        if down:
+            return "pp_send_prev", "pp_recv_next"
+        raise ValueError(f"stages {src} and {dst} are on pipeline ranks {a} and {b}, not "
+                         f"neighbours")  # pragma: no cover - torch's schedules place them so
+
+    def _p2p(self, op: Op) -> Instruction:
+        src = op.stage
+        dst = src + 1 if op.what == "F" else src - 1
+        tag = ("p" + op.what, src, op.mb)
+        label = (f"{PIPELINE_WAIT}{'activations' if op.what == 'F' else 'gradients'} "
+                 f"stage {src}→{dst} mb {op.mb}")
+        if op.kind in ("wait", "wait_send"):
+            return Wait(tag, label)
+        send, recv = self._channel(src, dst, op.what)
+        nbytes = int(self.cap.stages[src]["send_bytes"][op.what])
+        c = Collective(tag, send if op.kind == "send" else recv, "send", nbytes,
+                       op.what == "B")
+        return Issue(((c, 0.0),), kind=_PHASE[op.what], label=label, pending=False)
+
+    def _rank(self, coord: int) -> tuple[Instruction, ...]:
+        out: list[Instruction] = []
+        cap = self.cap
+        for op in self.ops[coord]:
+            if op.kind in _NOISE:
+                st = cap.stages[op.stage]
+                act = int(st.get("activation_bytes", 0))
+                if op.kind == "B" and not st["actions"].get("B"):  # a split capture
+                    out += self._compute("I", op.stage, op.mb)
+                    out += self._compute("W", op.stage, op.mb)
+                else:
+                    out += self._compute(op.kind, op.stage, op.mb)
+                if act and op.kind == "F":
+                    out.append(Memory("activations", act, f"saved by F{op.mb}"))
+                elif act and (op.kind == "W" or op.kind == "B"):
+                    out.append(Memory("activations", -act, f"freed by {op.kind}{op.mb}"))
+            else:
+                out.append(self._p2p(op))
+        out.append(WaitAll("wait: in-stage collectives (end of backward)"))
+        for st in cap.stages:
+            if self.stage_rank[st["stage"]] != coord:
+                continue
+            prof = st["optimizer"]
+            seconds = float(prof["seconds"]) * self.shard_ratio
+            marks, after = event_marks([prof], 0, "optimizer", 0, self._bytes,
+                                       tag=("O", st["stage"]))
+            out.append(Segment("optimizer", (seconds,), 3, tuple(marks)))
+            out += after
+        return tuple(out)
+
+
+def _default_spec(cap: CapturedPipeline, world: int) -> str:
+    """The capture's layout over ``world`` ranks (the data-parallel size filling the rest)."""
+    parts = [f"pp:{cap.pp}"]
+    if cap.data == "fsdp":
+        parts.append("fsdp")
+    elif cap.data == "hsdp":
+        parts.append(f"hsdp:{cap.shard_size}")
+    else:
+        parts.append("ddp")
+    if cap.tp_size > 1:
+        parts.append(f"tp:{cap.tp_size}")
+    return ",".join(parts)
+
+
+def _name(schedule: str) -> str:
+    """torch's name of a schedule (``get_schedule_class``'s key: "1F1B", "Interleaved1F1B")."""
+    return schedule_class(schedule).__name__.removeprefix("Schedule")
+
+
+def plan_pipeline(cap: CapturedPipeline, checked: CheckedKnobs) -> PipelineProgram:
+    """The pipeline planner: ``cap`` as a step program for ``checked``'s world and knobs."""
+    return PipelineProgram(cap, checked)
+
+
+def uniform_pipeline(pp: int, microbatches: int, forward_s: float, backward_s: float, *,
+                     weight_s: float | None = None, schedule: str | None = None,
+                     stages_per_rank: int = 1, send_bytes: int = 0, param_bytes: int = 0,
+                     activation_bytes: int = 0, optimizer_s: float = 0.0,
+                     optimizer_state_bytes: int = 0, tp: int = 1, tp_allreduces: int = 0,
+                     tp_bytes: int = 0, shard: int = 1, network: Any = None,
+                     name: str | None = None) -> CapturedPipeline:
+    """A pipeline of identical stages, as a capture would record it — to study schedules
+    without capturing a model.
+
+    Every stage (``pp × stages_per_rank`` of them) takes ``forward_s`` per microbatch forward
+    and ``backward_s`` per backward (with ``weight_s``: ``backward_s`` is the input-gradient
+    part ``I`` and ``weight_s`` the weight-gradient part ``W``, as zero-bubble schedules split
+    it), sends ``send_bytes`` each way per microbatch, holds ``param_bytes`` of parameters
+    (all of it, before any sharding), ``optimizer_state_bytes`` per rank and
+    ``activation_bytes`` per microbatch in flight, and steps its optimizer in ``optimizer_s``.
+    ``tp > 1``: each forward and backward (``I`` when split) runs ``tp_allreduces`` all-reduces
+    of ``tp_bytes`` on the tensor-parallel group, evenly spread and waited for at once.
+    ``shard > 1``: FSDP over ``shard`` ranks inside each stage — the first forward all-gathers
+    the rank's parameters (bf16), the last backward (``W`` when split) reduce-scatters their
+    gradients (fp32). ``schedule``: the captured schedule (default 1F1B, or Interleaved1F1B
+    with ``stages_per_rank > 1``)."""
+    pp = integer("pp", pp, minimum=2, hint="pipeline ranks, e.g. 4")
+    m = integer("microbatches", microbatches, minimum=1, hint="e.g. 8")
+    v = integer("stages_per_rank", stages_per_rank, minimum=1, hint="1, or 2+ (interleaved)")
+    tp = integer("tp", tp, minimum=1, hint="the tensor-parallel size, e.g. 8")
+    shard = integer("shard", shard, minimum=1, hint="the FSDP size inside a stage, e.g. 8")
+    fs = number("forward_s", forward_s, minimum=0, hint="seconds per stage and microbatch")
+    bs = number("backward_s", backward_s, minimum=0, hint="seconds per stage and microbatch")
+    ws = None if weight_s is None else number("weight_s", weight_s, minimum=0,
+                                               hint="seconds of the weight-gradient part")
+    for n, x in (("send_bytes", send_bytes), ("param_bytes", param_bytes),
+                 ("activation_bytes", activation_bytes),
+                 ("optimizer_state_bytes", optimizer_state_bytes), ("tp_allreduces", tp_allreduces),
+                 ("tp_bytes", tp_bytes)):
+        integer(n, x, minimum=0)
+    number("optimizer_s", optimizer_s, minimum=0, hint="seconds")
+    if schedule is None:
+        schedule = "1F1B" if v == 1 else "Interleaved1F1B"
+    rank_params = param_bytes // tp  # one rank's share of the stage before FSDP
+
+    def tp_events(seconds: float) -> list[dict[str, Any]]:
+        if tp == 1 or not tp_allreduces:
+            return []
+        return [{"op": "all_reduce", "bytes": int(tp_bytes), "scope": "tp",
+                 "offset": seconds * (j + 1) / (tp_allreduces + 1),
+                 "wait_at": seconds * (j + 1) / (tp_allreduces + 1)}
+                for j in range(tp_allreduces)]
+
+    def profiles(seconds: float, tp_side: bool, gather: bool, scatter: bool
+                 ) -> list[dict[str, Any]]:
+        out = []
+        for i in range(m):
+            ev = tp_events(seconds) if tp_side else []
+            if gather and shard > 1 and i == 0:
+                ev = [{"op": "all_gather_into_tensor", "bytes": rank_params // 2,
+                       "scope": "shard", "offset": 0.0, "wait_at": 0.0}] + ev
+            if scatter and shard > 1 and i == m - 1:
+                ev = ev + [{"op": "reduce_scatter_tensor", "bytes": rank_params,
+                            "scope": "shard", "offset": seconds, "wait_at": None}]
+            out.append({"seconds": seconds, "events": ev})
+        return out
+
+    stages = []
+    for s in range(pp * v):
+        actions = {"F": profiles(fs, True, True, False)}
+        if ws is None:
+            actions["B"] = profiles(bs, True, False, True)
+        else:
+            actions["I"] = profiles(bs, True, False, False)
+            actions["W"] = profiles(ws, False, False, True)
+        stages.append({"stage": s, "layers": [s, s + 1], "param_bytes": int(param_bytes),
+                       "optimizer_state_bytes": int(optimizer_state_bytes),
+                       "activation_bytes": int(activation_bytes),
+                       "send_bytes": {"F": int(send_bytes), "B": int(send_bytes)},
+                       "actions": actions,
+                       "optimizer": {"seconds": float(optimizer_s), "events": []}})
+    mesh = {"pp": pp}
+    if shard > 1:
+        mesh["shard"] = shard
+    if tp > 1:
+        mesh["tp"] = tp
+    net = None
+    if network is not None:
+        if not isinstance(network, Network):
+            raise TypeError(f"network must be a simddp.Network (stored in the capture), got "
+                            f"{network!r}")
+        net = dataclasses.asdict(network)
+    return CapturedPipeline(
+        name=name or f"uniform pp:{pp} × {v} stages, {m} microbatches",
+        schedule=_name(schedule), pp=pp,
+        stages_per_rank=v, microbatches=m, microbatch_size=1, mesh=mesh,
+        world_size=math.prod(mesh.values()), stages=stages, param_bytes=int(param_bytes) * pp * v,
+        data="fsdp" if shard > 1 else "none", param_dtype="bf16" if shard > 1 else None,
+        network=net)
