@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = ["LlamaArgs", "Llama", "LLAMA3_8B", "LLAMA3_70B", "LLAMA3_TINY", "LLAMA3_CONFIGS",
-           "lm_loss"]
+           "lm_loss", "LlamaStage", "stage_layers"]
 
 
 @dataclass(frozen=True)
@@ -217,3 +217,63 @@ def lm_loss(logits: Tensor, batch: tuple[Tensor, Tensor]) -> Tensor:
     """Next-token cross entropy: ``logits`` (batch, seq, vocab) against ``batch[1]`` (batch,
     seq), the targets."""
     return F.cross_entropy(logits.flatten(0, 1).float(), batch[1].flatten())
+
+
+# -- pipeline parallelism ------------------------------------------------------------------------
+
+def stage_layers(n_layers: int, stage: int, num_stages: int) -> range:
+    """The blocks stage ``stage`` of ``num_stages`` holds: ``[stage·L/S, (stage+1)·L/S)`` —
+    torchtitan's manual split at equal blocks per stage, which needs ``S`` to divide ``L``."""
+    for name, v in (("n_layers", n_layers), ("num_stages", num_stages)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"stage_layers: {name} must be a positive int, got {v!r}")
+    if n_layers % num_stages:
+        divisors = [d for d in range(1, n_layers + 1) if n_layers % d == 0]
+        raise ValueError(f"stage_layers: {num_stages} pipeline stages do not divide the model's "
+                         f"{n_layers} blocks; the number of stages (pp × stages per rank) must be "
+                         f"one of {divisors}")
+    if not isinstance(stage, int) or isinstance(stage, bool) or not 0 <= stage < num_stages:
+        raise ValueError(f"stage_layers: stage must be in 0..{num_stages - 1}, got {stage!r}")
+    per = n_layers // num_stages
+    return range(stage * per, (stage + 1) * per)
+
+
+class LlamaStage(nn.Module):
+    """Stage ``stage`` of ``num_stages`` of a :class:`Llama`, cut as torchtitan cuts it by hand:
+    the blocks :func:`stage_layers` names (``self.layers``, a ``ModuleList``, the unit FSDP2
+    shards), the token embedding on the first stage, the final norm and output head on the
+    last. ``forward`` takes tokens (first stage) or hidden states (batch, seq, dim) and returns
+    hidden states, or logits on the last stage. Built from ``model``'s own modules (shared, not
+    copied), so the stages of one model hold exactly its parameters."""
+
+    def __init__(self, model: Llama, stage: int, num_stages: int) -> None:
+        super().__init__()
+        if not isinstance(model, Llama):
+            raise TypeError(f"LlamaStage cuts a models.llama.Llama, got {type(model).__name__}")
+        self.args = model.args
+        self.stage, self.num_stages = stage, num_stages
+        self.first, self.last = stage == 0, stage == num_stages - 1
+        if model.args.tie_embeddings and num_stages > 1:
+            raise ValueError("LlamaStage: a model with tie_embeddings=True shares its embedding "
+                             "with its output head, which would sit on different stages; use "
+                             "tie_embeddings=False for pipeline parallelism")
+        self.layer_ids = stage_layers(model.args.n_layers, stage, num_stages)
+        self.tok_embeddings = model.tok_embeddings if self.first else None
+        self.layers = nn.ModuleList(model.layers[i] for i in self.layer_ids)
+        self.norm = model.norm if self.last else None
+        self.output = model.output if self.last else None
+        self.rope = model.rope
+
+    def forward(self, x: Tensor) -> Tensor:
+        s = x.shape[1]
+        if s > self.args.max_seq_len:
+            raise ValueError(f"LlamaStage: sequence of {s} tokens exceeds max_seq_len "
+                             f"{self.args.max_seq_len}")
+        if self.rope[0].device != x.device:
+            self.rope = tuple(t.to(x.device) for t in self.rope)
+        cos, sin = (t[:s] for t in self.rope)
+        mask = torch.full((s, s), float("-inf"), device=x.device).triu(1)
+        h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
+        for layer in self.layers:
+            h = layer(h, cos, sin, mask)
+        return self.output(self.norm(h)) if self.output is not None else h

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -30,7 +30,7 @@ from .capture import _batches, _probe_costs, _train, activation_bytes, state_byt
 from .meta import DEVICES, fsdp_on_meta, meta_scope
 from .simulate import SimResult, now, simulate
 
-__all__ = ["capture_fsdp", "fsdp_units", "checkpoint_units", "PHASES"]
+__all__ = ["capture_fsdp", "fsdp_units", "checkpoint_units", "span_profile", "PHASES"]
 
 PHASES = ("forward", "backward", "optimizer")
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
@@ -122,34 +122,44 @@ def _scope(group_ranks: tuple[int, ...], rank: int, mesh: DeviceMesh) -> str:
     return "world" if len(members) == mesh.world else "other"
 
 
-def _phase_profile(res: SimResult, rank: int, marks: Mapping[str, float],
-                   mesh: DeviceMesh) -> dict[str, Any]:
-    """Per phase: compute seconds (waits excluded) and the collectives issued in it."""
-    bounds = {"forward": ("start", "backward"), "backward": ("backward", "backward_done"),
-              "optimizer": ("backward_done", "end")}
+def span_profile(res: SimResult, rank: int, windows: Sequence[tuple[float, float]],
+                 mesh: DeviceMesh, skip: Callable[[Any], bool] | None = None) -> dict[str, Any]:
+    """What ``rank`` did in ``windows`` (virtual-time intervals, in order, taken back to back):
+    ``{"seconds": compute, waits excluded, "events": [{"op", "bytes", "scope", "offset",
+    "wait_at"}]}`` — each collective issued in a window (except those ``skip(record)`` drops),
+    at its compute offset since the first window's start, with the offset where the rank
+    waited for it in that window (None: not there) and its mesh dimension (``scope``)."""
     waits = [(s.start, s.end) for s in res.timeline.rank_spans(rank, ("wait",))]
 
     def waited(lo: float, hi: float) -> float:
         return sum(max(0.0, min(e, hi) - max(s, lo)) for s, e in waits)
 
-    out: dict[str, Any] = {}
-    for phase, (a, b) in bounds.items():
-        t0, t1 = marks[a], marks[b]
-        events = []
+    events: list[dict[str, Any]] = []
+    before = 0.0  # compute in the earlier windows
+    for t0, t1 in windows:
         for rec in res.trace[rank]:
-            if rec.issue is None or not t0 <= rec.issue < t1:
+            if rec.issue is None or not t0 <= rec.issue < t1 or (skip and skip(rec)):
                 continue
             offset = max(0.0, rec.issue - t0 - waited(t0, rec.issue))
             wait_at = None
             for s, e in waits:  # the wait that ends when this collective ends
                 if rec.end is not None and rec.issue <= s < t1 and e == rec.end:
-                    wait_at = max(offset, s - t0 - waited(t0, s))
+                    wait_at = before + max(offset, s - t0 - waited(t0, s))
                     break
             events.append({"op": rec.op, "bytes": int(rec.bytes),
                            "scope": _scope(rec.group_ranks, rank, mesh),
-                           "offset": offset, "wait_at": wait_at})
-        out[phase] = {"seconds": (t1 - t0) - waited(t0, t1), "events": events}
-    return out
+                           "offset": before + offset, "wait_at": wait_at})
+        before += (t1 - t0) - waited(t0, t1)
+    return {"seconds": before, "events": events}
+
+
+def _phase_profile(res: SimResult, rank: int, marks: Mapping[str, float],
+                   mesh: DeviceMesh) -> dict[str, Any]:
+    """Per phase: compute seconds (waits excluded) and the collectives issued in it."""
+    bounds = {"forward": ("start", "backward"), "backward": ("backward", "backward_done"),
+              "optimizer": ("backward_done", "end")}
+    return {phase: span_profile(res, rank, [(marks[a], marks[b])], mesh)
+            for phase, (a, b) in bounds.items()}
 
 
 def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None,
