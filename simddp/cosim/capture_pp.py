@@ -36,7 +36,7 @@ from ..program.mesh import DeviceMesh
 from ..timing import Timing
 from .capture import SavedBytes, _batches, _probe_costs, state_bytes
 from .capture_fsdp import _dtype, fsdp_units, span_profile
-from .meta import DEVICES, fsdp_on_meta, meta_scope
+from .meta import DEVICES, fsdp_on_meta, meta_scope, pipelining_on_meta
 from .simulate import now, simulate
 
 __all__ = ["capture_pp", "parallelize_stage", "schedule_class", "stage_ranks", "SCHEDULES"]
@@ -187,7 +187,9 @@ def _rank_run(scenario: Any, cfg: Mapping[str, Any]):
                                            for p in part.parameters())}
             if inner is not None:
                 parallelize_stage(part, inner, mp_policy=policy)
+            shapes = _stage_io(part, cfg["io"])
             stages.append(PipelineStage(part, s, num_stages, torch.device(device),
+                                        input_args=shapes[0], output_args=shapes[1],
                                         group=mesh.get_group("pp")))
         cls = schedule_class(cfg["schedule"])
         loss_fn = _loss_fn(scenario)
@@ -238,6 +240,20 @@ def _rank_run(scenario: Any, cfg: Mapping[str, Any]):
         return {"windows": dict(windows), "facts": facts, "losses": losses_seen}
 
     return run
+
+
+def _stage_io(stage: Any, io: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A stage's input and output of one microbatch, as meta tensors: given to
+    ``PipelineStage`` so that it knows its shapes up front (torch's static mode, as torchtitan
+    runs it) rather than inferring them in the first step by sending pickled metadata."""
+    mb, seq, dtype = io["microbatch_size"], io["seq_len"], io["dtype"]
+    args = stage.args
+
+    def t(*shape: int, dt: torch.dtype = dtype) -> torch.Tensor:
+        return torch.empty(shape, dtype=dt, device="meta")
+    # training: hidden states in and out carry gradients (the ones the stages exchange)
+    x = t(mb, seq, dt=torch.int64) if stage.first else t(mb, seq, args.dim).requires_grad_()
+    return x, t(mb, seq, args.vocab_size if stage.last else args.dim).requires_grad_()
 
 
 def _instrument(stage: Any, timed: Callable[..., Any], facts: dict[str, int]) -> None:
@@ -370,12 +386,18 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
     _dtype(param_dtype), _dtype(reduce_dtype)
     timing = Timing() if timing is None else timing
     world = math.prod(mesh_dims.values())
-    cfg = dict(mesh=mesh_dims, pp=pp, stages_per_rank=spr, microbatches=m, device=device,
+    fsdp = any(d in mesh_dims for d in ("replicate", "shard"))
+    if param_dtype is not None and not fsdp:
+        raise ValueError("capture_pp: param_dtype / reduce_dtype are FSDP2's mixed precision; "
+                         "give a mesh with 'shard' (or 'replicate') to use them")
+    io = {"microbatch_size": batch_size // m, "seq_len": int(batch.shape[1]),
+          "dtype": _dtype(param_dtype) or next(model.parameters()).dtype}
+    cfg = dict(io=io, mesh=mesh_dims, pp=pp, stages_per_rank=spr, microbatches=m, device=device,
                iterations=iterations, schedule=name, param_dtype=param_dtype,
                reduce_dtype=reduce_dtype)
-    fsdp = any(d in mesh_dims for d in ("replicate", "shard"))
     try:
-        with fsdp_on_meta() if device == "meta" and fsdp else contextlib.nullcontext():
+        with (fsdp_on_meta() if device == "meta" and fsdp else contextlib.nullcontext()), \
+                (pipelining_on_meta() if device == "meta" else contextlib.nullcontext()):
             res = simulate(_rank_run(scenario, cfg), (), world, timing=timing, seed=seed)
     except RankFailedError as e:
         if isinstance(e.__cause__, _ConfigError):
