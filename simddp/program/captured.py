@@ -347,21 +347,26 @@ class CapturedPipeline(_JSON):
 
     ``stages``: per stage index (``pp × stages_per_rank`` of them), a dict::
 
-        {"stage": s, "layers": [first, end),           # the blocks the stage holds
+        {"stage": s, "rank": r,                        # r: its rank along "pp"
+         "layers": [first, end),                       # the blocks the stage holds
          "param_bytes": int,                           # the stage's parameters, unsharded
          "optimizer_state_bytes": int,                 # one rank's optimizer state
          "activation_bytes": int,                      # saved for backward, one microbatch
          "send_bytes": {"F": int, "B": int},           # to the next stage / previous stage
          "actions": {"F": [profile, ...], "B": [...], "I": [...], "W": [...]},
+         "reduce_grad": profile,                       # torch's REDUCE_GRAD action
          "optimizer": profile}
 
     with one ``profile`` per captured microbatch (index = microbatch) for each action type the
     captured schedule ran (``B`` for full-backward schedules, ``I`` and ``W`` for zero-bubble
-    ones), each a phase profile as :class:`CapturedStep` has them: ``{"seconds": compute,
+    ones; ``None`` for a microbatch whose backward ran as the other kind — DualPipeV mixes
+    them), each a phase profile as :class:`CapturedStep` has them: ``{"seconds": compute,
     waits excluded, "events": [{"op", "bytes", "scope", "offset", "wait_at"}]}`` — the
     collectives the action issued inside the stage (tensor parallelism on ``"tp"``, FSDP2 on
     ``"shard"``/``"replicate"``), not the pipeline's sends and receives, which the schedule's
-    action list places (``send_bytes``). ``schedule``: the torch schedule class captured;
+    action list places (``send_bytes``). The last stage's ``F`` includes its loss. ``reduce_grad``:
+    the stage's ``perform_reduce_grad`` after its last backward (FSDP2's reduce-scatters, gradient
+    scaling by the number of microbatches). ``schedule``: the torch schedule class captured;
     ``mesh``: the capture's mesh (``{"pp": p[, "replicate": r][, "shard": s][, "tp": t]}``).
     """
 
