@@ -140,9 +140,11 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor) -> Tensor:
         b, s, _ = x.shape
-        q = apply_rope(self.wq(x).view(b, s, self.n_heads, self.head_dim), cos, sin)
-        k = apply_rope(self.wk(x).view(b, s, self.n_kv_heads, self.head_dim), cos, sin)
-        v = self.wv(x).view(b, s, self.n_kv_heads, self.head_dim)
+        # -1 heads, as torchtitan's llama3: under tensor parallelism wq/wk/wv are column-wise
+        # sharded and each rank holds n_heads / tp (n_kv_heads / tp) of the heads
+        q = apply_rope(self.wq(x).view(b, s, -1, self.head_dim), cos, sin)
+        k = apply_rope(self.wk(x).view(b, s, -1, self.head_dim), cos, sin)
+        v = self.wv(x).view(b, s, -1, self.head_dim)
         rep = self.n_heads // self.n_kv_heads  # grouped-query attention: share k/v heads
         if rep > 1:
             k = k.repeat_interleave(rep, dim=2)

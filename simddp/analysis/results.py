@@ -98,6 +98,8 @@ class ReplayResult(RunResult):
     engine / engine_reason: the engine that ran ("simpy", "vector") and why.
     peak_memory_bytes: the largest rank's peak memory in a step; memory: its bytes per category
     at that peak; memory_limit_bytes: the device's (``gpu_memory_gb``); oom: whether it fits.
+    parallel: the layout replayed (e.g. ``"fsdp:32,tp:8"``); exposed_comm_by_dim: exposed
+    communication per mesh dimension.
     """
 
     world_size: int
@@ -115,6 +117,7 @@ class ReplayResult(RunResult):
     peak_memory_bytes: int = 0
     memory: dict[str, int] = field(default_factory=dict)
     memory_limit_bytes: int | None = None
+    parallel: str | None = None  # the layout replayed ("fsdp:32,tp:8"; None: DDP's groups)
 
     @property
     def oom(self) -> bool | None:
@@ -134,11 +137,22 @@ class ReplayResult(RunResult):
         iteration."""
         return self.rank_comm_bytes[0] / self.iterations
 
+    @property
+    def exposed_comm_by_dim(self) -> dict[str, float]:
+        """Per mesh dimension (``"shard"``, ``"replicate"``, ``"tp"``, DDP's ``"dp"`` …): the
+        exposed communication of its collectives alone, per iteration the largest over ranks,
+        averaged over iterations (seconds). Dimensions whose collectives are exposed at the
+        same time each count it (see :meth:`~simddp.Timeline.exposed_comm_by_scope`)."""
+        return {k: sum(v) / len(v) if v else 0.0
+                for k, v in self.timeline.exposed_comm_by_scope().items()}
+
     def row(self) -> dict[str, Any]:
         """One flat row for a sweep table: knobs, then results."""
-        return {**self.knobs, "world_size": self.world_size, "iterations": self.iterations,
+        return {**self.knobs, "parallel": self.parallel or self.knobs.get("parallel"),
+                "world_size": self.world_size, "iterations": self.iterations,
                 "iteration_time_s": self.iteration_time,
                 "exposed_comm_s": self.mean_exposed_comm,
+                "exposed_comm_by_dim": self.exposed_comm_by_dim,
                 "buckets": len(self.buckets),
                 "collectives_per_iteration": self.collectives_per_iteration,
                 "comm_bytes_per_iteration": self.comm_bytes_per_iteration,
@@ -148,6 +162,7 @@ class ReplayResult(RunResult):
         return {"world_size": self.world_size, "iterations": self.iterations,
                 "knobs": self.knobs, "iteration_time": self.iteration_time,
                 "iteration_times": self.iteration_times, "exposed_comm": self.exposed_comm,
+                "exposed_comm_by_dim": self.exposed_comm_by_dim, "parallel": self.parallel,
                 "slowest_rank": self.slowest_rank, "buckets": self.buckets,
                 "bucket_bytes": self.bucket_bytes,
                 "rank_collectives": list(self.rank_collectives),

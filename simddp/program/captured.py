@@ -305,8 +305,9 @@ class CapturedStep(_JSON):
     ``{"seconds": compute, waits excluded, "events": [{"op", "bytes", "scope", "offset",
     "wait_at"}]}`` — every collective issued in the phase, in issue order, at its compute
     offset, with the offset where the rank waited for it (None: never in that phase) and its
-    mesh dimension (``scope``). ``mesh``: the capture's mesh (``{"shard": n}`` or
-    ``{"replicate": r, "shard": s}``). Memory facts per rank: ``param_bytes`` (the model's,
+    mesh dimension (``scope``: ``"shard"``, ``"replicate"``, ``"tp"``). ``mesh``: the
+    capture's mesh (``{"shard": n}`` or ``{"replicate": r, "shard": s}``, with ``"tp": t``
+    innermost under tensor parallelism). Memory facts per rank: ``param_bytes`` (the model's,
     unsharded), ``optimizer_state_bytes`` (this rank's shard), ``activation_bytes`` (saved for
     backward in the step; with ``activation_checkpointing`` the blocks' inputs and what is saved
     outside them) and ``recompute_bytes`` (with activation checkpointing: the largest block's
@@ -330,10 +331,24 @@ class CapturedStep(_JSON):
     cosim_exposed_comm: float = 0.0
     recompute_bytes: int = 0  # activation checkpointing: one block's, while backward recomputes it
     activation_checkpointing: bool = False
+    # tensor parallelism (a "tp" dimension in mesh): the parameters' bytes one TP rank holds
+    # before FSDP2 shards them (0: param_bytes, no TP), and whether the plan was
+    # sequence-parallel
+    local_param_bytes: int = 0
+    sequence_parallel: bool = False
 
     @property
     def shard_size(self) -> int:
         return int(self.mesh.get("shard", 1))
+
+    @property
+    def tp_size(self) -> int:
+        return int(self.mesh.get("tp", 1))
+
+    @property
+    def tp_param_bytes(self) -> int:
+        """The parameters one TP rank holds before FSDP2 shards them."""
+        return int(self.local_param_bytes or self.param_bytes)
 
     def network_model(self) -> Network | None:
         return None if self.network is None else Network(**self.network)
