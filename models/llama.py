@@ -265,9 +265,12 @@ class LlamaStage(nn.Module):
         self.norm = model.norm if self.last else None
         self.output = model.output if self.last else None
         self.rope = model.rope
+        # under sequence parallelism a stage receives (and passes on) 1/n of the sequence
+        # (its blocks gather the rest); the rotary tables and the mask span all of it
+        self.sequence_shards = 1
 
     def forward(self, x: Tensor) -> Tensor:
-        s = x.shape[1]
+        s = x.shape[1] * (1 if self.tok_embeddings is not None else self.sequence_shards)
         if s > self.args.max_seq_len:
             raise ValueError(f"LlamaStage: sequence of {s} tokens exceeds max_seq_len "
                              f"{self.args.max_seq_len}")

@@ -174,6 +174,40 @@ def test_pp_times_fsdp_records_each_stages_gathers_and_reduce_scatters():
         assert sorted(e["bytes"] for e in scatters) == sorted(e["bytes"] for e in gathers)
         # the optimizer state is sharded: about half of the unsharded AdamW moments
         assert st["optimizer_state_bytes"] < 1.01 * st["param_bytes"]
+        assert st["unshard"] == st["reshard"] == []  # single-stage: no UNSHARD actions
+
+
+def test_pp_times_tp_shards_the_stages_and_keeps_the_losses(caps):
+    losses: list = []
+    cap = capture_pp(SCENARIO, 2, schedule="1F1B", mesh={"tp": 2}, timing=TIMING,
+                     losses=losses)
+    plain, _ = caps[2, "1F1B"]
+    assert cap.world_size == 4 and cap.tp_size == 2
+    assert [sum(step) / M for step in losses] == pytest.approx(_reference_losses(SCENARIO),
+                                                               rel=1e-5)
+    for st, ref in zip(cap.stages, plain.stages):
+        # sequence parallelism: the stages exchange sequence shards
+        assert st["send_bytes"] == {k: v // 2 for k, v in ref["send_bytes"].items()}
+        assert st["activation_bytes"] < 0.7 * ref["activation_bytes"]
+        assert st["optimizer_state_bytes"] < 0.6 * ref["optimizer_state_bytes"]
+        for kind in ("F", "B"):
+            ops = {(e["op"], e["scope"]) for p in st["actions"][kind] for e in p["events"]}
+            assert ops == {("all_gather_into_tensor_coalesced", "tp"),
+                           ("reduce_scatter_tensor_coalesced", "tp")}
+
+
+def test_pp_fsdp_tp_on_a_3d_mesh_records_each_dimensions_collectives():
+    cap = capture_pp(SCENARIO, 2, schedule="Interleaved1F1B", stages_per_rank=2,
+                     mesh={"shard": 2, "tp": 2}, timing=TIMING)
+    assert cap.world_size == 8 and cap.mesh == {"pp": 2, "shard": 2, "tp": 2}
+    for st in cap.stages:
+        assert {e["scope"] for p in st["actions"]["F"] for e in p["events"]} == {"tp"}
+        # a multi-stage schedule gathers a stage's parameters in torch's UNSHARD action
+        assert len(st["unshard"]) == len(st["reshard"]) == 1
+        gathers = st["unshard"][0]["events"]
+        assert gathers and {(e["op"], e["scope"]) for e in gathers} == {
+            ("all_gather_into_tensor", "shard")}
+        assert "shard" in {e["scope"] for e in st["reduce_grad"]["events"]}
 
 
 def test_real_size_llama3_8b_captures_on_meta():

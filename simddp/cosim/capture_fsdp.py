@@ -144,13 +144,15 @@ def _scope(group_ranks: tuple[int, ...], rank: int, mesh: DeviceMesh) -> str:
     return "world" if len(members) == mesh.world else "other"
 
 
-def span_profile(res: SimResult, rank: int, windows: Sequence[tuple[float, float]],
-                 mesh: DeviceMesh, skip: Callable[[Any], bool] | None = None) -> dict[str, Any]:
-    """What ``rank`` did in ``windows`` (virtual-time intervals, in order, taken back to back):
-    ``{"seconds": compute, waits excluded, "events": [{"op", "bytes", "scope", "offset",
-    "wait_at"}]}`` — each collective issued in a window (except those ``skip(record)`` drops),
-    at its compute offset since the first window's start, with the offset where the rank
-    waited for it in that window (None: not there) and its mesh dimension (``scope``)."""
+def span_profile(res: SimResult, rank: int, windows: Sequence[tuple], mesh: DeviceMesh,
+                 skip: Callable[[Any], bool] | None = None) -> dict[str, Any]:
+    """What ``rank`` did in ``windows`` (virtual-time intervals ``(t0, t1)``, in order, taken
+    back to back): ``{"seconds": compute, waits excluded, "events": [{"op", "bytes", "scope",
+    "offset", "wait_at"}]}`` — each collective issued in a window (except those
+    ``skip(record)`` drops), at its compute offset since the first window's start, with the
+    offset where the rank waited for it in that window (None: not there) and its mesh
+    dimension (``scope``). A window ``(t0, t1, first, end)`` holds the rank's trace records
+    ``first:end`` (counted with :func:`~simddp.cosim.simulate.issued`), whatever their time."""
     waits = [(s.start, s.end) for s in res.timeline.rank_spans(rank, ("wait",))]
 
     def waited(lo: float, hi: float) -> float:
@@ -158,9 +160,14 @@ def span_profile(res: SimResult, rank: int, windows: Sequence[tuple[float, float
 
     events: list[dict[str, Any]] = []
     before = 0.0  # compute in the earlier windows
-    for t0, t1 in windows:
-        for rec in res.trace[rank]:
-            if rec.issue is None or not t0 <= rec.issue < t1 or (skip and skip(rec)):
+    for t0, t1, *span in windows:
+        records = res.trace[rank][span[0]:span[1]] if span else [
+            rec for rec in res.trace[rank] if rec.issue is not None and t0 <= rec.issue < t1]
+        if span and records and not t0 <= records[0].issue <= records[-1].issue <= t1:
+            raise RuntimeError(f"span_profile: rank {rank}'s trace records {span[0]}:{span[1]} "
+                               f"were not issued in its window [{t0}, {t1}]")
+        for rec in records:
+            if rec.issue is None or (skip and skip(rec)):
                 continue
             offset = max(0.0, rec.issue - t0 - waited(t0, rec.issue))
             wait_at = None

@@ -37,7 +37,8 @@ from ..timing import Timing
 from .capture import SavedBytes, _batches, _probe_costs, state_bytes
 from .capture_fsdp import _dtype, fsdp_units, span_profile
 from .meta import DEVICES, fsdp_on_meta, meta_scope, pipelining_on_meta
-from .simulate import now, simulate
+from .simulate import issued, now, simulate
+from .tensor_parallel import apply_tensor_parallel
 
 __all__ = ["capture_pp", "parallelize_stage", "schedule_class", "stage_ranks", "SCHEDULES"]
 
@@ -79,25 +80,22 @@ def stage_ranks(schedule: str, pp: int, stages_per_rank: int) -> dict[int, int]:
 
 
 def parallelize_stage(module: torch.nn.Module, mesh: Any, *,
-                      reshard_after_forward: bool = False, mp_policy: Any = None
-                      ) -> torch.nn.Module:
+                      reshard_after_forward: bool = False, mp_policy: Any = None,
+                      sequence_parallel: bool = True) -> torch.nn.Module:
     """Parallelize one pipeline stage inside its slice of the device ``mesh`` (a torch
     ``DeviceMesh`` whose dimensions include some of "replicate", "shard", "tp"), as
-    torchtitan does: tensor parallelism on "tp" first, then FSDP2 — ``fully_shard`` on each
+    torchtitan does: tensor parallelism on "tp" first (torchtitan's Llama 3 plan,
+    :func:`~simddp.cosim.tensor_parallel.apply_tensor_parallel`; with ``sequence_parallel``
+    the hidden states between stages are sequence shards, which the stage is told), then FSDP2 — ``fully_shard`` on each
     block (:func:`~simddp.cosim.capture_fsdp.fsdp_units`) and on the stage itself, on the
     data-parallel submesh (HSDP when it has "replicate"), ``reshard_after_forward`` False by
     default (torchtitan's default under pipeline parallelism: each microbatch would otherwise
     gather the parameters again)."""
     names = tuple(mesh.mesh_dim_names or ())
     if "tp" in names:
-        try:
-            from .tensor_parallel import apply_tensor_parallel  # type: ignore[import-not-found]
-        except ImportError as e:
-            raise NotImplementedError(
-                "parallelize_stage: tensor parallelism inside a stage needs "
-                "simddp.cosim.tensor_parallel.apply_tensor_parallel, which this build lacks; "
-                "give a mesh without 'tp'") from e
-        apply_tensor_parallel(module, mesh["tp"])
+        apply_tensor_parallel(module, mesh["tp"], sequence_parallel=sequence_parallel)
+        if sequence_parallel:  # hidden states travel between stages as sequence shards
+            module.sequence_shards = mesh["tp"].size()
     dp = tuple(d for d in ("replicate", "shard") if d in names)
     if dp:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -186,7 +184,8 @@ def _rank_run(scenario: Any, cfg: Mapping[str, Any]):
             facts[s] = {"param_bytes": sum(p.numel() * p.element_size()
                                            for p in part.parameters())}
             if inner is not None:
-                parallelize_stage(part, inner, mp_policy=policy)
+                parallelize_stage(part, inner, mp_policy=policy,
+                                  sequence_parallel=cfg["sequence_parallel"])
             shapes = _stage_io(part, cfg["io"])
             stages.append(PipelineStage(part, s, num_stages, torch.device(device),
                                         input_args=shapes[0], output_args=shapes[1],
@@ -201,18 +200,34 @@ def _rank_run(scenario: Any, cfg: Mapping[str, Any]):
             raise _ConfigError(f"capture_pp: torch's {cls.__name__} refuses {m} microbatches "
                                f"on {num_stages} stages ({pp} ranks × {spr}): {e}") from None
 
-        windows: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+        windows: dict[tuple, list[tuple]] = defaultdict(list)  # (t0, t1, first, end)
         on = [False]
+        previous: list[tuple] = [()]  # the last timed call's key
+        occurrences: dict[tuple, int] = defaultdict(int)  # per (stage, kind), this step
 
         def timed(key: tuple, fn: Callable[..., Any], *a: Any, **kw: Any) -> Any:
-            t0 = now()
+            t0, n0 = now(), issued()
             out = fn(*a, **kw)
             if on[0]:
-                windows[key].append((t0, now()))
+                windows[key].append((t0, now(), n0, issued()))
+            previous[0] = key
             return out
+
+        def occurrence(s: int, kind: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+            # an UNSHARD (RESHARD) action calls each FSDP module of the stage in turn: the
+            # calls in a row are one action, its k-th of the step
+            def call(*a: Any, **kw: Any) -> Any:
+                if previous[0][:2] != (s, kind):
+                    occurrences[s, kind] += 1
+                return timed((s, kind, occurrences[s, kind] - 1), fn, *a, **kw)
+            return call
 
         for st in stages:
             _instrument(st, timed, facts[st.stage_index])
+            for mod in st.submod.modules():  # called by the schedule's UNSHARD / RESHARD
+                if hasattr(mod, "unshard") and hasattr(mod, "reshard"):
+                    mod.unshard = occurrence(st.stage_index, "unshard", mod.unshard)
+                    mod.reshard = occurrence(st.stage_index, "reshard", mod.reshard)
         compute_loss = sched._maybe_compute_loss
 
         def maybe_compute_loss(stage: Any, output: Any, target_mbs: Any, mb: int,
@@ -228,6 +243,7 @@ def _rank_run(scenario: Any, cfg: Mapping[str, Any]):
         for i, (tokens, targets) in enumerate(_batches(scenario, dp_rank, dp_size,
                                                        cfg["iterations"], device)):
             on[0] = i == last
+            occurrences.clear()
             opt.zero_grad()
             losses: list[torch.Tensor] = []
             sched.step(*((tokens,) if first else ()),
@@ -247,13 +263,15 @@ def _stage_io(stage: Any, io: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Te
     ``PipelineStage`` so that it knows its shapes up front (torch's static mode, as torchtitan
     runs it) rather than inferring them in the first step by sending pickled metadata."""
     mb, seq, dtype = io["microbatch_size"], io["seq_len"], io["dtype"]
-    args = stage.args
+    args, local = stage.args, io["seq_len"] // stage.sequence_shards
 
     def t(*shape: int, dt: torch.dtype = dtype) -> torch.Tensor:
         return torch.empty(shape, dtype=dt, device="meta")
-    # training: hidden states in and out carry gradients (the ones the stages exchange)
-    x = t(mb, seq, dt=torch.int64) if stage.first else t(mb, seq, args.dim).requires_grad_()
-    return x, t(mb, seq, args.vocab_size if stage.last else args.dim).requires_grad_()
+    # training: hidden states in and out carry gradients (the ones the stages exchange); the
+    # logits are whole (tensor parallelism gathers them)
+    x = t(mb, seq, dt=torch.int64) if stage.first else t(mb, local, args.dim).requires_grad_()
+    return x, (t(mb, seq, args.vocab_size) if stage.last else t(mb, local, args.dim)
+               ).requires_grad_()
 
 
 def _instrument(stage: Any, timed: Callable[..., Any], facts: dict[str, int]) -> None:
@@ -296,34 +314,47 @@ def _instrument(stage: Any, timed: Callable[..., Any], facts: dict[str, int]) ->
 
 
 def _stage_activation_bytes(scenario: Any, num_stages: int, microbatch_size: int,
-                            device: str, dtype: torch.dtype | None) -> list[int]:
+                            device: str, dtype: torch.dtype | None, tp: int,
+                            sequence_parallel: bool) -> list[int]:
     """Per stage, the bytes autograd saves for backward in one microbatch's forward (and, on
-    the last stage, its loss), the stage's input included (the pipeline keeps it for the
-    backward): rank 0's first microbatch through the stages one after another, run plainly
-    (no ranks, no virtual time; see :class:`~simddp.cosim.capture.SavedBytes`)."""
+    the last stage, its loss) on one rank, the stage's input included (the pipeline keeps it
+    for the backward): rank 0's first microbatch through the stages one after another, each
+    under tensor parallelism over ``tp`` ranks as in the capture, on an untimed fake world
+    (saved-tensor hooks add ops a compute model would charge; see
+    :class:`~simddp.cosim.capture.SavedBytes`)."""
+    import fakepg
+
     from fakepg.zoo.llama import LlamaStage
 
-    with torch.device(device):
-        model = scenario.build_model()
-    if dtype is not None:
-        model = model.to(dtype)
-    tokens, targets = _batches(scenario, 0, 1, 1, device)[0]
-    x: torch.Tensor = tokens[:microbatch_size]
-    loss_fn = _loss_fn(scenario)
-    out = []
-    for s in range(num_stages):
-        stage = LlamaStage(model, s, num_stages)
-        if s:
-            x = x.detach().requires_grad_()
-        saved = SavedBytes()
-        saved.counting = True
-        with saved:
-            y = stage(x)
-            if stage.last:
-                loss_fn(y, targets[:microbatch_size])
-        out.append(saved.total)
-        x = y
-    return out
+    def run(rank: int) -> list[int]:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        with torch.device(device):
+            model = scenario.build_model()
+        if dtype is not None:
+            model = model.to(dtype)
+        tp_mesh = init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",)) if tp > 1 else None
+        tokens, targets = _batches(scenario, 0, 1, 1, device)[0]
+        x: torch.Tensor = tokens[:microbatch_size]
+        loss_fn = _loss_fn(scenario)
+        out = []
+        for s in range(num_stages):
+            stage = LlamaStage(model, s, num_stages)
+            if tp_mesh is not None:
+                parallelize_stage(stage, tp_mesh, sequence_parallel=sequence_parallel)
+            if s:
+                x = x.detach().requires_grad_()
+            saved = SavedBytes()
+            saved.counting = True
+            with saved:
+                y = stage(x)
+                if stage.last:
+                    loss_fn(y, targets[:microbatch_size])
+            out.append(saved.total)
+            x = y
+        return out
+
+    return list(fakepg.spawn(run, nprocs=tp).returns[0])
 
 
 def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
@@ -331,7 +362,8 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
                mesh: Mapping[str, int] | None = None, timing: Timing | None = None,
                device: str = "cpu", iterations: int = 2, seed: int = 0,
                param_dtype: str | None = None, reduce_dtype: str | None = None,
-               losses: list | None = None) -> CapturedPipeline:
+               sequence_parallel: bool = True, losses: list | None = None
+               ) -> CapturedPipeline:
     """Run ``scenario`` (whose model is the zoo's :class:`models.llama.Llama`) pipelined over
     ``pp`` ranks with torch's real ``PipelineStage`` and ``schedule`` (one of
     :data:`SCHEDULES`) under :func:`simddp.simulate`, and record its last step (see the
@@ -343,7 +375,8 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
     ``mesh``: the dimensions inside a stage, ``{"shard": s}`` (FSDP2), ``{"replicate": r,
     "shard": s}`` (HSDP), ``{"tp": t}`` or combinations; the world is ``pp`` × their product,
     on a mesh ``pp × replicate × shard × tp``. ``param_dtype`` / ``reduce_dtype``: FSDP2's
-    mixed precision ("bf16", "fp16", "fp32"). ``device="meta"``: at real size without
+    mixed precision ("bf16", "fp16", "fp32"). ``sequence_parallel``: with "tp", torchtitan's
+    sequence-parallel plan (its default). ``device="meta"``: at real size without
     arithmetic (:mod:`simddp.cosim.meta`). ``losses``: a list that receives, per iteration,
     the last stage's per-microbatch losses (data-parallel rank 0; not on meta)."""
     if device not in DEVICES:
@@ -394,7 +427,7 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
           "dtype": _dtype(param_dtype) or next(model.parameters()).dtype}
     cfg = dict(io=io, mesh=mesh_dims, pp=pp, stages_per_rank=spr, microbatches=m, device=device,
                iterations=iterations, schedule=name, param_dtype=param_dtype,
-               reduce_dtype=reduce_dtype)
+               reduce_dtype=reduce_dtype, sequence_parallel=bool(sequence_parallel))
     try:
         with (fsdp_on_meta() if device == "meta" and fsdp else contextlib.nullcontext()), \
                 (pipelining_on_meta() if device == "meta" else contextlib.nullcontext()):
@@ -407,7 +440,8 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
     placement = stage_ranks(name, pp, spr)
     dmesh = DeviceMesh(world, mesh_dims)
     held = _stage_activation_bytes(scenario, num_stages, batch_size // m, device,
-                                   _dtype(param_dtype))
+                                   _dtype(param_dtype), mesh_dims.get("tp", 1),
+                                   bool(sequence_parallel))
     stages = []
     for s in range(num_stages):
         rank = placement[s] * per_stage
@@ -429,6 +463,10 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
             # mixes full and split backwards)
             "actions": {k: [prof((s, k, mb)) if (s, k, mb) in wins else None
                             for mb in range(m)] for k in kinds},
+            # multi-stage schedules with FSDP2: torch's UNSHARD / RESHARD actions, in order
+            **{kind: [prof((s, kind, k)) for k in range(1 + max(
+                (key[2] for key in wins if key[:2] == (s, kind)), default=-1))]
+               for kind in ("unshard", "reshard")},
             "reduce_grad": prof((s, "reduce_grad", None)),
             "optimizer": prof((s, "optimizer", None))})
     for s in range(1, num_stages):  # the gradient sent back is the activation's shape

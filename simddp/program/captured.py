@@ -369,6 +369,8 @@ class CapturedPipeline(_JSON):
          "activation_bytes": int,                      # saved for backward, one microbatch
          "send_bytes": {"F": int, "B": int},           # to the next stage / previous stage
          "actions": {"F": [profile, ...], "B": [...], "I": [...], "W": [...]},
+         "unshard": [profile, ...],                    # torch's UNSHARD actions, in order
+         "reshard": [profile, ...],                    # and RESHARD (multi-stage + FSDP2)
          "reduce_grad": profile,                       # torch's REDUCE_GRAD action
          "optimizer": profile}
 
@@ -381,7 +383,11 @@ class CapturedPipeline(_JSON):
     ``"shard"``/``"replicate"``), not the pipeline's sends and receives, which the schedule's
     action list places (``send_bytes``). The last stage's ``F`` includes its loss. ``reduce_grad``:
     the stage's ``perform_reduce_grad`` after its last backward (FSDP2's reduce-scatters, gradient
-    scaling by the number of microbatches). ``schedule``: the torch schedule class captured;
+    scaling by the number of microbatches). ``unshard`` / ``reshard``: with FSDP2 under a
+    multi-stage schedule, torch lowers the schedule with UNSHARD / RESHARD actions (the
+    stage's all-gathers issued asynchronously: the stage's next ``F`` or ``B`` waits for them,
+    so their ``wait_at`` is None); single-stage schedules leave them empty and gather in the
+    first ``F``. ``schedule``: the torch schedule class captured;
     ``mesh``: the capture's mesh (``{"pp": p[, "replicate": r][, "shard": s][, "tp": t]}``).
     """
 
