@@ -20,7 +20,7 @@ TIMING = Timing(network=Network.preset("ib-ndr", gpus_per_node=8),
                 compute=Compute.roofline("h100"))
 CASES = [(2, "GPipe", 1), (4, "GPipe", 1), (2, "1F1B", 1), (4, "1F1B", 1),
          (2, "Interleaved1F1B", 2), (4, "Interleaved1F1B", 2), (2, "ZBVZeroBubble", 2),
-         (4, "InterleavedZeroBubble", 2)]
+         (4, "InterleavedZeroBubble", 2), (2, "LoopedBFS", 2), (2, "DualPipeV", 2)]
 
 
 def _reference_losses(scenario, iterations=2):
@@ -93,6 +93,15 @@ def test_each_stage_records_one_forward_and_one_backward_per_microbatch(caps, pp
     assert (cap.pp, cap.stages_per_rank, cap.microbatches, cap.world_size) == (pp, spr, M, pp)
     assert [st["stage"] for st in cap.stages] == list(range(pp * spr))
     zero_bubble = "ZeroBubble" in schedule
+    if schedule == "DualPipeV":  # mixes full (B) and split (I, W) backwards
+        for st in cap.stages:
+            acts = st["actions"]
+            assert len(acts["F"]) == M and all(acts["F"])
+            for mb in range(M):
+                split = acts["I"][mb] is not None
+                assert (acts["W"][mb] is not None) == split
+                assert (acts["B"][mb] is not None) != split
+        return
     for st in cap.stages:
         acts = st["actions"]
         assert sorted(acts) == (["F", "I", "W"] if zero_bubble else ["B", "F"])
@@ -124,7 +133,7 @@ def test_sends_are_the_hidden_states_and_leave_the_actions(caps):
                                                        {"F": 0, "B": hidden}]
     for (pp, schedule), (c, _) in caps.items():
         for st in c.stages:
-            for prof in [*(p for ps in st["actions"].values() for p in ps),
+            for prof in [*(p for ps in st["actions"].values() for p in ps if p),
                          st["reduce_grad"], st["optimizer"]]:
                 assert not [e for e in prof["events"] if e["op"] in ("send", "recv")]
 
@@ -146,7 +155,7 @@ def test_cosimulated_step_is_at_least_the_busiest_ranks_compute(caps, pp, schedu
     cap, _ = caps[pp, schedule]
     busy = [0.0] * pp
     for st in cap.stages:
-        busy[st["rank"]] += sum(p["seconds"] for ps in st["actions"].values() for p in ps)
+        busy[st["rank"]] += sum(p["seconds"] for ps in st["actions"].values() for p in ps if p)
         busy[st["rank"]] += st["reduce_grad"]["seconds"] + st["optimizer"]["seconds"]
     assert cap.cosim_iteration_time >= max(busy) * (1 - 1e-9)
     if schedule == "GPipe":  # fill and drain: idle ranks
