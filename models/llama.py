@@ -201,14 +201,7 @@ class Llama(nn.Module):
         self.rope = rope_tables(args, self.tok_embeddings.weight.device)
 
     def forward(self, tokens: Tensor) -> Tensor:
-        s = tokens.shape[1]
-        if s > self.args.max_seq_len:
-            raise ValueError(f"Llama: sequence of {s} tokens exceeds max_seq_len "
-                             f"{self.args.max_seq_len}")
-        if self.rope[0].device != tokens.device:
-            self.rope = tuple(t.to(tokens.device) for t in self.rope)
-        cos, sin = (t[:s] for t in self.rope)
-        mask = torch.full((s, s), float("-inf"), device=tokens.device).triu(1)
+        cos, sin, mask = _positions(self, tokens.shape[1], tokens.device)
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
             h = layer(h, cos, sin, mask)
@@ -271,14 +264,21 @@ class LlamaStage(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         s = x.shape[1] * (1 if self.tok_embeddings is not None else self.sequence_shards)
-        if s > self.args.max_seq_len:
-            raise ValueError(f"LlamaStage: sequence of {s} tokens exceeds max_seq_len "
-                             f"{self.args.max_seq_len}")
-        if self.rope[0].device != x.device:
-            self.rope = tuple(t.to(x.device) for t in self.rope)
-        cos, sin = (t[:s] for t in self.rope)
-        mask = torch.full((s, s), float("-inf"), device=x.device).triu(1)
+        cos, sin, mask = _positions(self, s, x.device)
         h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
         for layer in self.layers:
             h = layer(h, cos, sin, mask)
         return self.output(self.norm(h)) if self.output is not None else h
+
+
+def _positions(module: Llama | LlamaStage, s: int, device: torch.device
+               ) -> tuple[Tensor, Tensor, Tensor]:
+    """The rotary tables' first ``s`` rows and the causal mask for ``s`` positions, on
+    ``device`` (``module.rope`` follows the inputs' device, moved once)."""
+    if s > module.args.max_seq_len:
+        raise ValueError(f"{type(module).__name__}: sequence of {s} tokens exceeds max_seq_len "
+                         f"{module.args.max_seq_len}")
+    if module.rope[0].device != device:
+        module.rope = tuple(t.to(device) for t in module.rope)
+    cos, sin = (t[:s] for t in module.rope)
+    return cos, sin, torch.full((s, s), float("-inf"), device=device).triu(1)

@@ -31,7 +31,7 @@ from ..program.mesh import DeviceMesh
 from ..timing import Timing
 from .capture import (SavedBytes, _batches, _probe_costs, _train, activation_bytes,
                       state_bytes)
-from .meta import DEVICES, fsdp_on_meta, meta_scope
+from .meta import DEVICES, fsdp_on_meta, in_meta_scope
 from .simulate import SimResult, now, simulate
 from .tensor_parallel import apply_tensor_parallel
 
@@ -88,12 +88,6 @@ def _rank_run(scenario: Any, mesh_dims: Mapping[str, int], iterations: int,
               reshard_after_forward: bool, mp: tuple[str | None, str | None], device: str,
               checkpointed: bool, sequence_parallel: bool = True):
     last = iterations - 1
-    meta_cache: dict = {}  # shared by the ranks (see MetaDataMode)
-
-    def run(rank: int) -> dict[str, Any]:
-        with meta_scope(device, meta_cache):
-            return _run(rank)
-
     def _run(rank: int) -> dict[str, Any]:
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
@@ -132,7 +126,7 @@ def _rank_run(scenario: Any, mesh_dims: Mapping[str, int], iterations: int,
                 "local_param_bytes": local_param_bytes,
                 "optimizer_state_bytes": state_bytes(opt)}
 
-    return run
+    return in_meta_scope(device, _run)
 
 
 def _scope(group_ranks: tuple[int, ...], rank: int, mesh: DeviceMesh) -> str:

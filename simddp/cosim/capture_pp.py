@@ -36,7 +36,7 @@ from ..program.mesh import DeviceMesh
 from ..timing import Timing
 from .capture import SavedBytes, _batches, _probe_costs, state_bytes
 from .capture_fsdp import _dtype, fsdp_units, span_profile
-from .meta import DEVICES, fsdp_on_meta, meta_scope, pipelining_on_meta
+from .meta import DEVICES, fsdp_on_meta, in_meta_scope, pipelining_on_meta
 from .simulate import issued, now, simulate
 from .tensor_parallel import apply_tensor_parallel
 
@@ -152,12 +152,6 @@ def _rank_run(scenario: Any, cfg: Mapping[str, Any]):
     num_stages = pp * spr
     last = cfg["iterations"] - 1
     placement = stage_ranks(cfg["schedule"], pp, spr)
-    meta_cache: dict = {}  # shared by the ranks (see MetaDataMode)
-
-    def run(rank: int) -> dict[str, Any]:
-        with meta_scope(device, meta_cache):
-            return _run(rank)
-
     def _run(rank: int) -> dict[str, Any]:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -255,7 +249,7 @@ def _rank_run(scenario: Any, cfg: Mapping[str, Any]):
             facts[s]["optimizer_state_bytes"] = state_bytes(o)
         return {"windows": dict(windows), "facts": facts, "losses": losses_seen}
 
-    return run
+    return in_meta_scope(device, _run)
 
 
 def _stage_io(stage: Any, io: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:

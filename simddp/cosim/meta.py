@@ -32,15 +32,17 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["MetaDataMode", "beneath_clock", "fsdp_on_meta", "pipelining_on_meta", "meta_scope",
+           "in_meta_scope",
            "DEVICES"]
 
 DEVICES = ("cpu", "meta")
+T = TypeVar("T")
 _COPY = torch.ops.aten.copy_.default
 
 
@@ -235,6 +237,17 @@ def pipelining_on_meta() -> Iterator[None]:
                    for name in ("_warmup_forward_vote", "_warmup_backward_result")
                    if hasattr(PipelineStage, name)]):
         yield
+
+
+def in_meta_scope(device: str, fn: Callable[[int], T]) -> Callable[[int], T]:
+    """``fn`` as each rank of one world runs it: under :func:`meta_scope` on ``device``, the
+    ranks sharing one cache."""
+    cache: dict = {}
+
+    def run(rank: int) -> T:
+        with meta_scope(device, cache):
+            return fn(rank)
+    return run
 
 
 def meta_scope(device: str, cache: dict) -> contextlib.AbstractContextManager:
