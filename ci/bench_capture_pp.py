@@ -27,7 +27,7 @@ mesh = dict((k, int(v)) for k, v in (kv.split("=") for kv in mesh.split("+") if 
 sc = workloads.WORKLOADS["llama3-" + size](batch_size=int(m), seq_len=int(seq))
 t0, c0 = time.perf_counter(), time.process_time()
 cap = capture_pp(sc, int(pp), schedule=schedule, microbatches=int(m), mesh=mesh or None,
-                 stages_per_rank=2 if schedule in ("Interleaved1F1B", "ZBVZeroBubble") else 1,
+                 stages_per_rank=1 if schedule in ("GPipe", "1F1B") else 2,
                  device="meta", timing=Timing(compute=Compute.roofline("h100")))
 print(json.dumps({"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0,
                   "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -49,7 +49,10 @@ def main(argv: list[str] | None = None) -> None:
         size, pp, schedule, *mesh = config.split(":")
         out = subprocess.run([sys.executable, "-c", _CHILD, size, pp, schedule,
                               mesh[0] if mesh else "", str(a.microbatches), str(a.seq_len)],
-                             capture_output=True, text=True, check=True)
+                             capture_output=True, text=True)
+        if out.returncode:
+            print(f"{config:<28} failed: {out.stderr.strip().splitlines()[-1]}")
+            continue
         r = json.loads(out.stdout.strip().splitlines()[-1])
         print(f"{config:<28} {r['world']:>5} {r['wall']:>7.1f} {r['cpu']:>6.1f} "
               f"{r['rss_mb']:>7.0f} {r['step_s']:>8.3f}")

@@ -169,6 +169,24 @@ def test_capture_round_trips_through_json_and_repeats_bitwise(caps):
     assert again.to_json() == cap.to_json()
 
 
+def test_pp_times_fsdp_trains_as_one_model_on_both_shards_data():
+    losses: list = []
+    capture_pp(SCENARIO, 2, schedule="Interleaved1F1B", stages_per_rank=2, mesh={"shard": 2},
+               timing=TIMING, losses=losses)
+    # without a pipeline: step 1 on both data-parallel ranks' batches at once (FSDP2 averages
+    # their gradients), then data-parallel rank 0's second batch
+    model = SCENARIO.build_model()
+    opt = SCENARIO.optimizer(model.parameters())
+    (x0, y0), (x1, y1) = (SCENARIO.inputs(r, 2)[0] for r in range(2))
+    first = SCENARIO.step(model, (x0, y0))
+    opt.zero_grad()
+    SCENARIO.step(model, (torch.cat([x0, x1]), torch.cat([y0, y1]))).backward()
+    opt.step()
+    second = SCENARIO.step(model, SCENARIO.inputs(0, 2)[1])
+    assert [sum(step) / M for step in losses] == pytest.approx([first.item(), second.item()],
+                                                               rel=1e-5)
+
+
 def test_pp_times_fsdp_records_each_stages_gathers_and_reduce_scatters():
     cap = capture_pp(SCENARIO, 2, schedule="1F1B", mesh={"shard": 2}, timing=TIMING)
     assert cap.world_size == 4 and cap.mesh == {"pp": 2, "shard": 2} and cap.data == "fsdp"
