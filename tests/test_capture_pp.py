@@ -140,7 +140,7 @@ def test_sends_are_the_hidden_states_and_leave_the_actions(caps):
 
 def test_last_stage_forward_includes_the_loss_and_memory_facts_are_per_stage(caps):
     cap, _ = caps[4, "1F1B"]
-    first, mid, last = cap.stages[0], cap.stages[1], cap.stages[3]
+    mid, last = cap.stages[1], cap.stages[3]
     assert cap.param_bytes == ARGS.num_params() * 4
     # AdamW: two moments per parameter (and a step count per tensor)
     for st in cap.stages:

@@ -146,12 +146,16 @@ def _loss_fn(scenario: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tens
     return loss_fn
 
 
-def _rank_run(scenario: Any, cfg: Mapping[str, Any]):
+def _rank_run(scenario: Any, cfg: Mapping[str, Any]) -> Callable[[int], dict[str, Any]]:
+    """The function each fake rank runs: build, place and parallelize its stages, train with
+    the schedule, and return its windows per (stage, action, microbatch) of the last step, its
+    stages' memory facts and (last stage) the losses."""
     mesh_dims: dict[str, int] = cfg["mesh"]
     pp, spr, m, device = cfg["pp"], cfg["stages_per_rank"], cfg["microbatches"], cfg["device"]
     num_stages = pp * spr
     last = cfg["iterations"] - 1
     placement = stage_ranks(cfg["schedule"], pp, spr)
+
     def _run(rank: int) -> dict[str, Any]:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy
