@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["LlamaArgs", "Llama", "LLAMA3_8B", "LLAMA3_70B", "LLAMA3_405B", "LLAMA3_TINY", "LLAMA3_CONFIGS",
-           "lm_loss"]
+__all__ = ["LlamaArgs", "Llama", "LLAMA3_8B", "LLAMA3_70B", "LLAMA3_405B", "LLAMA3_TINY",
+           "LLAMA3_CONFIGS", "lm_loss", "LlamaStage", "stage_layers"]
 
 
 @dataclass(frozen=True)
@@ -144,9 +144,11 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor) -> Tensor:
         b, s, _ = x.shape
-        q = apply_rope(self.wq(x).view(b, s, self.n_heads, self.head_dim), cos, sin)
-        k = apply_rope(self.wk(x).view(b, s, self.n_kv_heads, self.head_dim), cos, sin)
-        v = self.wv(x).view(b, s, self.n_kv_heads, self.head_dim)
+        # -1 heads, as torchtitan's llama3: under tensor parallelism wq/wk/wv are column-wise
+        # sharded and each rank holds n_heads / tp (n_kv_heads / tp) of the heads
+        q = apply_rope(self.wq(x).view(b, s, -1, self.head_dim), cos, sin)
+        k = apply_rope(self.wk(x).view(b, s, -1, self.head_dim), cos, sin)
+        v = self.wv(x).view(b, s, -1, self.head_dim)
         rep = self.n_heads // self.n_kv_heads  # grouped-query attention: share k/v heads
         if rep > 1:
             k = k.repeat_interleave(rep, dim=2)
@@ -203,14 +205,7 @@ class Llama(nn.Module):
         self.rope = rope_tables(args, self.tok_embeddings.weight.device)
 
     def forward(self, tokens: Tensor) -> Tensor:
-        s = tokens.shape[1]
-        if s > self.args.max_seq_len:
-            raise ValueError(f"Llama: sequence of {s} tokens exceeds max_seq_len "
-                             f"{self.args.max_seq_len}")
-        if self.rope[0].device != tokens.device:
-            self.rope = tuple(t.to(tokens.device) for t in self.rope)
-        cos, sin = (t[:s] for t in self.rope)
-        mask = torch.full((s, s), float("-inf"), device=tokens.device).triu(1)
+        cos, sin, mask = _positions(self, tokens.shape[1], tokens.device)
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
             h = layer(h, cos, sin, mask)
@@ -221,3 +216,73 @@ def lm_loss(logits: Tensor, batch: tuple[Tensor, Tensor]) -> Tensor:
     """Next-token cross entropy: ``logits`` (batch, seq, vocab) against ``batch[1]`` (batch,
     seq), the targets."""
     return F.cross_entropy(logits.flatten(0, 1).float(), batch[1].flatten())
+
+
+# -- pipeline parallelism ------------------------------------------------------------------------
+
+def stage_layers(n_layers: int, stage: int, num_stages: int) -> range:
+    """The blocks stage ``stage`` of ``num_stages`` holds: ``[stage·L/S, (stage+1)·L/S)`` —
+    torchtitan's manual split at equal blocks per stage, which needs ``S`` to divide ``L``."""
+    for name, v in (("n_layers", n_layers), ("num_stages", num_stages)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"stage_layers: {name} must be a positive int, got {v!r}")
+    if n_layers % num_stages:
+        divisors = [d for d in range(1, n_layers + 1) if n_layers % d == 0]
+        raise ValueError(f"stage_layers: {num_stages} pipeline stages do not divide the model's "
+                         f"{n_layers} blocks; the number of stages (pp × stages per rank) must be "
+                         f"one of {divisors}")
+    if not isinstance(stage, int) or isinstance(stage, bool) or not 0 <= stage < num_stages:
+        raise ValueError(f"stage_layers: stage must be in 0..{num_stages - 1}, got {stage!r}")
+    per = n_layers // num_stages
+    return range(stage * per, (stage + 1) * per)
+
+
+class LlamaStage(nn.Module):
+    """Stage ``stage`` of ``num_stages`` of a :class:`Llama`, cut as torchtitan cuts it by hand:
+    the blocks :func:`stage_layers` names (``self.layers``, a ``ModuleList``, the unit FSDP2
+    shards), the token embedding on the first stage, the final norm and output head on the
+    last. ``forward`` takes tokens (first stage) or hidden states (batch, seq, dim) and returns
+    hidden states, or logits on the last stage. Built from ``model``'s own modules (shared, not
+    copied), so the stages of one model hold exactly its parameters."""
+
+    def __init__(self, model: Llama, stage: int, num_stages: int) -> None:
+        super().__init__()
+        if not isinstance(model, Llama):
+            raise TypeError(f"LlamaStage cuts a models.llama.Llama, got {type(model).__name__}")
+        self.args = model.args
+        self.stage, self.num_stages = stage, num_stages
+        self.first, self.last = stage == 0, stage == num_stages - 1
+        if model.args.tie_embeddings and num_stages > 1:
+            raise ValueError("LlamaStage: a model with tie_embeddings=True shares its embedding "
+                             "with its output head, which would sit on different stages; use "
+                             "tie_embeddings=False for pipeline parallelism")
+        self.layer_ids = stage_layers(model.args.n_layers, stage, num_stages)
+        self.tok_embeddings = model.tok_embeddings if self.first else None
+        self.layers = nn.ModuleList(model.layers[i] for i in self.layer_ids)
+        self.norm = model.norm if self.last else None
+        self.output = model.output if self.last else None
+        self.rope = model.rope
+        # under sequence parallelism a stage receives (and passes on) 1/n of the sequence
+        # (its blocks gather the rest); the rotary tables and the mask span all of it
+        self.sequence_shards = 1
+
+    def forward(self, x: Tensor) -> Tensor:
+        s = x.shape[1] * (1 if self.tok_embeddings is not None else self.sequence_shards)
+        cos, sin, mask = _positions(self, s, x.device)
+        h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
+        for layer in self.layers:
+            h = layer(h, cos, sin, mask)
+        return self.output(self.norm(h)) if self.output is not None else h
+
+
+def _positions(module: Llama | LlamaStage, s: int, device: torch.device
+               ) -> tuple[Tensor, Tensor, Tensor]:
+    """The rotary tables' first ``s`` rows and the causal mask for ``s`` positions, on
+    ``device`` (``module.rope`` follows the inputs' device, moved once)."""
+    if s > module.args.max_seq_len:
+        raise ValueError(f"{type(module).__name__}: sequence of {s} tokens exceeds max_seq_len "
+                         f"{module.args.max_seq_len}")
+    if module.rope[0].device != device:
+        module.rope = tuple(t.to(device) for t in module.rope)
+    cos, sin = (t[:s] for t in module.rope)
+    return cos, sin, torch.full((s, s), float("-inf"), device=device).triu(1)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import inspect
+import math
 import os
 import runpy
 from typing import Any, Callable, Mapping
@@ -282,7 +283,9 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
         if not worlds:
             raise ValueError(f"--parallel {spec}: no world size of {_as_list(world_size)} "
                              f"fits it")
-        if par.data == "ddp" and par.tp == par.pp == 1:
+        if par.not_replayed():
+            raise ValueError(f"--parallel {spec}: {par.not_replayed()}")
+        if par.data == "ddp":
             say(f"capturing {sc.name} (torch's DDP) on {capture_ranks} fake rank(s)")
             cap = capture(sc, nprocs=capture_ranks, timing=timing, seed=seed,
                           device=device)
@@ -293,15 +296,17 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
                                      comm_hook=comm_hook, parallel=None if spec == "ddp"
                                      else spec, **common))
             continue
-        if par.tp > 1 or par.pp > 1:
-            raise ValueError(f"--parallel {spec}: tensor and pipeline parallelism are not "
-                             f"replayed yet (ddp, fsdp and hsdp are)")
+        # the capture: 2 shards (2 × 2 for HSDP), times the TP degree replayed (each degree
+        # has its own shapes and TP collectives)
         mesh = {"shard": 2} if par.data == "fsdp" else {"replicate": 2, "shard": 2}
-        nranks = 2 if par.data == "fsdp" else 4
+        if par.tp > 1:
+            mesh["tp"] = par.tp
+        nranks = math.prod(mesh.values())
+        tp_note = f" with tensor parallelism tp={par.tp}" if par.tp > 1 else ""
         for raf in _as_list(reshard_after_forward) if reshard_after_forward is not None \
                 else [True]:
-            say(f"capturing {sc.name} (torch's FSDP2 fully_shard, reshard_after_forward="
-                f"{raf}) on {nranks} fake ranks")
+            say(f"capturing {sc.name} (torch's FSDP2 fully_shard{tp_note}, "
+                f"reshard_after_forward={raf}) on {nranks} fake ranks")
             cap = capture_fsdp(sc, nranks, timing=timing, mesh=mesh,
                                reshard_after_forward=bool(raf), param_dtype=param_dtype,
                                reduce_dtype=reduce_dtype, seed=seed, device=device,

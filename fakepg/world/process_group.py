@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
+import os
+import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -39,6 +41,23 @@ if TYPE_CHECKING:
     from ..fidelity.backends import Personality
 
 _forced = threading.local()  # process mode: the call's site and backward state, from the rank's process
+
+
+_FUNCOL_FILE = os.path.join("distributed", "_functional_collectives.py")
+
+
+def _from_functional_collectives() -> bool:
+    """Whether this call comes from torch's functional collectives (``torch.distributed.
+    _functional_collectives``: ``torch.ops._c10d_functional``, what DTensor issues), whose
+    caller waits with ``wait_tensor`` in C++."""
+    f = sys._getframe(2)
+    for _ in range(12):  # the wrapper sits a few frames above the ProcessGroup method
+        if f is None:
+            return False
+        if f.f_code.co_filename.endswith(_FUNCOL_FILE):
+            return True
+        f = f.f_back
+    return False
 
 
 @contextlib.contextmanager
@@ -202,7 +221,9 @@ class FakeProcessGroup(PythonProcessGroup):
         # Join's shadow of the backward pass (a joined rank's DDP hook) runs the Reducer's
         # comm hook outside backward and waits on its future from C++ too: settle it as well.
         shadow = in_join_shadow()
-        call.hidden_wait = in_backward or shadow
+        # A functional collective (DTensor's redistributions: tensor parallelism) is waited on
+        # by its wait_tensor op, from C++, like the Reducer's: settle it too.
+        call.hidden_wait = in_backward or shadow or _from_functional_collectives()
         # The Reducer's default all_reduce is waited on at the end of backward: settle it
         # then, not at issue, sparing a hand-over per bucket. Not with a comm hook (C++ ones
         # read typed futures, which only a settled work hands out; Python ones may wait

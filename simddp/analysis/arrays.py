@@ -79,13 +79,16 @@ class ArrayTimeline(Timeline):
     """A :class:`Timeline` of ``nranks`` ranks and ``iterations`` iterations from per-rank
     ``[nranks, iterations]`` arrays: ``bounds`` (iteration ends), ``forward``, ``backward``,
     ``optimizer`` (compute), ``wait``, ``comm`` (a collective of the rank running) and
-    ``exposed`` (comm while the rank waits); ``lanes(ranks)`` builds lanes on demand."""
+    ``exposed`` (comm while the rank waits; ``exposed_by_scope``: the same per mesh dimension,
+    only that dimension's collectives); ``lanes(ranks)`` builds lanes on demand."""
 
     def __init__(self, nranks: int, iterations: int, *, bounds: np.ndarray,
                  forward: np.ndarray, backward: np.ndarray, optimizer: np.ndarray,
                  wait: np.ndarray, comm: np.ndarray, exposed: np.ndarray,
-                 lanes: Callable[[list[int]], list[Lane]]) -> None:
+                 lanes: Callable[[list[int]], list[Lane]],
+                 exposed_by_scope: dict[str, np.ndarray] | None = None) -> None:
         self.iterations = iterations
+        self.exposed_by = dict(sorted((exposed_by_scope or {}).items()))
         self.bounds = bounds
         self.figures = {"forward": forward, "backward": backward, "optimizer": optimizer,
                         "waits": wait, "comm": comm, "exposed": exposed}
@@ -145,6 +148,12 @@ class ArrayTimeline(Timeline):
         if rank is not None:
             return a[rank].tolist()
         return a.max(axis=0).tolist() if self.nranks else []
+
+    def exposed_comm_by_scope(self, rank: int | None = None) -> dict[str, list[float]]:
+        if rank is not None:
+            return {k: a[rank].tolist() for k, a in self.exposed_by.items()}
+        return {k: a.max(axis=0).tolist() if self.nranks else []
+                for k, a in self.exposed_by.items()}
 
     def slowest_ranks(self) -> list[int]:
         return np.argmax(self.figures["durations"], axis=0).tolist()

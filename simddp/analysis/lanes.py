@@ -54,6 +54,7 @@ class CommSpan:
     in_backward: bool
     p2p: bool = False
     peer: int | None = None
+    scope: str | None = None  # the mesh dimension it ran on ("shard", "tp"; None: its group)
 
     @property
     def duration(self) -> float:
@@ -121,6 +122,15 @@ class Lane:
         """The collectives as :class:`CommSpan` objects of rank ``rank``."""
         return [c if c.rank == rank else dataclasses.replace(c, rank=rank) for c in self.comms]
 
+    def comm_intervals_by_scope(self) -> dict[str, list[tuple[float, float]]]:
+        """``(start, end)`` of every collective that ran, per scope (mesh dimension; a
+        collective without one counts under its group's name)."""
+        out: dict[str, list[tuple[float, float]]] = {}
+        for c in self.comms:
+            if c.start is not None and c.end is not None:
+                out.setdefault(c.scope or c.group, []).append((c.start, c.end))
+        return out
+
     def union(self, what: str | tuple[str, ...]) -> list[tuple[float, float]]:
         """The union of the spans of kind(s) ``what`` ("comm": the collectives); cached."""
         got = self._unions.get(what)
@@ -153,6 +163,22 @@ class Lane:
             cw = clip(comm, lo, hi)
             x = measure(cw) - intersection(cw, clip(compute, lo, hi)) if cw else 0.0
             out.append(x if x > 0.0 else 0.0)
+        return out
+
+    def exposed_by_scope(self) -> dict[str, list[float]]:
+        """Per scope (mesh dimension), per iteration: the time a collective of that scope
+        runs while the rank computes nothing. Scopes whose collectives run at the same time
+        each count that time, so the figures may add up to more than :meth:`exposed`."""
+        compute = self.union(COMPUTE_KINDS)
+        out = {}
+        for scope, spans in sorted(self.comm_intervals_by_scope().items()):
+            comm = union(spans)
+            per = []
+            for lo, hi in self.windows():
+                cw = clip(comm, lo, hi)
+                x = measure(cw) - intersection(cw, clip(compute, lo, hi)) if cw else 0.0
+                per.append(x if x > 0.0 else 0.0)
+            out[scope] = per
         return out
 
     def durations(self) -> list[float]:

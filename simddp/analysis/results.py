@@ -99,6 +99,8 @@ class ReplayResult(RunResult):
     peak_memory_bytes: the largest rank's peak memory in a step; memory: its bytes per category
     at that peak; memory_limit_bytes: the device's (``gpu_memory_gb``); oom: whether it fits.
     bubble_fraction: a pipeline's, per pipeline rank (None: no pipeline).
+    parallel: the layout replayed (e.g. ``"fsdp:32,tp:8"``); exposed_comm_by_dim: exposed
+    communication per mesh dimension.
     """
 
     world_size: int
@@ -118,6 +120,7 @@ class ReplayResult(RunResult):
     memory_limit_bytes: int | None = None
     # pipeline parallelism: per pipeline rank, its bubble fraction (docs/pipeline-parallel.md)
     bubble_fraction: list[float] | None = None
+    parallel: str | None = None  # the layout replayed ("fsdp:32,tp:8"; None: DDP's groups)
 
     @property
     def oom(self) -> bool | None:
@@ -137,11 +140,22 @@ class ReplayResult(RunResult):
         iteration."""
         return self.rank_comm_bytes[0] / self.iterations
 
+    @property
+    def exposed_comm_by_dim(self) -> dict[str, float]:
+        """Per mesh dimension (``"shard"``, ``"replicate"``, ``"tp"``, DDP's ``"dp"`` …): the
+        exposed communication of its collectives alone, per iteration the largest over ranks,
+        averaged over iterations (seconds). Dimensions whose collectives are exposed at the
+        same time each count it (see :meth:`~simddp.Timeline.exposed_comm_by_scope`)."""
+        return {k: sum(v) / len(v) if v else 0.0
+                for k, v in self.timeline.exposed_comm_by_scope().items()}
+
     def row(self) -> dict[str, Any]:
         """One flat row for a sweep table: knobs, then results."""
-        return {**self.knobs, "world_size": self.world_size, "iterations": self.iterations,
+        return {**self.knobs, "parallel": self.parallel or self.knobs.get("parallel"),
+                "world_size": self.world_size, "iterations": self.iterations,
                 "iteration_time_s": self.iteration_time,
                 "exposed_comm_s": self.mean_exposed_comm,
+                "exposed_comm_by_dim": self.exposed_comm_by_dim,
                 "buckets": len(self.buckets),
                 "collectives_per_iteration": self.collectives_per_iteration,
                 "comm_bytes_per_iteration": self.comm_bytes_per_iteration,
@@ -159,6 +173,7 @@ class ReplayResult(RunResult):
         return {"world_size": self.world_size, "iterations": self.iterations,
                 "knobs": self.knobs, "iteration_time": self.iteration_time,
                 "iteration_times": self.iteration_times, "exposed_comm": self.exposed_comm,
+                "exposed_comm_by_dim": self.exposed_comm_by_dim, "parallel": self.parallel,
                 "slowest_rank": self.slowest_rank, "buckets": self.buckets,
                 "bucket_bytes": self.bucket_bytes,
                 "rank_collectives": list(self.rank_collectives),

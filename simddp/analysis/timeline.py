@@ -277,6 +277,27 @@ class Timeline:
         """Per iteration: the largest exposed communication over ranks (or ``rank``'s)."""
         return self._per_iteration("exposed", rank)
 
+    def exposed_comm_by_scope(self, rank: int | None = None) -> dict[str, list[float]]:
+        """Per scope (mesh dimension: ``"shard"``, ``"tp"``, DDP's ``"dp"`` …), per iteration:
+        the largest exposed communication of that scope's collectives over ranks (or
+        ``rank``'s; see :meth:`Lane.exposed_by_scope`)."""
+        per = self._cache.get("exposed_by_scope")
+        if per is None:
+            per = self._cache["exposed_by_scope"] = [lane.exposed_by_scope()
+                                                     for lane in self.class_lanes]
+        if rank is not None:
+            return {k: list(v) for k, v in self._records(per)[rank].items()}
+        out: dict[str, list[float]] = {}
+        for lane in per:
+            for scope, values in lane.items():
+                best = out.setdefault(scope, [])
+                for i, v in enumerate(values):
+                    if i == len(best):
+                        best.append(v)
+                    elif v > best[i]:
+                        best[i] = v
+        return dict(sorted(out.items()))
+
     def waits(self, rank: int | None = None) -> list[float]:
         """Per iteration: the largest time blocked in waits over ranks (or ``rank``'s)."""
         return self._per_iteration("waits", rank)

@@ -5,7 +5,9 @@
   (:func:`simulate`);
 * the coarse path for repeated work: :mod:`~simddp.cosim.tape` (backward passes),
   :mod:`~simddp.cosim.modules` (module calls), :mod:`~simddp.cosim.optim_steps` (optimizer steps);
-* :mod:`~simddp.cosim.capture`: one iteration recorded for replay (:mod:`simddp.program`).
+* :mod:`~simddp.cosim.capture`: one iteration recorded for replay (:mod:`simddp.program`);
+  :mod:`~simddp.cosim.capture_fsdp` (FSDP2, HSDP, with TP) and
+  :mod:`~simddp.cosim.capture_pp` (pipeline parallelism, with FSDP2 and TP inside stages).
 """
 
 from .capture import capture

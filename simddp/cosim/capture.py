@@ -16,6 +16,7 @@ import dataclasses
 from typing import Any, Callable, Mapping
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from fakepg.arguments import integer
 
@@ -70,6 +71,12 @@ class SavedBytes(torch.autograd.graph.saved_tensors_hooks):
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         if not self.counting or isinstance(t, torch.nn.Parameter):
+            return t
+        if is_traceable_wrapper_subclass(t):  # a DTensor: its rank's shard (inner tensors)
+            for name in t.__tensor_flatten__()[0]:
+                inner = getattr(t, name)
+                if isinstance(inner, torch.Tensor):
+                    self._pack(inner)
             return t
         if t.device.type == "meta":  # no storage to tell apart: a view counts as its base
             base = t if t._base is None else t._base

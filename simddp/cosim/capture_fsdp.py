@@ -4,11 +4,14 @@ virtual time, recorded per rank for the FSDP planner (:mod:`simddp.program.fsdp`
 :func:`capture_fsdp` builds the scenario's model, applies ``fully_shard`` to each block (the
 elements of its first ``nn.ModuleList``, else each child that holds parameters) and to the
 root — as torchtitan does — on a 1-D (FSDP) or 2-D (HSDP: replicate × shard) ``DeviceMesh``,
-trains ``iterations`` steps with the scenario's optimizer and records the last one: per rank
+or, with tensor parallelism, on the data-parallel submesh of a mesh with an innermost ``"tp"``
+dimension after torchtitan's TP plan (:func:`~simddp.cosim.tensor_parallel.
+apply_tensor_parallel`) has sharded the model over ``mesh["tp"]`` (the ranks of a TP group see
+the same batch). It trains ``iterations`` steps with the scenario's optimizer and records the last one: per rank
 and phase (forward, backward, optimizer) the compute (waits excluded) and every collective
 FSDP2 issued, in issue order, at its compute offset, with where the rank waited for it and
-on which mesh dimension it ran. It also measures what memory needs: the parameters' bytes,
-the optimizer state per rank, and the activations autograd saved for backward (a
+on which mesh dimension it ran (``"tp"`` for DTensor's). It also measures what memory needs: the parameters' bytes,
+the parameters' bytes per TP rank, the optimizer state per rank, and the activations autograd saved for backward (a
 ``saved_tensors_hooks`` count of non-parameter storages).
 """
 
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -26,11 +29,13 @@ from ..models import Network
 from ..program.captured import CapturedStep
 from ..program.mesh import DeviceMesh
 from ..timing import Timing
-from .capture import _batches, _probe_costs, _train, activation_bytes, state_bytes
-from .meta import DEVICES, fsdp_on_meta, meta_scope
+from .capture import (SavedBytes, _batches, _probe_costs, _train, activation_bytes,
+                      state_bytes)
+from .meta import DEVICES, fsdp_on_meta, in_meta_scope
 from .simulate import SimResult, now, simulate
+from .tensor_parallel import apply_tensor_parallel
 
-__all__ = ["capture_fsdp", "fsdp_units", "checkpoint_units", "PHASES"]
+__all__ = ["capture_fsdp", "fsdp_units", "checkpoint_units", "span_profile", "PHASES"]
 
 PHASES = ("forward", "backward", "optimizer")
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
@@ -70,16 +75,19 @@ def checkpoint_units(model: torch.nn.Module) -> None:
                      f"nn.ModuleList; {type(model).__name__} has none")
 
 
+def _local_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the parameters this rank holds (a DTensor's: its local shard)."""
+    total = 0
+    for p in model.parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        total += local.numel() * local.element_size()
+    return total
+
+
 def _rank_run(scenario: Any, mesh_dims: Mapping[str, int], iterations: int,
               reshard_after_forward: bool, mp: tuple[str | None, str | None], device: str,
-              checkpointed: bool):
+              checkpointed: bool, sequence_parallel: bool = True):
     last = iterations - 1
-    meta_cache: dict = {}  # shared by the ranks (see MetaDataMode)
-
-    def run(rank: int) -> dict[str, Any]:
-        with meta_scope(device, meta_cache):
-            return _run(rank)
-
     def _run(rank: int) -> dict[str, Any]:
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
@@ -90,13 +98,19 @@ def _rank_run(scenario: Any, mesh_dims: Mapping[str, int], iterations: int,
         with torch.device(device):  # on meta: parameters without storage
             model = scenario.build_model()
         param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        tp = mesh_dims.get("tp", 1)
+        dp_dims = tuple(d for d in mesh_dims if d != "tp")
+        if tp > 1:  # torchtitan: TP first, then FSDP2 on the data-parallel submesh
+            apply_tensor_parallel(model, mesh["tp"], sequence_parallel=sequence_parallel)
+        local_param_bytes = _local_bytes(model)
+        dp_mesh = mesh[dp_dims] if len(dp_dims) < len(mesh_dims) else mesh
         if checkpointed:
             checkpoint_units(model)
         policy = MixedPrecisionPolicy(param_dtype=_dtype(mp[0]), reduce_dtype=_dtype(mp[1]))
         for unit in fsdp_units(model):
-            fully_shard(unit, mesh=mesh, reshard_after_forward=reshard_after_forward,
+            fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard_after_forward,
                         mp_policy=policy)
-        fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward,
+        fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward,
                     mp_policy=policy)
         opt = scenario.optimizer(model.parameters())
         marks: dict[str, float] = {}
@@ -105,12 +119,14 @@ def _rank_run(scenario: Any, mesh_dims: Mapping[str, int], iterations: int,
             if i == last:
                 marks[phase] = now()
 
-        _train(scenario, model, opt, _batches(scenario, rank, dist.get_world_size(),
+        # the ranks of a TP group train on their data-parallel rank's batch
+        _train(scenario, model, opt, _batches(scenario, rank // tp, dist.get_world_size() // tp,
                                               iterations, device), mark)
         return {"marks": marks, "param_bytes": param_bytes,
+                "local_param_bytes": local_param_bytes,
                 "optimizer_state_bytes": state_bytes(opt)}
 
-    return run
+    return in_meta_scope(device, _run)
 
 
 def _scope(group_ranks: tuple[int, ...], rank: int, mesh: DeviceMesh) -> str:
@@ -122,44 +138,93 @@ def _scope(group_ranks: tuple[int, ...], rank: int, mesh: DeviceMesh) -> str:
     return "world" if len(members) == mesh.world else "other"
 
 
-def _phase_profile(res: SimResult, rank: int, marks: Mapping[str, float],
-                   mesh: DeviceMesh) -> dict[str, Any]:
-    """Per phase: compute seconds (waits excluded) and the collectives issued in it."""
-    bounds = {"forward": ("start", "backward"), "backward": ("backward", "backward_done"),
-              "optimizer": ("backward_done", "end")}
+def span_profile(res: SimResult, rank: int, windows: Sequence[tuple], mesh: DeviceMesh,
+                 skip: Callable[[Any], bool] | None = None) -> dict[str, Any]:
+    """What ``rank`` did in ``windows`` (virtual-time intervals ``(t0, t1)``, in order, taken
+    back to back): ``{"seconds": compute, waits excluded, "events": [{"op", "bytes", "scope",
+    "offset", "wait_at"}]}`` — each collective issued in a window (except those
+    ``skip(record)`` drops), at its compute offset since the first window's start, with the
+    offset where the rank waited for it in that window (None: not there) and its mesh
+    dimension (``scope``). A window ``(t0, t1, first, end)`` holds the rank's trace records
+    ``first:end`` (counted with :func:`~simddp.cosim.simulate.issued`), whatever their time."""
     waits = [(s.start, s.end) for s in res.timeline.rank_spans(rank, ("wait",))]
 
     def waited(lo: float, hi: float) -> float:
         return sum(max(0.0, min(e, hi) - max(s, lo)) for s, e in waits)
 
-    out: dict[str, Any] = {}
-    for phase, (a, b) in bounds.items():
-        t0, t1 = marks[a], marks[b]
-        events = []
-        for rec in res.trace[rank]:
-            if rec.issue is None or not t0 <= rec.issue < t1:
+    events: list[dict[str, Any]] = []
+    before = 0.0  # compute in the earlier windows
+    for t0, t1, *span in windows:
+        records = res.trace[rank][span[0]:span[1]] if span else [
+            rec for rec in res.trace[rank] if rec.issue is not None and t0 <= rec.issue < t1]
+        if span and records and not t0 <= records[0].issue <= records[-1].issue <= t1:
+            raise RuntimeError(f"span_profile: rank {rank}'s trace records {span[0]}:{span[1]} "
+                               f"were not issued in its window [{t0}, {t1}]")
+        for rec in records:
+            if rec.issue is None or (skip and skip(rec)):
                 continue
             offset = max(0.0, rec.issue - t0 - waited(t0, rec.issue))
             wait_at = None
             for s, e in waits:  # the wait that ends when this collective ends
                 if rec.end is not None and rec.issue <= s < t1 and e == rec.end:
-                    wait_at = max(offset, s - t0 - waited(t0, s))
+                    wait_at = before + max(offset, s - t0 - waited(t0, s))
                     break
             events.append({"op": rec.op, "bytes": int(rec.bytes),
                            "scope": _scope(rec.group_ranks, rank, mesh),
-                           "offset": offset, "wait_at": wait_at})
-        out[phase] = {"seconds": (t1 - t0) - waited(t0, t1), "events": events}
-    return out
+                           "offset": before + offset, "wait_at": wait_at})
+        before += (t1 - t0) - waited(t0, t1)
+    return {"seconds": before, "events": events}
+
+
+def _phase_profile(res: SimResult, rank: int, marks: Mapping[str, float],
+                   mesh: DeviceMesh) -> dict[str, Any]:
+    """Per phase: compute seconds (waits excluded) and the collectives issued in it."""
+    bounds = {"forward": ("start", "backward"), "backward": ("backward", "backward_done"),
+              "optimizer": ("backward_done", "end")}
+    return {phase: span_profile(res, rank, [(marks[a], marks[b])], mesh)
+            for phase, (a, b) in bounds.items()}
+
+
+def _tp_activation_bytes(scenario: Any, tp: int, device: str, dtype: torch.dtype | None,
+                         sequence_parallel: bool) -> int:
+    """What autograd saves for backward in one forward (and loss) of rank 0 of a TP group of
+    ``tp`` ranks (torchtitan's plan applied), on rank 0's first batch: the held activations per
+    rank, which TP divides (sequence parallelism: all of them; without: those inside the
+    blocks' sharded matmuls). Run on an untimed fake world (saved-tensor hooks add ops the
+    compute model would charge)."""
+    import fakepg
+
+    def run(rank: int) -> int:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",))
+        with torch.device(device):
+            model = scenario.build_model()
+        if dtype is not None:
+            model = model.to(dtype)
+        apply_tensor_parallel(model, mesh["tp"], sequence_parallel=sequence_parallel)
+        batch = _batches(scenario, 0, 1, 1, device)[0]
+        saved = SavedBytes()
+        saved.counting = True
+        with saved:
+            loss = scenario.step(model, batch)
+        del loss
+        return saved.total
+
+    return int(fakepg.spawn(run, nprocs=tp).returns[0])
 
 
 def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None,
                  mesh: Mapping[str, int] | None = None, reshard_after_forward: bool = True,
                  param_dtype: str | None = None, reduce_dtype: str | None = None,
                  iterations: int = 2, seed: int = 0, device: str = "cpu",
-                 activation_checkpointing: bool = False) -> CapturedStep:
+                 activation_checkpointing: bool = False,
+                 sequence_parallel: bool = True) -> CapturedStep:
     """Run ``scenario`` with FSDP2 on ``nprocs`` fake ranks under :func:`simddp.simulate` and
     record its last step (see the module docstring). ``mesh``: ``{"shard": n}`` (FSDP, the
-    default) or ``{"replicate": r, "shard": s}`` (HSDP); ``param_dtype`` / ``reduce_dtype``:
+    default) or ``{"replicate": r, "shard": s}`` (HSDP), either with an innermost ``"tp": t``
+    (tensor parallelism over groups of t consecutive ranks; ``sequence_parallel``: torchtitan's
+    sequence-parallel plan, its default); ``param_dtype`` / ``reduce_dtype``:
     the ``MixedPrecisionPolicy`` ("bf16", "fp16", "fp32"; None: the parameters' own).
     ``device="meta"``: at real size without arithmetic (see :mod:`simddp.cosim.meta`): shapes,
     dtypes and collectives are real, the compute model costs each op from its shapes.
@@ -174,18 +239,29 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
     size = 1
     for v in mesh_dims.values():
         size *= integer("capture_fsdp: a mesh dimension", v, minimum=1)
-    if size != nprocs or not set(mesh_dims) <= {"replicate", "shard"}:
-        raise ValueError(f"capture_fsdp: mesh {mesh_dims} must be {{'shard': {nprocs}}} or "
-                         f"{{'replicate': r, 'shard': s}} with r × s = {nprocs}")
+    order = [d for d in ("replicate", "shard", "tp") if d in mesh_dims]
+    if size != nprocs or list(mesh_dims) != order or "shard" not in mesh_dims:
+        raise ValueError(f"capture_fsdp: mesh {mesh_dims} must be {{'shard': s}} or "
+                         f"{{'replicate': r, 'shard': s}}, optionally followed by 'tp': t "
+                         f"(innermost), with r × s × t = {nprocs}")
+    tp = mesh_dims.get("tp", 1)
+    if tp > 1 and activation_checkpointing:
+        raise ValueError("capture_fsdp: activation_checkpointing with tensor parallelism is "
+                         "not captured yet (its held activations are measured per TP rank "
+                         "without it); capture tp without activation_checkpointing")
     _dtype(param_dtype), _dtype(reduce_dtype)
     timing = Timing() if timing is None else timing
     with fsdp_on_meta() if device == "meta" else contextlib.nullcontext():
         res = simulate(_rank_run(scenario, mesh_dims, iterations, bool(reshard_after_forward),
                                  (param_dtype, reduce_dtype), device,
-                                 bool(activation_checkpointing)), (), nprocs,
-                       timing=timing, seed=seed)
-    held, recompute = activation_bytes(scenario, device, _dtype(param_dtype), fsdp_units,
-                                       bool(activation_checkpointing))
+                                 bool(activation_checkpointing), bool(sequence_parallel)),
+                       (), nprocs, timing=timing, seed=seed)
+        if tp > 1:
+            held, recompute = _tp_activation_bytes(scenario, tp, device, _dtype(param_dtype),
+                                                   bool(sequence_parallel)), 0
+    if tp == 1:
+        held, recompute = activation_bytes(scenario, device, _dtype(param_dtype), fsdp_units,
+                                           bool(activation_checkpointing))
     r0 = res.returns[0]
     last = iterations - 1
     return CapturedStep(
@@ -196,6 +272,8 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
         profiles=[_phase_profile(res, r, o["marks"], DeviceMesh(nprocs, mesh_dims))
                   for r, o in enumerate(res.returns)],
         param_bytes=int(r0["param_bytes"]),
+        local_param_bytes=int(r0["local_param_bytes"]),
+        sequence_parallel=bool(sequence_parallel) if tp > 1 else False,
         optimizer_state_bytes=int(r0["optimizer_state_bytes"]),
         activation_bytes=held, recompute_bytes=recompute,
         activation_checkpointing=bool(activation_checkpointing),

@@ -18,6 +18,10 @@ torch itself does with data on the way is handled here, each for a stated reason
   refuses to train parameters still on meta. While capturing, FSDP2's device is the meta
   device (its unsharded parameters, all-gather and reduce-scatter buffers are meta; its
   stream and event handles are CPU's no-ops) and its meta-parameter check is off.
+* **Pipelining** (:func:`pipelining_on_meta`): before its first step a ``PipelineStage`` votes
+  with its neighbours on whether shapes must be inferred, in one-element tensors on the stage's
+  device, and reads the result with ``.item()``. While capturing, the vote runs on CPU tensors
+  (the same sends and receives, with data): it is control, not model data.
 
 Not supported on meta: ``find_unused_parameters`` (the Reducer copies its used-parameter map
 to CPU and reads it), and anything the program itself reads from data (``.item()``,
@@ -28,14 +32,17 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["MetaDataMode", "beneath_clock", "fsdp_on_meta", "meta_scope", "DEVICES"]
+__all__ = ["MetaDataMode", "beneath_clock", "fsdp_on_meta", "pipelining_on_meta", "meta_scope",
+           "in_meta_scope",
+           "DEVICES"]
 
 DEVICES = ("cpu", "meta")
+T = TypeVar("T")
 _COPY = torch.ops.aten.copy_.default
 
 
@@ -192,6 +199,13 @@ def fsdp_on_meta() -> Iterator[None]:
         if hasattr(mod, "_get_device_handle"):
             patches.append((mod, "_get_device_handle", _meta_device_handle))
     patches.append((param_group.FSDPParamGroup, "_validate_no_meta_params", lambda self: None))
+    with _patched(patches):
+        yield
+
+
+@contextlib.contextmanager
+def _patched(patches: list[tuple[Any, str, Any]]) -> Iterator[None]:
+    """``setattr`` each (object, name, value) while active; undone on exit."""
     patches = [(obj, name, value) for obj, name, value in patches if hasattr(obj, name)]
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
     try:
@@ -201,6 +215,39 @@ def fsdp_on_meta() -> Iterator[None]:
     finally:
         for obj, name, value in saved:
             setattr(obj, name, value)
+
+
+def _on_cpu(method: Any) -> Any:
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        device, self.device = self.device, torch.device("cpu")
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self.device = device
+    return run
+
+
+@contextlib.contextmanager
+def pipelining_on_meta() -> Iterator[None]:
+    """While active, a meta-device ``PipelineStage``'s warm-up vote runs on CPU tensors (see
+    the module docstring). Process-wide (the stage class is patched), undone on exit."""
+    from torch.distributed.pipelining.stage import PipelineStage
+
+    with _patched([(PipelineStage, name, _on_cpu(getattr(PipelineStage, name)))
+                   for name in ("_warmup_forward_vote", "_warmup_backward_result")
+                   if hasattr(PipelineStage, name)]):
+        yield
+
+
+def in_meta_scope(device: str, fn: Callable[[int], T]) -> Callable[[int], T]:
+    """``fn`` as each rank of one world runs it: under :func:`meta_scope` on ``device``, the
+    ranks sharing one cache."""
+    cache: dict = {}
+
+    def run(rank: int) -> T:
+        with meta_scope(device, cache):
+            return fn(rank)
+    return run
 
 
 def meta_scope(device: str, cache: dict) -> contextlib.AbstractContextManager:

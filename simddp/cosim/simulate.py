@@ -315,6 +315,14 @@ def now() -> float:
     return _current().clock
 
 
+def issued() -> int:
+    """How many collectives and point-to-point transfers the calling rank has issued so far:
+    the index of its next one in the rank's trace (only inside :func:`simulate`). Tells what
+    a call issued where virtual time cannot (a collective issued as a call ends and one
+    issued as the next begins carry the same time)."""
+    return len(_current().history)
+
+
 def mark_iteration() -> None:
     """End an iteration of the calling rank here (for loops without an optimizer step)."""
     r = _current()

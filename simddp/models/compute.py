@@ -99,11 +99,16 @@ _NO_DATA_PACKETS = frozenset(
         "is_contiguous", "sym_is_contiguous", "is_strides_like_format",
         "is_non_overlapping_and_dense", "is_same_size")
     if hasattr(_aten, name)) | {torch.ops.prim.device, torch.ops.prim.layout}
+# funcol's autograd wrapper of a collective's output (DTensor: tensor parallelism) aliases the
+# tensor for autograd and reads nothing the collective is still writing; it is registered from
+# Python when torch.distributed._functional_collectives is imported, so it goes by name
+_NO_DATA_NAMES = frozenset({"_c10d_functional::_wrap_tensor_autograd"})
 
 
 def _moves_no_data(func: Any) -> bool:
-    return bool(getattr(func, "is_view", False)) or \
-        getattr(func, "_overloadpacket", None) in _NO_DATA_PACKETS
+    packet = getattr(func, "_overloadpacket", None)
+    return bool(getattr(func, "is_view", False)) or packet in _NO_DATA_PACKETS or \
+        getattr(packet, "_qualified_op_name", None) in _NO_DATA_NAMES
 
 
 _SHAPE_WRAPPER_CODE = shape_wrapper(lambda: 0).__code__

@@ -305,8 +305,9 @@ class CapturedStep(_JSON):
     ``{"seconds": compute, waits excluded, "events": [{"op", "bytes", "scope", "offset",
     "wait_at"}]}`` — every collective issued in the phase, in issue order, at its compute
     offset, with the offset where the rank waited for it (None: never in that phase) and its
-    mesh dimension (``scope``). ``mesh``: the capture's mesh (``{"shard": n}`` or
-    ``{"replicate": r, "shard": s}``). Memory facts per rank: ``param_bytes`` (the model's,
+    mesh dimension (``scope``: ``"shard"``, ``"replicate"``, ``"tp"``). ``mesh``: the
+    capture's mesh (``{"shard": n}`` or ``{"replicate": r, "shard": s}``, with ``"tp": t``
+    innermost under tensor parallelism). Memory facts per rank: ``param_bytes`` (the model's,
     unsharded), ``optimizer_state_bytes`` (this rank's shard), ``activation_bytes`` (saved for
     backward in the step; with ``activation_checkpointing`` the blocks' inputs and what is saved
     outside them) and ``recompute_bytes`` (with activation checkpointing: the largest block's
@@ -330,10 +331,24 @@ class CapturedStep(_JSON):
     cosim_exposed_comm: float = 0.0
     recompute_bytes: int = 0  # activation checkpointing: one block's, while backward recomputes it
     activation_checkpointing: bool = False
+    # tensor parallelism (a "tp" dimension in mesh): the parameters' bytes one TP rank holds
+    # before FSDP2 shards them (0: param_bytes, no TP), and whether the plan was
+    # sequence-parallel
+    local_param_bytes: int = 0
+    sequence_parallel: bool = False
 
     @property
     def shard_size(self) -> int:
         return int(self.mesh.get("shard", 1))
+
+    @property
+    def tp_size(self) -> int:
+        return int(self.mesh.get("tp", 1))
+
+    @property
+    def tp_param_bytes(self) -> int:
+        """The parameters one TP rank holds before FSDP2 shards them."""
+        return int(self.local_param_bytes or self.param_bytes)
 
     def network_model(self) -> Network | None:
         return None if self.network is None else Network(**self.network)
@@ -347,21 +362,32 @@ class CapturedPipeline(_JSON):
 
     ``stages``: per stage index (``pp × stages_per_rank`` of them), a dict::
 
-        {"stage": s, "layers": [first, end),           # the blocks the stage holds
+        {"stage": s, "rank": r,                        # r: its rank along "pp"
+         "layers": [first, end),                       # the blocks the stage holds
          "param_bytes": int,                           # the stage's parameters, unsharded
          "optimizer_state_bytes": int,                 # one rank's optimizer state
          "activation_bytes": int,                      # saved for backward, one microbatch
          "send_bytes": {"F": int, "B": int},           # to the next stage / previous stage
          "actions": {"F": [profile, ...], "B": [...], "I": [...], "W": [...]},
+         "unshard": [profile, ...],                    # torch's UNSHARD actions, in order
+         "reshard": [profile, ...],                    # and RESHARD (multi-stage + FSDP2)
+         "reduce_grad": profile,                       # torch's REDUCE_GRAD action
          "optimizer": profile}
 
     with one ``profile`` per captured microbatch (index = microbatch) for each action type the
     captured schedule ran (``B`` for full-backward schedules, ``I`` and ``W`` for zero-bubble
-    ones), each a phase profile as :class:`CapturedStep` has them: ``{"seconds": compute,
+    ones; ``None`` for a microbatch whose backward ran as the other kind — DualPipeV mixes
+    them), each a phase profile as :class:`CapturedStep` has them: ``{"seconds": compute,
     waits excluded, "events": [{"op", "bytes", "scope", "offset", "wait_at"}]}`` — the
     collectives the action issued inside the stage (tensor parallelism on ``"tp"``, FSDP2 on
     ``"shard"``/``"replicate"``), not the pipeline's sends and receives, which the schedule's
-    action list places (``send_bytes``). ``schedule``: the torch schedule class captured;
+    action list places (``send_bytes``). The last stage's ``F`` includes its loss. ``reduce_grad``:
+    the stage's ``perform_reduce_grad`` after its last backward (FSDP2's reduce-scatters, gradient
+    scaling by the number of microbatches). ``unshard`` / ``reshard``: with FSDP2 under a
+    multi-stage schedule, torch lowers the schedule with UNSHARD / RESHARD actions (the
+    stage's all-gathers issued asynchronously: the stage's next ``F`` or ``B`` waits for them,
+    so their ``wait_at`` is None); single-stage schedules leave them empty and gather in the
+    first ``F``. ``schedule``: the torch schedule class captured;
     ``mesh``: the capture's mesh (``{"pp": p[, "replicate": r][, "shard": s][, "tp": t]}``).
     """
 

@@ -152,10 +152,13 @@ class DDPProgram:
         self.mesh = DDPMesh(checked.world, k.groups, checked.network.gpus_per_node,
                             k.shared_nic, node_classes=bool(self.period))
         self.slowmo = k.slowmo_period is not None
-        if k.parallel is not None and Parallel.parse(k.parallel, checked.world).data != "ddp":
+        par = None if k.parallel is None else Parallel.parse(k.parallel, checked.world)
+        if par is not None and par.data != "ddp":
             raise ValueError(f"parallel={k.parallel!r} cannot replay a DDP capture "
                              f"({cap.name}): capture the layout you replay (simddp whatif "
                              f"--parallel does, per layout)")
+        if par is not None and par.not_replayed():
+            raise ValueError(f"parallel={k.parallel!r}: {par.not_replayed()}")
         # the forward's marks in each profile's own order; the vectorised engine needs one
         orders = [tuple((w, i) for _, w, i in _forward_events(p)) for p in cap.profiles]
         self._orders_differ = len(set(orders)) > 1

@@ -16,6 +16,12 @@ planner applies that stream semantics, with FSDP2's prefetching as knobs:
 * reduce-scatters are issued where the capture issued them and waited for at the end of
   backward (FSDP2's root post-backward), overlapping the compute after them; with HSDP each
   reduce-scatter's all-reduce across replicas is chained after it;
+* tensor parallelism's collectives (scope ``"tp"``: DTensor's all-gathers, reduce-scatters
+  and all-reduces, forward and backward) are synchronous — on a GPU they run on the compute
+  stream and the next op waits for them — so each is issued at its captured offset and waited
+  for where the capture waited (at once where it did not: the collective had ended before
+  its output was read), on the TP dimension's communicator. A TP replay needs a capture of
+  the same TP degree (the per-rank shapes, hence compute and bytes, are the degree's);
 * other collectives (a loss all-reduce, gradient-norm clipping) keep their captured issue and
   wait points.
 
@@ -24,7 +30,8 @@ nccl-tests counts); an HSDP all-reduce carries one shard, so it scales with 1 / 
 Compute: forward and backward are the capture's (the local batch is the same at any world
 size); the optimizer updates the local shard, so its time scales with 1 / shard size.
 
-Memory per rank (program order; the caching allocator's reuse is not modelled): sharded
+Memory per rank (program order; under TP, parameters are the TP rank's — the capture's
+``tp_param_bytes`` — before FSDP2 shards them; the caching allocator's reuse is not modelled): sharded
 parameters and optimizer state from the start; each unit's unsharded parameters from its
 all-gather until FSDP2 reshards them (after its forward when ``reshard_after_forward`` — the
 units the capture all-gathers again in backward — else after its backward); activations (what
@@ -52,6 +59,11 @@ _SCATTERS = ("reduce_scatter_tensor", "reduce_scatter", "_reduce_scatter_base")
 _ITEMSIZE = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp32": 4, "float32": 4}
 
 
+def _fsdp_gather(ev: dict[str, Any]) -> bool:
+    """An all-gather of FSDP2's (a unit's parameters), not tensor parallelism's."""
+    return ev["op"] in _GATHERS and ev["scope"] != "tp"
+
+
 class FSDPProgram:
     """A captured FSDP2 step as a step program for one world and set of knobs (see the module
     docstring). ``parallel``: the layout replayed; ``memory``: per category at the peak."""
@@ -59,12 +71,19 @@ class FSDPProgram:
     def __init__(self, cap: CapturedStep, checked: CheckedKnobs) -> None:
         k = checked.knobs
         world = checked.world
-        spec = k.parallel or ("fsdp" if cap.parallel == "fsdp" else f"hsdp:{cap.shard_size}")
+        spec = k.parallel or (("fsdp" if cap.parallel == "fsdp" else f"hsdp:{cap.shard_size}")
+                              + (f",tp:{cap.tp_size}" if cap.tp_size > 1 else ""))
         par = Parallel.parse(spec, world)
-        if par.data != cap.parallel or par.tp > 1 or par.pp > 1:
+        if par.data != cap.parallel or par.pp > 1:
             raise ValueError(f"parallel={spec!r} cannot replay a {cap.parallel.upper()} capture "
                              f"({cap.name}): capture the layout you replay (simddp whatif "
                              f"--parallel does, per layout)")
+        if par.tp != cap.tp_size:
+            raise ValueError(f"parallel={spec!r} has tensor-parallel degree {par.tp}, the "
+                             f"capture of {cap.name} ran with tp={cap.tp_size}: each rank's "
+                             f"shapes, compute and TP collectives depend on the degree, so "
+                             f"capture the TP degree you replay (capture_fsdp(mesh={{'shard': "
+                             f"s, 'tp': {par.tp}}}); simddp whatif --parallel does)")
         if k.reshard_after_forward is not None and \
                 bool(k.reshard_after_forward) != cap.reshard_after_forward:
             raise ValueError(f"reshard_after_forward={k.reshard_after_forward} but the capture "
@@ -101,7 +120,7 @@ class FSDPProgram:
 
     def static_memory(self) -> dict[str, int]:
         """Per rank before the step: sharded parameters and optimizer state."""
-        return {"parameters": int(self.cap.param_bytes / self.parallel.shard),
+        return {"parameters": int(self.cap.tp_param_bytes / self.parallel.shard),
                 "optimizer": int(self.cap.optimizer_state_bytes * self.shard_ratio)}
 
     def memory(self, rank: int = 0) -> tuple[int, dict[str, int]]:
@@ -122,10 +141,9 @@ class FSDPProgram:
 
     def _iteration(self, p: int) -> tuple[Instruction, ...]:
         cap = self.cap
-        units = [e["bytes"] for e in cap.profiles[p]["forward"]["events"]
-                 if e["op"] in _GATHERS]
+        units = [e["bytes"] for e in cap.profiles[p]["forward"]["events"] if _fsdp_gather(e)]
         regathered = Counter(e["bytes"] for e in cap.profiles[p]["backward"]["events"]
-                             if e["op"] in _GATHERS)
+                             if _fsdp_gather(e))
         resharded = []
         for b in units:  # units all-gathered again in backward were resharded after forward
             resharded.append(regathered[b] > 0)
@@ -211,7 +229,7 @@ def event_marks(phases: Sequence[dict[str, Any]], p: int, phase: str, prefetch: 
         float(q["events"][i][key] if q["events"][i][key] is not None
               else q["events"][i]["offset"]) for q in phases)
     # FSDP's unit all-gathers (tensor parallelism's keep their captured points, as others)
-    gathers = [i for i, e in enumerate(evs) if e["op"] in _GATHERS and e["scope"] != "tp"]
+    gathers = [i for i, e in enumerate(evs) if _fsdp_gather(e)]
     d = prefetch
     items: list[tuple[tuple[float, ...], int, int, Any]] = []  # (at, order, index, do)
     tags = {}
@@ -243,7 +261,11 @@ def event_marks(phases: Sequence[dict[str, Any]], p: int, phase: str, prefetch: 
             continue
         c = Collective((phase[0] + "c", *tag, i), e["scope"], e["op"], nbytes(e),
                        phase == "backward")
-        if e["op"] in _SCATTERS:
+        if e["scope"] == "tp":  # DTensor's: synchronous, on the compute stream
+            items.append((at(i, "offset"), 0, i, Issue(((c, 0.0),), kind=phase,
+                                                       pending=False)))
+            items.append((at(i, "wait_at"), 2, i, Wait(c.tag, f"wait: {e['op']} (tp)")))
+        elif e["op"] in _SCATTERS:
             stages = [(c, 0.0)]
             nxt = i + 1
             if nxt < len(evs) and evs[nxt]["scope"] == "replicate" and \

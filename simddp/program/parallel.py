@@ -11,9 +11,10 @@ the world size over the others. Names (:data:`PARALLEL_MODES`):
 * ``tp`` — tensor parallelism (DTensor ``parallelize_module``) over the dimension;
 * ``pp`` — pipeline parallelism (``torch.distributed.pipelining``) over the dimension.
 
-``tp`` and ``pp`` are laid out on the mesh; ``simddp whatif`` does not replay them yet and
-refuses them with that reason. A pipeline capture (:class:`~simddp.program.captured.CapturedPipeline`)
-replays through :mod:`simddp.program.pipeline` with ``pp`` (and ``tp``) as captured.
+``tp`` is replayed with ``fsdp`` or ``hsdp`` (FSDP2 on the data-parallel submesh, as torchtitan
+composes them); ``ddp`` × ``tp`` is refused (:meth:`Parallel.not_replayed` says why). ``pp``
+replays a pipeline capture (:class:`~simddp.program.captured.CapturedPipeline`, through
+:mod:`simddp.program.pipeline`) with FSDP2 and ``tp`` inside its stages as captured.
 
 The mesh is laid out as torchtitan lays it out, row-major ``pp × replicate × shard × tp``
 (tensor parallelism innermost, so it stays inside a node when it fits).
@@ -32,7 +33,8 @@ PARALLEL_MODES = {
     "ddp": "DistributedDataParallel (torch's Reducer and its buckets)",
     "fsdp": "FSDP2 fully_shard: parameters, gradients and optimizer state sharded",
     "hsdp": "FSDP2 on a replicate × shard mesh: hsdp:S shards over S ranks",
-    "tp": "tensor parallelism, innermost mesh dimension (parsed and laid out; not replayed yet)",
+    "tp": "tensor parallelism (DTensor, torchtitan's plan), innermost mesh dimension; with fsdp "
+          "or hsdp",
     "pp": "pipeline parallelism, outermost mesh dimension (parsed and laid out; not replayed yet)",
 }
 _DATA = ("ddp", "fsdp", "hsdp")
@@ -103,6 +105,17 @@ class Parallel:
         d = sizes["data"] or 1
         return cls(data, sizes.get("pp") or 1, d if data == "ddp" else 1,
                    d if data == "fsdp" else 1, sizes.get("tp") or 1)
+
+    def not_replayed(self) -> str | None:
+        """Why this layout cannot be replayed (None: it can)."""
+        if self.pp > 1:
+            return "pipeline parallelism is not replayed yet (ddp, fsdp and hsdp are, and tp " \
+                   "with fsdp or hsdp)"
+        if self.tp > 1 and self.data == "ddp":
+            return ("tensor parallelism is replayed with FSDP2 as the data-parallel layer (fsdp:N,"
+                    "tp:T or hsdp:S,tp:T, torchtitan's composition): DDP over DTensor "
+                    "parameters is not what torch composes with TP")
+        return None
 
     @property
     def world_size(self) -> int:

@@ -18,6 +18,13 @@ class _ReplayLane(Lane):
         return [(c.start, c.end) for c, _ in self.comms
                 if c.start is not None and c.end is not None]
 
+    def comm_intervals_by_scope(self) -> dict[str, list[tuple[float, float]]]:
+        out: dict[str, list[tuple[float, float]]] = {}
+        for c, _ in self.comms:
+            if c.start is not None and c.end is not None:
+                out.setdefault(c.info["scope"], []).append((c.start, c.end))
+        return out
+
     def comm_spans(self, rank: int) -> list[CommSpan]:
         out = []
         for c, issue in self.comms:
@@ -27,5 +34,5 @@ class _ReplayLane(Lane):
                 rank=rank, op=info["op"], group=info["group"],
                 group_ranks=tuple(members) if len(members) <= 64 else (),  # no 4096-tuples
                 seq=info["seq"], bytes=info["bytes"], issue=issue, start=c.start, end=c.end,
-                site=info["name"], in_backward=info["in_backward"]))
+                site=info["name"], in_backward=info["in_backward"], scope=info["scope"]))
         return out

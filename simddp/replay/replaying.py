@@ -96,7 +96,9 @@ def replay(captured: Any, world_size: int | None = None, *,
                   knobs={**checked.describe(), **resolved},
                   buckets=program.buckets,
                   bucket_bytes=[[b for _, b, _ in p.stages] for p in program.plans],
-                  peak_memory_bytes=peak, memory=by_category, memory_limit_bytes=limit)
+                  peak_memory_bytes=peak, memory=by_category, memory_limit_bytes=limit,
+                  parallel=str(program.parallel) if getattr(program, "parallel", None)
+                  else None)
     why = unsupported(program, checked)
     if engine == "vector" and why is not None:
         raise ValueError(f"replay(engine='vector'): not vectorised: {why}")

@@ -201,10 +201,17 @@ class VectorReplay(ResultRecords):
         self.order = order
         if progress is not None:
             progress(total, total + 1, f"{what}: statistics")
-        comm, exposed = comm_figures(list(self.steps.values()), self.scopes, rec)
+        steps = list(self.steps.values())
+        comm, exposed = comm_figures(steps, self.scopes, rec)
+        by_scope = {}
+        for name in sorted({st.scope for st in steps}):  # each dimension's collectives alone
+            mine = [st for st in steps if st.scope == name]
+            by_scope[name] = exposed if len(mine) == len(steps) else \
+                comm_figures(mine, self.scopes, rec)[1]
         tl = ArrayTimeline(self.world, self.iterations, bounds=rec.bounds,
                            forward=rec.forward, backward=rec.backward, optimizer=rec.optimizer,
-                           wait=rec.wait, comm=comm, exposed=exposed, lanes=self.lanes)
+                           wait=rec.wait, comm=comm, exposed=exposed, lanes=self.lanes,
+                           exposed_by_scope=by_scope)
         if progress is not None:
             progress(total + 1, total + 1, f"{what}: done")
         return tl

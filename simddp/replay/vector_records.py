@@ -202,7 +202,8 @@ class ResultRecords:
                         rank=r, op=st.op, group=group,
                         group_ranks=tuple(members) if size <= 64 else (), seq=st.seq,
                         bytes=st.nbytes, issue=issue, start=float(st.start[c]),
-                        end=float(st.end[c]), site=tag, in_backward=st.in_backward))
+                        end=float(st.end[c]), site=tag, in_backward=st.in_backward,
+                        scope=st.scope))
                 comms.sort(key=lambda x: x.issue)  # arrival order, as the simpy lanes keep
                 spans = sorted(rec.spans[i], key=lambda x: (x[1], x[2]))
                 bounds = rec.bounds[i].tolist()
