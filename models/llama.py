@@ -220,21 +220,46 @@ def lm_loss(logits: Tensor, batch: tuple[Tensor, Tensor]) -> Tensor:
 
 # -- pipeline parallelism ------------------------------------------------------------------------
 
-def stage_layers(n_layers: int, stage: int, num_stages: int) -> range:
-    """The blocks stage ``stage`` of ``num_stages`` holds: ``[stage·L/S, (stage+1)·L/S)`` —
-    torchtitan's manual split at equal blocks per stage, which needs ``S`` to divide ``L``."""
+def stage_layers(n_layers: int, stage: int, num_stages: int, *, input_weight: int = 0,
+                 output_weight: int = 0) -> range:
+    """The blocks stage ``stage`` of ``num_stages`` holds. With no weights:
+    ``[stage·L/S, (stage+1)·L/S)`` — torchtitan's manual split at equal blocks per stage, which
+    needs ``S`` to divide ``L``. With ``input_weight`` / ``output_weight``: torchtitan's
+    ``generate_llm_fqn_per_model_part`` — the token embedding counts as ``input_weight`` blocks
+    on the first stage and the norm and head as ``output_weight`` on the last, ``L + weights``
+    spread evenly (the first stages take the remainder). Llama 3's 405B run (the Llama 3 paper,
+    §3.3.2) is weights 1 and 1 at one block per stage: the first stage holds only the embedding,
+    the last only the head."""
     for name, v in (("n_layers", n_layers), ("num_stages", num_stages)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"stage_layers: {name} must be a positive int, got {v!r}")
-    if n_layers % num_stages:
-        divisors = [d for d in range(1, n_layers + 1) if n_layers % d == 0]
-        raise ValueError(f"stage_layers: {num_stages} pipeline stages do not divide the model's "
-                         f"{n_layers} blocks; the number of stages (pp × stages per rank) must be "
-                         f"one of {divisors}")
+    for name, v in (("input_weight", input_weight), ("output_weight", output_weight)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"stage_layers: {name} must be an int >= 0, got {v!r}")
     if not isinstance(stage, int) or isinstance(stage, bool) or not 0 <= stage < num_stages:
         raise ValueError(f"stage_layers: stage must be in 0..{num_stages - 1}, got {stage!r}")
-    per = n_layers // num_stages
-    return range(stage * per, (stage + 1) * per)
+    if not input_weight and not output_weight:
+        if n_layers % num_stages:
+            divisors = [d for d in range(1, n_layers + 1) if n_layers % d == 0]
+            raise ValueError(f"stage_layers: {num_stages} pipeline stages do not divide the "
+                             f"model's {n_layers} blocks; the number of stages (pp × stages per "
+                             f"rank) must be one of {divisors}, or weigh the embedding and head "
+                             f"(input_weight / output_weight, torchtitan's uneven split)")
+        per = n_layers // num_stages
+        return range(stage * per, (stage + 1) * per)
+    if num_stages == 1:
+        return range(n_layers)
+    effective = n_layers + input_weight + output_weight
+    per, extra = divmod(effective, num_stages)
+    if per < max(input_weight, output_weight, 1):
+        raise ValueError(f"stage_layers: {num_stages} stages over {n_layers} blocks (+ embedding "
+                         f"weight {input_weight}, head weight {output_weight}) leave "
+                         f"{per} per stage, fewer than a weight: use fewer stages")
+    counts = [per + (i < extra) for i in range(num_stages)]
+    counts[0] -= input_weight
+    counts[-1] -= output_weight
+    start = sum(counts[:stage])
+    return range(min(start, n_layers), min(start + counts[stage], n_layers))
 
 
 class LlamaStage(nn.Module):
@@ -245,7 +270,8 @@ class LlamaStage(nn.Module):
     hidden states, or logits on the last stage. Built from ``model``'s own modules (shared, not
     copied), so the stages of one model hold exactly its parameters."""
 
-    def __init__(self, model: Llama, stage: int, num_stages: int) -> None:
+    def __init__(self, model: Llama, stage: int, num_stages: int, *, input_weight: int = 0,
+                 output_weight: int = 0) -> None:
         super().__init__()
         if not isinstance(model, Llama):
             raise TypeError(f"LlamaStage cuts a models.llama.Llama, got {type(model).__name__}")
@@ -256,7 +282,8 @@ class LlamaStage(nn.Module):
             raise ValueError("LlamaStage: a model with tie_embeddings=True shares its embedding "
                              "with its output head, which would sit on different stages; use "
                              "tie_embeddings=False for pipeline parallelism")
-        self.layer_ids = stage_layers(model.args.n_layers, stage, num_stages)
+        self.layer_ids = stage_layers(model.args.n_layers, stage, num_stages,
+                                      input_weight=input_weight, output_weight=output_weight)
         self.tok_embeddings = model.tok_embeddings if self.first else None
         self.layers = nn.ModuleList(model.layers[i] for i in self.layer_ids)
         self.norm = model.norm if self.last else None

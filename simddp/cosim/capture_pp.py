@@ -178,7 +178,7 @@ def _rank_run(scenario: Any, cfg: Mapping[str, Any]) -> Callable[[int], dict[str
         facts: dict[int, dict[str, int]] = {}
         stages = []
         for s in mine:
-            part = LlamaStage(model, s, num_stages)
+            part = LlamaStage(model, s, num_stages, **cfg["split"])
             facts[s] = {"param_bytes": sum(p.numel() * p.element_size()
                                            for p in part.parameters())}
             if inner is not None:
@@ -313,7 +313,7 @@ def _instrument(stage: Any, timed: Callable[..., Any], facts: dict[str, int]) ->
 
 def _stage_activation_bytes(scenario: Any, num_stages: int, microbatch_size: int,
                             device: str, dtype: torch.dtype | None, tp: int,
-                            sequence_parallel: bool) -> list[int]:
+                            sequence_parallel: bool, split: Mapping[str, int]) -> list[int]:
     """Per stage, the bytes autograd saves for backward in one microbatch's forward (and, on
     the last stage, its loss) on one rank, the stage's input included (the pipeline keeps it
     for the backward): rank 0's first microbatch through the stages one after another, each
@@ -337,7 +337,7 @@ def _stage_activation_bytes(scenario: Any, num_stages: int, microbatch_size: int
         loss_fn = _loss_fn(scenario)
         out = []
         for s in range(num_stages):
-            stage = LlamaStage(model, s, num_stages)
+            stage = LlamaStage(model, s, num_stages, **split)
             if tp_mesh is not None:
                 parallelize_stage(stage, tp_mesh, sequence_parallel=sequence_parallel)
             if s:
@@ -360,8 +360,8 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
                mesh: Mapping[str, int] | None = None, timing: Timing | None = None,
                device: str = "cpu", iterations: int = 2, seed: int = 0,
                param_dtype: str | None = None, reduce_dtype: str | None = None,
-               sequence_parallel: bool = True, losses: list | None = None
-               ) -> CapturedPipeline:
+               sequence_parallel: bool = True, losses: list | None = None,
+               input_weight: int = 0, output_weight: int = 0) -> CapturedPipeline:
     """Run ``scenario`` (whose model is the zoo's :class:`models.llama.Llama`) pipelined over
     ``pp`` ranks with torch's real ``PipelineStage`` and ``schedule`` (one of
     :data:`SCHEDULES`) under :func:`simddp.simulate`, and record its last step (see the
@@ -376,7 +376,10 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
     mixed precision ("bf16", "fp16", "fp32"). ``sequence_parallel``: with "tp", torchtitan's
     sequence-parallel plan (its default). ``device="meta"``: at real size without
     arithmetic (:mod:`simddp.cosim.meta`). ``losses``: a list that receives, per iteration,
-    the last stage's per-microbatch losses (data-parallel rank 0; not on meta)."""
+    the last stage's per-microbatch losses (data-parallel rank 0; not on meta).
+    ``input_weight`` / ``output_weight``: how many blocks the embedding and the head count as
+    when the blocks are split (:func:`models.llama.stage_layers`: 0 and 0, equal blocks per
+    stage; 1 and 1, torchtitan's default uneven split)."""
     if device not in DEVICES:
         raise ValueError(f"capture_pp: device must be one of {', '.join(DEVICES)}, "
                          f"got {device!r}")
@@ -406,7 +409,9 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
     model = _checked_llama(scenario)
     num_stages = pp * spr
     from fakepg.zoo.llama import stage_layers
-    stage_layers(model.args.n_layers, 0, num_stages)  # raises when the stages do not divide
+    split = {"input_weight": integer("capture_pp: input_weight", input_weight, minimum=0),
+             "output_weight": integer("capture_pp: output_weight", output_weight, minimum=0)}
+    stage_layers(model.args.n_layers, 0, num_stages, **split)  # raises when they do not split
     batch = _batches(scenario, 0, 1, 1, "cpu")[0][0]
     batch_size = int(batch.shape[0])
     m = batch_size if microbatches is None else integer("capture_pp: microbatches",
@@ -425,7 +430,7 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
           "dtype": _dtype(param_dtype) or next(model.parameters()).dtype}
     cfg = dict(io=io, mesh=mesh_dims, pp=pp, stages_per_rank=spr, microbatches=m, device=device,
                iterations=iterations, schedule=name, param_dtype=param_dtype,
-               reduce_dtype=reduce_dtype, sequence_parallel=bool(sequence_parallel))
+               reduce_dtype=reduce_dtype, sequence_parallel=bool(sequence_parallel), split=split)
     try:
         with (fsdp_on_meta() if device == "meta" and fsdp else contextlib.nullcontext()), \
                 (pipelining_on_meta() if device == "meta" else contextlib.nullcontext()):
@@ -439,7 +444,7 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
     dmesh = DeviceMesh(world, mesh_dims)
     held = _stage_activation_bytes(scenario, num_stages, batch_size // m, device,
                                    _dtype(param_dtype), mesh_dims.get("tp", 1),
-                                   bool(sequence_parallel))
+                                   bool(sequence_parallel), split)
     stages = []
     for s in range(num_stages):
         rank = placement[s] * per_stage
@@ -450,7 +455,7 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
             return span_profile(res, rank, wins.get(key, []), dmesh, skip=_is_p2p)
 
         kinds = sorted({k[1] for k in wins if k[0] == s and k[1] in ("F", "B", "I", "W")})
-        layers = stage_layers(model.args.n_layers, s, num_stages)
+        layers = stage_layers(model.args.n_layers, s, num_stages, **split)
         stages.append({
             "stage": s, "rank": placement[s], "layers": [layers.start, layers.stop],
             "param_bytes": facts["param_bytes"],
