@@ -119,8 +119,8 @@ def _grid_flags(p: argparse.ArgumentParser, *, world_default: str | None) -> Non
                         "one, none for presets)")
     g.add_argument("--parallel", action="append", default=None, metavar="SPEC",
                    help="the layout: ddp (default), fsdp, hsdp:S (shard over S ranks, replicate "
-                        "across the rest); one spec per flag, repeat it to compare layouts, "
-                        "e.g. --parallel fsdp --parallel hsdp:8")
+                        "across the rest), with tp:T and pp:P, e.g. fsdp:32,tp:8 or "
+                        "pp:4,fsdp:16,tp:8; one spec per flag, repeat it to compare layouts")
     g.add_argument("--reshard-after-forward", type=_list(_bool), default=None,
                    metavar="BOOLS", help="FSDP2's reshard_after_forward, e.g. true,false "
                                          "(one capture each; default true)")
@@ -134,6 +134,16 @@ def _grid_flags(p: argparse.ArgumentParser, *, world_default: str | None) -> Non
                    help="FSDP2 MixedPrecisionPolicy reduce_dtype: bf16, fp16, fp32")
     g.add_argument("--activation-checkpointing", action="store_true",
                    help="FSDP2: every block under torch's checkpoint_wrapper (full AC)")
+    g.add_argument("--pp-schedule", type=_list(str), default=None, metavar="NAMES",
+                   help="pipeline layouts (pp:P): torch's schedules, e.g. 1f1b,interleaved1f1b "
+                        "(GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, "
+                        "ZBVZeroBubble, DualPipeV; default 1F1B)")
+    g.add_argument("--microbatches", type=_list(int), default=None, metavar="COUNTS",
+                   help="pipeline layouts: microbatches per step, e.g. 8,16 (default: the "
+                        "fewest the schedule takes)")
+    g.add_argument("--stages-per-rank", type=int, default=None, metavar="V",
+                   help="pipeline layouts: virtual stages per rank of multi-stage schedules "
+                        "(default 2)")
     g.add_argument("--gpu-memory", type=float, default=None, metavar="GB",
                    help="device memory for the OOM verdict (default: the --gpu preset's)")
     _cost_flags(p)
@@ -430,7 +440,10 @@ def _whatif(args: argparse.Namespace) -> int:
                      forward_prefetch=args.forward_prefetch,
                      backward_prefetch=args.backward_prefetch, param_dtype=args.param_dtype,
                      reduce_dtype=args.reduce_dtype, gpu_memory_gb=args.gpu_memory,
-                     activation_checkpointing=args.activation_checkpointing, executor=ex, progress=rows, status=status, replay_progress=one)
+                     activation_checkpointing=args.activation_checkpointing,
+                     pp_schedule=args.pp_schedule, microbatches=args.microbatches,
+                     stages_per_rank=args.stages_per_rank, executor=ex, progress=rows,
+                     status=status, replay_progress=one)
     if args.save_capture:
         res.captured.save(args.save_capture)
     return _finish(res, args)
@@ -439,26 +452,40 @@ def _whatif(args: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace) -> int:
     import json
 
-    from .program.captured import CapturedIteration, CapturedStep
+    from .analysis.sweeps import SweepResult
+    from .program.captured import CapturedIteration, CapturedPipeline, CapturedStep
     from .whatif import replay_grid
 
     with open(args.capture) as f:
         data = json.load(f)
-    cap = (CapturedStep if "profiles" in data and "mesh" in data else
-           CapturedIteration).from_dict(data)
+    kind = (CapturedPipeline if "stages" in data and "schedule" in data else
+            CapturedStep if "profiles" in data and "mesh" in data else CapturedIteration)
+    cap = kind.from_dict(data)
+    pipeline = {}
+    if kind is CapturedPipeline:
+        pipeline = {"stages_per_rank": args.stages_per_rank}
+    elif args.pp_schedule or args.microbatches or args.stages_per_rank:
+        raise ValueError(f"--pp-schedule, --microbatches and --stages-per-rank replay a "
+                         f"pipeline capture; {args.capture} is a {kind.__name__}")
     with _executor(args) as ex, _progress(not args.no_progress) as (status, rows, one):
         if args.parallel and len(args.parallel) > 1:
             raise ValueError("replay takes one --parallel layout (the capture's kind); "
                              "`simddp whatif` compares several")
         raf = args.reshard_after_forward
-        res = replay_grid(cap, **_grid_kwargs(args), iterations=args.iterations,
-                          jitter=args.jitter, seed=args.seed, executor=ex, progress=rows,
-                          replay_progress=one, parallel=(args.parallel or [None])[0],
-                          reshard_after_forward=None if not raf else raf[0],
-                          forward_prefetch=args.forward_prefetch,
-                          backward_prefetch=args.backward_prefetch,
-                          gpu_memory_gb=args.gpu_memory,
-                          title=f"simddp replay {cap.name} (captured on {cap.world_size} ranks)")
+        parts = []
+        for schedule in (args.pp_schedule or [None]) if pipeline else [None]:
+            for m in (args.microbatches or [None]) if pipeline else [None]:
+                more = dict(pipeline, pp_schedule=schedule, microbatches=m) if pipeline else {}
+                parts.append(replay_grid(
+                    cap, **_grid_kwargs(args), iterations=args.iterations,
+                    jitter=args.jitter, seed=args.seed, executor=ex, progress=rows,
+                    replay_progress=one, parallel=(args.parallel or [None])[0],
+                    reshard_after_forward=None if not raf else raf[0],
+                    forward_prefetch=args.forward_prefetch,
+                    backward_prefetch=args.backward_prefetch, gpu_memory_gb=args.gpu_memory,
+                    title=f"simddp replay {cap.name} (captured on {cap.world_size} ranks)",
+                    **more))
+        res = parts[0] if len(parts) == 1 else SweepResult.concat(parts, title=parts[0].title)
     return _finish(res, args)
 
 

@@ -210,6 +210,65 @@ def replay_grid(captured: Any, *, world_size: Any, network: Any = "ib-ndr",
                        title=title)
 
 
+def _pipelines(workload: Any, sc: Any, spec: str, par: Any, worlds: list[int], schedules: Any,
+               microbatches: Any, stages_per_rank: int | None, batch_size: int | None,
+               timing: Timing, device: str, seed: int, param_dtype: str | None,
+               reduce_dtype: str | None, activation_checkpointing: bool,
+               say: Callable[[str], None], common: dict[str, Any]) -> list[SweepResult]:
+    """A pipeline layout's rows: one capture per schedule and microbatch size (torch's real
+    pipelining, FSDP2 / TP inside the stages), replayed per microbatch count."""
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+
+    from .cosim.capture_pp import capture_pp
+    from .program.schedules import schedule_class
+
+    if activation_checkpointing:
+        raise ValueError(f"--parallel {spec}: activation checkpointing is captured for FSDP2 "
+                         f"layouts only so far, not inside pipeline stages")
+    if par.data == "ddp" and par.replicate > 1:
+        raise ValueError(f"--parallel {spec}: pipeline stages are replicated with FSDP2 "
+                         f"(pp:P,fsdp:N or hsdp:S, torchtitan's composition), not DDP")
+    mesh: dict[str, int] = {"fsdp": {"shard": 2}, "hsdp": {"replicate": 2, "shard": 2}}.get(
+        par.data, {})
+    if par.tp > 1:
+        mesh["tp"] = par.tp
+    parts = []
+    for name in _as_list(schedules) if schedules is not None else ["1F1B"]:
+        single = issubclass(schedule_class(name), PipelineScheduleSingle)
+        v = 1 if single else (stages_per_rank or 2)
+        # the fewest microbatches every schedule takes at this depth (DualPipeV: one a stage)
+        cap_m = max(2, par.pp * (v if "dualpipe" in name.lower() else 1))
+        counts = _as_list(microbatches) if microbatches is not None else [cap_m]
+        by_size: dict[int, list[int]] = {}
+        for m in counts:
+            if batch_size is not None and batch_size % m:
+                raise ValueError(f"--microbatches {m} does not divide --batch-size {batch_size} "
+                                 f"(a replica's batch per step)")
+            by_size.setdefault(1 if batch_size is None else batch_size // m, []).append(m)
+        for size, ms in by_size.items():
+            scenario = load_workload(workload, batch_size=cap_m * size) \
+                if isinstance(workload, (str, os.PathLike)) else sc
+            say(f"capturing {sc.name} (torch's pipelining, {name}, {par.pp} × {v} stages, "
+                f"{cap_m} microbatches of {size}{_inside(mesh)}) on "
+                f"{par.pp * math.prod(mesh.values())} fake ranks")
+            cap = capture_pp(scenario, par.pp, schedule=name, microbatches=cap_m,
+                             stages_per_rank=v, mesh=mesh, timing=timing, device=device,
+                             input_weight=1, output_weight=1,  # torchtitan's default split
+                             seed=seed, param_dtype=param_dtype if mesh.keys() - {"tp"} else None,
+                             reduce_dtype=reduce_dtype if mesh.keys() - {"tp"} else None)
+            for m in ms:
+                parts.append(replay_grid(cap, world_size=worlds, parallel=spec,
+                                         pp_schedule=name, microbatches=m,
+                                         stages_per_rank=v, **common))
+    return parts
+
+
+def _inside(mesh: Mapping[str, int]) -> str:
+    words = {"shard": "FSDP2", "tp": "tensor parallel"}
+    inside = [f"{words[k]} {v}" for k, v in mesh.items() if k in words]
+    return f"; {', '.join(inside)} inside" if inside else ""
+
+
 def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
            gpus_per_node: int | None = None, bucket_cap_mb: Any = None, comm_hook: Any = None,
            rank_speed: Mapping[int, float] | None = None, gpu: str = "a100",
@@ -220,6 +279,8 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
            backward_prefetch: int = 1, param_dtype: str | None = None,
            reduce_dtype: str | None = None, gpu_memory_gb: float | None = None,
            capture_device: str | None = None, activation_checkpointing: bool = False,
+           pp_schedule: Any = None, microbatches: Any = None,
+           stages_per_rank: int | None = None,
            executor: concurrent.futures.Executor | None = None,
            progress: Progress | None = None,
            status: Callable[[str], None] | None = None,
@@ -240,6 +301,14 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
     ``checkpoint_wrapper`` (torchtitan's full AC). ``capture_device``: "cpu" or "meta"
     (default: "meta" for the zoo's real-size workloads, whose step would not fit this
     machine's memory, else "cpu").
+    Pipeline layouts (``pp:P,...``): ``pp_schedule`` (torch's schedule names, e.g. "1F1B",
+    "Interleaved1F1B"; default 1F1B) and ``microbatches`` (counts) are swept; each schedule is
+    captured with torch's real pipelining (:func:`~simddp.cosim.capture_pp.capture_pp`, FSDP2
+    and TP inside the stages as the spec says) once per microbatch size, then replayed at every
+    microbatch count and world size; blocks are split over stages as torchtitan splits them
+    (the embedding and the head weigh one block each). ``batch_size`` is then a data-parallel replica's batch per
+    step (default: one sequence per microbatch, torchtitan's default); ``stages_per_rank``: the
+    multi-stage schedules' virtual stages (default 2).
     ``ddp_work_at_device_cost``: with ``step_time_s``, DDP's own work (bucket copies, its
     bookkeeping) is charged at the uncalibrated device's cost, not scaled with the model's
     compute (:mod:`simddp.models.ddp_overhead`); False scales it too (as before). ``knobs``:
@@ -285,6 +354,12 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
                              f"fits it")
         if par.not_replayed():
             raise ValueError(f"--parallel {spec}: {par.not_replayed()}")
+        if par.pp > 1:
+            parts.extend(_pipelines(workload, sc, spec, par, worlds, pp_schedule, microbatches,
+                                    stages_per_rank, batch_size, timing, device, seed,
+                                    param_dtype, reduce_dtype, activation_checkpointing, say,
+                                    common))
+            continue
         if par.data == "ddp":
             say(f"capturing {sc.name} (torch's DDP) on {capture_ranks} fake rank(s)")
             cap = capture(sc, nprocs=capture_ranks, timing=timing, seed=seed,

@@ -41,6 +41,11 @@ class Mesh:
     def members(self, rank: int, scope: str) -> Sequence[int]:
         raise NotImplementedError
 
+    def dimension(self, scope: str) -> str:
+        """The mesh dimension a scope's collectives count under in results (its own name,
+        unless a mesh has several scopes per dimension: a pipeline's p2p channels are "pp")."""
+        return scope
+
     def links(self, rank: int, scope: str) -> list[tuple[str, int]]:
         """Shared links (a node's NIC) the communicator holds while it runs (none by default)."""
         return []

@@ -35,7 +35,7 @@ PARALLEL_MODES = {
     "hsdp": "FSDP2 on a replicate × shard mesh: hsdp:S shards over S ranks",
     "tp": "tensor parallelism (DTensor, torchtitan's plan), innermost mesh dimension; with fsdp "
           "or hsdp",
-    "pp": "pipeline parallelism, outermost mesh dimension (parsed and laid out; not replayed yet)",
+    "pp": "pipeline parallelism (torch.distributed.pipelining), outermost mesh dimension",
 }
 _DATA = ("ddp", "fsdp", "hsdp")
 _ORDER = ("pp", "data", "tp")  # the mesh's row-major order
@@ -109,8 +109,10 @@ class Parallel:
     def not_replayed(self) -> str | None:
         """Why this layout cannot be replayed (None: it can)."""
         if self.pp > 1:
-            return "pipeline parallelism is not replayed yet (ddp, fsdp and hsdp are, and tp " \
-                   "with fsdp or hsdp)"
+            if self.data == "ddp" and self.replicate > 1:
+                return ("pipeline stages are replicated with FSDP2 (pp:P,fsdp:N or pp:P,hsdp:S, "
+                        "torchtitan's composition), not DDP")
+            return None
         if self.tp > 1 and self.data == "ddp":
             return ("tensor parallelism is replayed with FSDP2 as the data-parallel layer (fsdp:N,"
                     "tp:T or hsdp:S,tp:T, torchtitan's composition): DDP over DTensor "

@@ -112,6 +112,9 @@ class PipelineMesh(Mesh):
     def label(self, key: tuple) -> str:
         return f"{key[0]}{key[1]}" if key[0] in ("pp>", "pp<") else self.inner.label(key)
 
+    def dimension(self, scope: str) -> str:
+        return "pp" if scope in _P2P else scope
+
     def class_code(self, nprof: int) -> tuple[np.ndarray, int]:
         ranks = np.arange(self.world, dtype=np.int64)
         return (ranks // self.stride) * nprof + ranks % nprof, self.pp * nprof

@@ -60,7 +60,7 @@ class _Communicators:
             group = mesh.label(key)
             info = {"name": "/".join(str(x) for x in (group, *tag)), "op": op, "group": group,
                     "members": members, "seq": seq, "bytes": int(nbytes),
-                    "in_backward": in_backward, "scope": scope}
+                    "in_backward": in_backward, "scope": mesh.dimension(scope)}
             # the collective waits for one arrival per lane (a class's representative
             # arrives for all of its ranks), and lasts as long as its real group size says
             c = self.colls[name] = self.fabric.collective(
