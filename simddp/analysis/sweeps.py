@@ -31,7 +31,8 @@ from .timeline import Timeline
 __all__ = ["SweepResult", "row_figures", "RESULT_COLUMNS"]
 
 # The figures of a row; every other column is a knob (a configuration axis).
-RESULT_COLUMNS = ("iterations", "iteration_time_s", "exposed_comm_s", "compute_s", "wait_s",
+RESULT_COLUMNS = ("iterations", "iteration_time_s", "exposed_comm_s", "exposed_comm_by_dim",
+                  "compute_s", "wait_s",
                   "slowest_rank", "buckets", "collectives_per_iteration",
                   "comm_bytes_per_iteration", "peak_memory_bytes", "oom", "wall_time_s")
 # Knobs that describe a network rather than name one: shown only through "network".
@@ -171,13 +172,20 @@ class SweepResult(list):
         for k in knobs:
             t.add_column(_SHORT.get(k, k), justify="right", overflow="fold")
         memory = any(r.get("peak_memory_bytes") for r in self)
-        for col in ("iter ms", "exposed", "compute", "wait", "slowest") + \
-                (("peak mem",) if memory else ()):
+        # exposed communication per mesh dimension, where rows have several
+        dims = sorted({d for r in self for d in (r.get("exposed_comm_by_dim") or {})})
+        dims = dims if len(dims) > 1 else []
+        for col in ("iter ms", "exposed", *[f"exp {d}" for d in dims], "compute", "wait",
+                    "slowest") + (("peak mem",) if memory else ()):
             t.add_column(col, justify="right", no_wrap=True)
         for r in self:
+            by_dim = r.get("exposed_comm_by_dim") or {}
             t.add_row(*[_fmt(r.get(k)) for k in knobs],
                       *[f"{r[c] * 1e3:.3f}" if r.get(c) is not None else "-"
-                        for c in ("iteration_time_s", "exposed_comm_s", "compute_s", "wait_s")],
+                        for c in ("iteration_time_s", "exposed_comm_s")],
+                      *[f"{by_dim[d] * 1e3:.3f}" if d in by_dim else "-" for d in dims],
+                      *[f"{r[c] * 1e3:.3f}" if r.get(c) is not None else "-"
+                        for c in ("compute_s", "wait_s")],
                       _fmt(r.get("slowest_rank")),
                       *((_memory(r),) if memory else ()))
         buf = io.StringIO()

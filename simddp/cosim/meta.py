@@ -14,6 +14,11 @@ torch itself does with data on the way is handled here, each for a stated reason
   and copies them back to CPU. On meta nothing arrives, so each rank keeps the indices it
   computed itself — the same on every rank of an SPMD program, which is what rank 0's
   broadcast would have given.
+* **Functional collectives** (``torch.ops._c10d_functional``: what DTensor — tensor
+  parallelism — issues) on meta tensors run their CPU kernel, which issues the collective on
+  the rank's ProcessGroup with the meta tensors as FSDP2's collectives are issued: torch's
+  Meta kernels for them (registered for tracing) return an output and issue nothing, and a
+  capture would see no TP communication. They are never taken from the metadata cache.
 * **FSDP2** (:func:`fsdp_on_meta`): ``fully_shard`` takes its device from the mesh (CPU) and
   refuses to train parameters still on meta. While capturing, FSDP2's device is the meta
   device (its unsharded parameters, all-gather and reduce-scatter buffers are meta; its
@@ -72,6 +77,8 @@ def _cacheable(func: Any) -> Any:
     in-place op returning its first argument), or None (views, aliases, several outputs,
     ``out=`` forms, ops that change metadata)."""
     schema = func._schema
+    if func.namespace in _SIDE_EFFECTS:  # collectives: each call issues one
+        return None
     if func.is_view or len(schema.returns) != 1 or str(schema.returns[0].type) != "Tensor":
         return None
     if func._overloadpacket in _META_CHANGING:
@@ -88,6 +95,12 @@ def _cacheable(func: Any) -> Any:
 
 
 _aten = torch.ops.aten
+# op namespaces whose ops do more than compute an output from their inputs' metadata: torch's
+# functional collectives (DTensor's redistributions) issue a collective on every call
+_SIDE_EFFECTS = frozenset({"_c10d_functional"})
+# their kernel that issues the collective on the rank's ProcessGroup (the Meta kernel torch
+# registers for tracing issues nothing)
+_COLLECTIVE_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _META_CHANGING = {_aten.resize_, _aten.set_, _aten.as_strided_, _aten.copy_,
                   _aten._local_scalar_dense, _aten.resize_as_, _aten.squeeze_,
                   _aten.unsqueeze_, _aten.transpose_, _aten.t_, _aten.swapdims_,
@@ -123,6 +136,8 @@ class MetaDataMode(TorchDispatchMode):
         kwargs = kwargs or {}
         if func is _COPY and args[1].is_meta and not args[0].is_meta:
             return args[0]
+        if func.namespace in _SIDE_EFFECTS:  # see the module docstring
+            return func.redispatch(_COLLECTIVE_KEYS, *args, **kwargs)
         kind = self.kinds.get(func, _UNCACHED)
         if kind is _UNCACHED:
             kind = self.kinds[func] = _cacheable(func)
