@@ -119,8 +119,9 @@ def _grid_flags(p: argparse.ArgumentParser, *, world_default: str | None) -> Non
                         "one, none for presets)")
     g.add_argument("--parallel", action="append", default=None, metavar="SPEC",
                    help="the layout: ddp (default), fsdp, hsdp:S (shard over S ranks, replicate "
-                        "across the rest); one spec per flag, repeat it to compare layouts, "
-                        "e.g. --parallel fsdp --parallel hsdp:8")
+                        "across the rest), either with tp:T (tensor parallelism over T ranks, "
+                        "innermost, e.g. fsdp:32,tp:8); one spec per flag, repeat it to compare "
+                        "layouts, e.g. --parallel fsdp --parallel hsdp:8")
     g.add_argument("--reshard-after-forward", type=_list(_bool), default=None,
                    metavar="BOOLS", help="FSDP2's reshard_after_forward, e.g. true,false "
                                          "(one capture each; default true)")

@@ -159,23 +159,31 @@ class SweepResult(list):
 
     def table(self, width: int | None = None) -> str:
         """A text table (rich) of the varying knobs and the figures in ms (and the peak memory
-        per rank, where rows carry it), ``width`` columns wide (default: ``$COLUMNS``, else
-        80)."""
-        from rich.console import Console
-        from rich.table import Table
-
+        per rank, where rows carry it; the exposed communication per mesh dimension, a column
+        each, where rows have several dimensions and the columns fit), ``width`` columns wide
+        (default: ``$COLUMNS``, else 80)."""
         if width is None:
             width = terminal_width()
         knobs = ["world_size"] + self.varying()
+        dims = sorted({d for r in self for d in (r.get("exposed_comm_by_dim") or {})})
+        if len(dims) > 1:
+            wide, needs = self._table(knobs, dims, width)
+            if needs <= width:
+                return wide
+        return self._table(knobs, [], width)[0]
+
+    def _table(self, knobs: list[str], dims: list[str], width: int) -> tuple[str, int]:
+        """The table's text, and the width it needs to show every cell unfolded."""
+        from rich.console import Console
+        from rich.table import Table
+
         t = Table(title=self.title, box=None, pad_edge=False, padding=(0, 1),
                   header_style="bold")
         for k in knobs:
-            t.add_column(_SHORT.get(k, k), justify="right", overflow="fold")
+            t.add_column(_SHORT.get(k, k), justify="right", overflow="fold",
+                         min_width=len(_SHORT[k]) if k == "world_size" else None)
         memory = any(r.get("peak_memory_bytes") for r in self)
-        # exposed communication per mesh dimension, where rows have several
-        dims = sorted({d for r in self for d in (r.get("exposed_comm_by_dim") or {})})
-        dims = dims if len(dims) > 1 else []
-        for col in ("iter ms", "exposed", *[f"exp {d}" for d in dims], "compute", "wait",
+        for col in ("iter ms", "exposed", *dims, "compute", "wait",
                     "slowest") + (("peak mem",) if memory else ()):
             t.add_column(col, justify="right", no_wrap=True)
         for r in self:
@@ -189,9 +197,11 @@ class SweepResult(list):
                       _fmt(r.get("slowest_rank")),
                       *((_memory(r),) if memory else ()))
         buf = io.StringIO()
-        Console(file=buf, width=width, color_system=None, force_terminal=False,
-                soft_wrap=False).print(t)
-        return buf.getvalue()
+        console = Console(file=buf, width=width, color_system=None, force_terminal=False,
+                          soft_wrap=False)
+        console.print(t)
+        return buf.getvalue(), console.measure(t, options=console.options.update(
+            width=10_000)).maximum
 
     def __str__(self) -> str:
         return self.table()
