@@ -13,12 +13,9 @@ co-simulated step. ``T = 1`` is the FSDP2-only capture beside it, for the ratio.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
 
-from bench_capture_realsize import _LAUNCHER
+from bench_capture_realsize import run_child
 
 _CHILD = r"""
 import json, sys, time
@@ -38,15 +35,6 @@ print(json.dumps({"wall": wall, "cpu": cpu, "tp_collectives": tp_events,
 """
 
 
-def _run(name: str, tp: int, seq: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", _LAUNCHER, _CHILD, name, str(tp), str(seq)],
-                         capture_output=True, text=True,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    if out.returncode:
-        raise SystemExit(f"capture {name} tp={tp} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="llama3-8b")
@@ -58,7 +46,7 @@ def main() -> None:
     for name in a.models.split(","):
         base = None
         for tp in (int(t) for t in a.tp.split(",")):
-            r = _run(name, tp, a.seq_len)
+            r = run_child(_CHILD, name, str(tp), str(a.seq_len))
             base = base or r["wall"]
             print(f"{name:<12} {tp:>3} {2 * tp:>5} {r['wall']:>8.1f} {r['cpu']:>6.1f} "
                   f"{r['rss_mb']:>11} {r['tp_collectives']:>8} {r['tp_param_gb']:>10.2f} "

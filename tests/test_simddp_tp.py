@@ -138,9 +138,20 @@ def test_fsdp_tp_trains_like_one_process_on_the_data_parallel_ranks_batches():
         opt.step()
         for d in range(2):
             for t in range(2):
-                assert out[2 * d + t][0][i] == pytest.approx(float(losses[d]), rel=1e-5)
+                assert out[2 * d + t][0][i] == pytest.approx(losses[d].item(), rel=1e-5)
     for name, p in ref.named_parameters():
         torch.testing.assert_close(out[0][1][name], p.detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_hsdp_with_tp_all_reduces_shards_across_replicas_and_replays_at_scale():
+    cap = capture_fsdp(zoo.get("llama3-tiny"), 8, timing=TIMING,
+                       mesh={"replicate": 2, "shard": 2, "tp": 2})
+    bwd = cap.profiles[0]["backward"]["events"]
+    assert {e["scope"] for e in bwd} == {"replicate", "shard", "tp"}
+    assert all(e["op"] == "all_reduce" for e in bwd if e["scope"] == "replicate")
+    res = replay(cap, 64, parallel="hsdp:4,tp:2", progress=False)
+    assert res.parallel == "hsdp:8x4,tp:2"
+    assert set(res.exposed_comm_by_dim) == {"replicate", "shard", "tp"}
 
 
 def test_memory_per_rank_falls_with_the_tp_degree(caps):
