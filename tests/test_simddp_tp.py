@@ -247,3 +247,16 @@ def test_whatif_cli_replays_fsdp_with_tp_and_writes_rows_with_the_mesh(tmp_path)
                           "--parallel", "ddp:4,tp:2", "--world-size", "8", "--no-progress"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "FSDP2" in bad.stderr
+
+
+def test_a_real_size_llama_with_tp_is_captured_on_the_meta_device():
+    cap = capture_fsdp(zoo.get("llama3-8b", seq_len=256), 4, timing=TIMING,
+                       mesh={"shard": 2, "tp": 2}, device="meta")
+    params, norms = 8_030_261_248, (2 * 32 + 1) * 4096  # norm weights stay replicated
+    assert cap.param_bytes == params * 4
+    assert cap.tp_param_bytes == ((params - norms) // 2 + norms) * 4
+    fwd = _tp_ops(cap, "forward")
+    assert fwd == {_AG: 2 * 32 + 2, _RS: 2 * 32 + 1}
+    res = replay(cap, 256, progress=False)  # fsdp:128,tp:2
+    assert res.memory["parameters"] >= cap.tp_param_bytes // 128
+    assert res.exposed_comm_by_dim["tp"] > 0
