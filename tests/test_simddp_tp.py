@@ -152,6 +152,12 @@ def test_hsdp_with_tp_all_reduces_shards_across_replicas_and_replays_at_scale():
     res = replay(cap, 64, parallel="hsdp:4,tp:2", progress=False)
     assert res.parallel == "hsdp:8x4,tp:2"
     assert set(res.exposed_comm_by_dim) == {"replicate", "shard", "tp"}
+    # at real size HSDP runs on the meta device too (FSDP2's all-reduce event there)
+    meta = capture_fsdp(zoo.get("llama3-tiny"), 8, timing=TIMING,
+                        mesh={"replicate": 2, "shard": 2, "tp": 2}, device="meta")
+    shape = lambda c: [(e["op"], e["scope"], e["bytes"])  # noqa: E731
+                       for ph in c.profiles[0].values() for e in ph["events"]]
+    assert shape(meta) == shape(cap)
 
 
 def test_memory_per_rank_falls_with_the_tp_degree(caps):

@@ -187,10 +187,39 @@ def beneath_clock(mode: TorchDispatchMode) -> Iterator[None]:
 _FSDP = "torch.distributed.fsdp._fully_shard."
 
 
+class _MetaStream(torch.cpu.Stream):
+    """CPU's no-op stream whose ``record_event`` gives a (no-op) event, as a device stream's
+    does: FSDP2 expects one on a non-CPU device (HSDP's all-reduce event)."""
+
+    def record_event(self, event: Any = None) -> Any:  # type: ignore[override]
+        return torch.cpu.Event() if event is None else event
+
+
+class _MetaDeviceHandle:
+    """``torch.cpu`` with :class:`_MetaStream` streams: what FSDP2 uses as the meta device's
+    ``torch.<device_type>`` module."""
+
+    Stream = _MetaStream
+
+    def __init__(self) -> None:
+        self._stream = _MetaStream()
+
+    def current_stream(self, device: Any = None) -> _MetaStream:
+        return self._stream
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch.cpu, name)
+
+
+_META_HANDLE = _MetaDeviceHandle()
+
+
 def _meta_device_handle(device_type: str = "cuda") -> Any:
     # FSDP2 asks torch.<device_type> for streams and events; the meta device has none, and
     # CPU's are no-ops: the order of the program is the order of its ops.
-    return torch.cpu if device_type in ("meta", "cpu") else getattr(torch, device_type, None)
+    if device_type == "meta":
+        return _META_HANDLE
+    return torch.cpu if device_type == "cpu" else getattr(torch, device_type, None)
 
 
 @contextlib.contextmanager
