@@ -194,6 +194,11 @@ def test_a_tp_capture_round_trips_through_json_and_replays_identically(caps, tmp
     assert a.iteration_times == b.iteration_times and a.memory == b.memory
 
 
+def test_the_same_tp_capture_twice_is_bitwise_identical(caps):
+    again = capture_fsdp(zoo.get("llama3-tiny"), 4, timing=TIMING, mesh={"shard": 2, "tp": 2})
+    assert again.to_json() == caps["fsdp-tp"].to_json()
+
+
 def test_replaying_another_tp_degree_or_ddp_with_tp_is_refused_with_the_reason(caps):
     with pytest.raises(ValueError, match="capture the TP degree you replay"):
         replay(caps["fsdp-tp"], 8, parallel="fsdp,tp:4")
