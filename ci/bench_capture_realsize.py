@@ -52,13 +52,18 @@ print(line[:-1] + ("," if line != "{}" else "") +
 """
 
 
-def _run(name: str, parallel: str, ws: int, seq: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", _LAUNCHER, _CHILD, name, parallel, str(ws),
-                          str(seq)], capture_output=True, text=True,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+def run_child(child: str, *args: str) -> dict:
+    """Run ``child`` (Python source printing one JSON object last) with ``args`` in a fresh
+    interpreter from the repository root; its JSON with the peak RSS (``rss_mb``) added."""
+    out = subprocess.run([sys.executable, "-c", _LAUNCHER, child, *args], capture_output=True,
+                         text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if out.returncode:
-        raise SystemExit(f"capture {name} {parallel} x{ws} failed:\n{out.stderr[-3000:]}")
+        raise SystemExit(f"capture {' '.join(args)} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _run(name: str, parallel: str, ws: int, seq: int) -> dict:
+    return run_child(_CHILD, name, parallel, str(ws), str(seq))
 
 
 def main() -> None:

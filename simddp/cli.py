@@ -119,7 +119,8 @@ def _grid_flags(p: argparse.ArgumentParser, *, world_default: str | None) -> Non
                         "one, none for presets)")
     g.add_argument("--parallel", action="append", default=None, metavar="SPEC",
                    help="the layout: ddp (default), fsdp, hsdp:S (shard over S ranks, replicate "
-                        "across the rest), with tp:T and pp:P, e.g. fsdp:32,tp:8 or "
+                        "across the rest), with tp:T (tensor parallelism over T ranks, innermost) "
+                        "and pp:P (pipeline stages, outermost), e.g. fsdp:32,tp:8 or "
                         "pp:4,fsdp:16,tp:8; one spec per flag, repeat it to compare layouts")
     g.add_argument("--reshard-after-forward", type=_list(_bool), default=None,
                    metavar="BOOLS", help="FSDP2's reshard_after_forward, e.g. true,false "

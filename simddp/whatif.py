@@ -292,9 +292,11 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
     file's measured one), None to drop it, or one for every network.
 
     ``parallel``: layouts (:class:`~simddp.program.parallel.Parallel` specs, e.g. ``"ddp"``,
-    ``"fsdp"``, ``"hsdp:8"``; default DDP). Each FSDP2 layout is captured with torch's real
-    ``fully_shard`` once per ``reshard_after_forward`` value (and ``param_dtype`` /
-    ``reduce_dtype``, its ``MixedPrecisionPolicy``), then replayed at every world size; a world
+    ``"fsdp"``, ``"hsdp:8"``, ``"fsdp:32,tp:8"``; default DDP); with ``tp:T`` the capture
+    runs torchtitan's TP plan over T ranks under FSDP2 (2 × T fake ranks, 4 × T for HSDP).
+    Each FSDP2 layout is captured with torch's real ``fully_shard`` once per
+    ``reshard_after_forward`` value (and ``param_dtype`` / ``reduce_dtype``, its
+    ``MixedPrecisionPolicy``), then replayed at every world size; a world
     size the layout does not divide is left out (``status`` says so). ``gpu_memory_gb``: the
     device memory for each row's OOM verdict (default: the ``gpu`` preset's).
     ``activation_checkpointing``: FSDP2 layouts run every block under torch's

@@ -51,7 +51,7 @@ def _from_functional_collectives() -> bool:
     _functional_collectives``: ``torch.ops._c10d_functional``, what DTensor issues), whose
     caller waits with ``wait_tensor`` in C++."""
     f = sys._getframe(2)
-    for _ in range(12):  # the wrapper sits a few frames above the ProcessGroup method
+    for _ in range(24):  # the wrapper sits a few frames above the ProcessGroup method
         if f is None:
             return False
         if f.f_code.co_filename.endswith(_FUNCOL_FILE):

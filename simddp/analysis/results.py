@@ -151,7 +151,7 @@ class ReplayResult(RunResult):
 
     def row(self) -> dict[str, Any]:
         """One flat row for a sweep table: knobs, then results."""
-        return {**self.knobs, "parallel": self.parallel or self.knobs.get("parallel"),
+        return {**self.knobs, "parallel": self.knobs.get("parallel") or self.parallel,
                 "world_size": self.world_size, "iterations": self.iterations,
                 "iteration_time_s": self.iteration_time,
                 "exposed_comm_s": self.mean_exposed_comm,

@@ -31,7 +31,8 @@ from .timeline import Timeline
 __all__ = ["SweepResult", "row_figures", "RESULT_COLUMNS"]
 
 # The figures of a row; every other column is a knob (a configuration axis).
-RESULT_COLUMNS = ("iterations", "iteration_time_s", "exposed_comm_s", "compute_s", "wait_s",
+RESULT_COLUMNS = ("iterations", "iteration_time_s", "exposed_comm_s", "exposed_comm_by_dim",
+                  "compute_s", "wait_s",
                   "slowest_rank", "buckets", "collectives_per_iteration",
                   "comm_bytes_per_iteration", "peak_memory_bytes", "oom", "wall_time_s")
 # Knobs that describe a network rather than name one: shown only through "network".
@@ -158,32 +159,49 @@ class SweepResult(list):
 
     def table(self, width: int | None = None) -> str:
         """A text table (rich) of the varying knobs and the figures in ms (and the peak memory
-        per rank, where rows carry it), ``width`` columns wide (default: ``$COLUMNS``, else
-        80)."""
-        from rich.console import Console
-        from rich.table import Table
-
+        per rank, where rows carry it; the exposed communication per mesh dimension, a column
+        each, where rows have several dimensions and the columns fit), ``width`` columns wide
+        (default: ``$COLUMNS``, else 80)."""
         if width is None:
             width = terminal_width()
         knobs = ["world_size"] + self.varying()
+        dims = sorted({d for r in self for d in (r.get("exposed_comm_by_dim") or {})})
+        if len(dims) > 1:
+            wide, needs = self._table(knobs, dims, width)
+            if needs <= width:
+                return wide
+        return self._table(knobs, [], width)[0]
+
+    def _table(self, knobs: list[str], dims: list[str], width: int) -> tuple[str, int]:
+        """The table's text, and the width it needs to show every cell unfolded."""
+        from rich.console import Console
+        from rich.table import Table
+
         t = Table(title=self.title, box=None, pad_edge=False, padding=(0, 1),
                   header_style="bold")
         for k in knobs:
-            t.add_column(_SHORT.get(k, k), justify="right", overflow="fold")
+            t.add_column(_SHORT.get(k, k), justify="right", overflow="fold",
+                         min_width=len(_SHORT[k]) if k == "world_size" else None)
         memory = any(r.get("peak_memory_bytes") for r in self)
-        for col in ("iter ms", "exposed", "compute", "wait", "slowest") + \
-                (("peak mem",) if memory else ()):
+        for col in ("iter ms", "exposed", *dims, "compute", "wait",
+                    "slowest") + (("peak mem",) if memory else ()):
             t.add_column(col, justify="right", no_wrap=True)
         for r in self:
+            by_dim = r.get("exposed_comm_by_dim") or {}
             t.add_row(*[_fmt(r.get(k)) for k in knobs],
                       *[f"{r[c] * 1e3:.3f}" if r.get(c) is not None else "-"
-                        for c in ("iteration_time_s", "exposed_comm_s", "compute_s", "wait_s")],
+                        for c in ("iteration_time_s", "exposed_comm_s")],
+                      *[f"{by_dim[d] * 1e3:.3f}" if d in by_dim else "-" for d in dims],
+                      *[f"{r[c] * 1e3:.3f}" if r.get(c) is not None else "-"
+                        for c in ("compute_s", "wait_s")],
                       _fmt(r.get("slowest_rank")),
                       *((_memory(r),) if memory else ()))
         buf = io.StringIO()
-        Console(file=buf, width=width, color_system=None, force_terminal=False,
-                soft_wrap=False).print(t)
-        return buf.getvalue()
+        console = Console(file=buf, width=width, color_system=None, force_terminal=False,
+                          soft_wrap=False)
+        console.print(t)
+        return buf.getvalue(), console.measure(t, options=console.options.update(
+            width=10_000)).maximum
 
     def __str__(self) -> str:
         return self.table()

@@ -4,15 +4,16 @@ virtual time, recorded per rank for the FSDP planner (:mod:`simddp.program.fsdp`
 :func:`capture_fsdp` builds the scenario's model, applies ``fully_shard`` to each block (the
 elements of its first ``nn.ModuleList``, else each child that holds parameters) and to the
 root — as torchtitan does — on a 1-D (FSDP) or 2-D (HSDP: replicate × shard) ``DeviceMesh``,
-or, with tensor parallelism, on the data-parallel submesh of a mesh with an innermost ``"tp"``
-dimension after torchtitan's TP plan (:func:`~simddp.cosim.tensor_parallel.
-apply_tensor_parallel`) has sharded the model over ``mesh["tp"]`` (the ranks of a TP group see
-the same batch). It trains ``iterations`` steps with the scenario's optimizer and records the last one: per rank
-and phase (forward, backward, optimizer) the compute (waits excluded) and every collective
-FSDP2 issued, in issue order, at its compute offset, with where the rank waited for it and
-on which mesh dimension it ran (``"tp"`` for DTensor's). It also measures what memory needs: the parameters' bytes,
-the parameters' bytes per TP rank, the optimizer state per rank, and the activations autograd saved for backward (a
-``saved_tensors_hooks`` count of non-parameter storages).
+or, with tensor parallelism, on the data-parallel submesh of a mesh with an innermost
+``"tp"`` dimension, after torchtitan's TP plan
+(:func:`~simddp.cosim.tensor_parallel.apply_tensor_parallel`) has sharded the model over
+``mesh["tp"]`` (the ranks of a TP group see the same batch). It trains ``iterations`` steps
+with the scenario's optimizer and records the last one: per rank and phase (forward,
+backward, optimizer) the compute (waits excluded) and every collective issued, in issue
+order, at its compute offset, with where the rank waited for it and on which mesh dimension
+it ran (``"tp"`` for DTensor's). It also measures what memory needs: the parameters' bytes
+(whole, and per TP rank), the optimizer state per rank, and the activations autograd saved
+for backward (a ``saved_tensors_hooks`` count of non-parameter storages).
 """
 
 from __future__ import annotations

@@ -57,6 +57,30 @@ def classify(compute: Any, func: Any) -> Any:
     return _CALL
 
 
+_SUBCLASS_KIND: dict[tuple, str] = {}  # the ``types`` of an op's tensor subclasses -> kind
+
+
+def _subclass_kind(types: tuple) -> str:
+    """How the clock treats an op on tensor subclasses: ``"fake"`` (a FakeTensor: shape
+    propagation, e.g. DTensor's sharding propagator — no device work, not charged), ``"wrapper"``
+    (a wrapper subclass such as DTensor or funcol's AsyncCollectiveTensor, whose shapes are
+    global: the clock declines it and charges the ops on the local tensors its
+    ``__torch_dispatch__`` runs), else ``"plain"``."""
+    kind = _SUBCLASS_KIND.get(types)
+    if kind is None:
+        from torch._subclasses.fake_tensor import FakeTensor
+        from torch.utils._python_dispatch import is_traceable_wrapper_subclass_type
+
+        if any(issubclass(t, FakeTensor) for t in types):
+            kind = "fake"
+        elif any(is_traceable_wrapper_subclass_type(t) for t in types):
+            kind = "wrapper"
+        else:
+            kind = "plain"
+        _SUBCLASS_KIND[types] = kind
+    return kind
+
+
 class ClockMode(TorchDispatchMode):
     """Charges every aten op to its rank's virtual clock. Kept lean: it runs for every op."""
 
@@ -69,6 +93,12 @@ class ClockMode(TorchDispatchMode):
         self.r = r
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if types:  # tensor subclasses (DTensor: FSDP2's sharded parameters, TP)
+            kind = _subclass_kind(tuple(types))
+            if kind == "wrapper":
+                return NotImplemented
+            if kind == "fake":
+                return func(*args, **(kwargs or {}))
         r = self.r
         side = r.access(func, args, kwargs or _EMPTY) if r.watched else None
         op = func._op  # the C++ operator: hashed in C (OpOverload.__hash__ is Python)

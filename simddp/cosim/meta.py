@@ -14,6 +14,11 @@ torch itself does with data on the way is handled here, each for a stated reason
   and copies them back to CPU. On meta nothing arrives, so each rank keeps the indices it
   computed itself — the same on every rank of an SPMD program, which is what rank 0's
   broadcast would have given.
+* **Functional collectives** (``torch.ops._c10d_functional``: what DTensor — tensor
+  parallelism — issues) on meta tensors run their CPU kernel, which issues the collective on
+  the rank's ProcessGroup with the meta tensors as FSDP2's collectives are issued: torch's
+  Meta kernels for them (registered for tracing) return an output and issue nothing, and a
+  capture would see no TP communication. They are never taken from the metadata cache.
 * **FSDP2** (:func:`fsdp_on_meta`): ``fully_shard`` takes its device from the mesh (CPU) and
   refuses to train parameters still on meta. While capturing, FSDP2's device is the meta
   device (its unsharded parameters, all-gather and reduce-scatter buffers are meta; its
@@ -79,6 +84,8 @@ def _cacheable(func: Any) -> Any:
     in-place op returning its first argument), or None (views, aliases, several outputs,
     ``out=`` forms, ops that change metadata)."""
     schema = func._schema
+    if func.namespace in _SIDE_EFFECTS:  # collectives: each call issues one
+        return None
     if func.is_view or len(schema.returns) != 1 or str(schema.returns[0].type) != "Tensor":
         return None
     if func._overloadpacket in _META_CHANGING:
@@ -95,6 +102,12 @@ def _cacheable(func: Any) -> Any:
 
 
 _aten = torch.ops.aten
+# op namespaces whose ops do more than compute an output from their inputs' metadata: torch's
+# functional collectives (DTensor's redistributions) issue a collective on every call
+_SIDE_EFFECTS = frozenset({"_c10d_functional"})
+# their kernel that issues the collective on the rank's ProcessGroup (the Meta kernel torch
+# registers for tracing issues nothing)
+_COLLECTIVE_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _META_CHANGING = {_aten.resize_, _aten.set_, _aten.as_strided_, _aten.copy_,
                   _aten._local_scalar_dense, _aten.resize_as_, _aten.squeeze_,
                   _aten.unsqueeze_, _aten.transpose_, _aten.t_, _aten.swapdims_,
@@ -130,6 +143,8 @@ class MetaDataMode(TorchDispatchMode):
         kwargs = kwargs or {}
         if func is _COPY and args[1].is_meta and not args[0].is_meta:
             return args[0]
+        if func.namespace in _SIDE_EFFECTS:  # see the module docstring
+            return func.redispatch(_COLLECTIVE_KEYS, *args, **kwargs)
         kind = self.kinds.get(func, _UNCACHED)
         if kind is _UNCACHED:
             kind = self.kinds[func] = _cacheable(func)
@@ -179,10 +194,39 @@ def beneath_clock(mode: TorchDispatchMode) -> Iterator[None]:
 _FSDP = "torch.distributed.fsdp._fully_shard."
 
 
+class _MetaStream(torch.cpu.Stream):
+    """CPU's no-op stream whose ``record_event`` gives a (no-op) event, as a device stream's
+    does: FSDP2 expects one on a non-CPU device (HSDP's all-reduce event)."""
+
+    def record_event(self, event: Any = None) -> Any:  # type: ignore[override]
+        return torch.cpu.Event() if event is None else event
+
+
+class _MetaDeviceHandle:
+    """``torch.cpu`` with :class:`_MetaStream` streams: what FSDP2 uses as the meta device's
+    ``torch.<device_type>`` module."""
+
+    Stream = _MetaStream
+
+    def __init__(self) -> None:
+        self._stream = _MetaStream()
+
+    def current_stream(self, device: Any = None) -> _MetaStream:
+        return self._stream
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch.cpu, name)
+
+
+_META_HANDLE = _MetaDeviceHandle()
+
+
 def _meta_device_handle(device_type: str = "cuda") -> Any:
     # FSDP2 asks torch.<device_type> for streams and events; the meta device has none, and
     # CPU's are no-ops: the order of the program is the order of its ops.
-    return torch.cpu if device_type in ("meta", "cpu") else getattr(torch, device_type, None)
+    if device_type == "meta":
+        return _META_HANDLE
+    return torch.cpu if device_type == "cpu" else getattr(torch, device_type, None)
 
 
 @contextlib.contextmanager

@@ -30,8 +30,8 @@ nccl-tests counts); an HSDP all-reduce carries one shard, so it scales with 1 / 
 Compute: forward and backward are the capture's (the local batch is the same at any world
 size); the optimizer updates the local shard, so its time scales with 1 / shard size.
 
-Memory per rank (program order; under TP, parameters are the TP rank's — the capture's
-``tp_param_bytes`` — before FSDP2 shards them; the caching allocator's reuse is not modelled): sharded
+Memory per rank (program order; the caching allocator's reuse is not modelled; under TP the
+parameters are the TP rank's, the capture's ``tp_param_bytes``, before FSDP2 shards them): sharded
 parameters and optimizer state from the start; each unit's unsharded parameters from its
 all-gather until FSDP2 reshards them (after its forward when ``reshard_after_forward`` — the
 units the capture all-gathers again in backward — else after its backward); activations (what
