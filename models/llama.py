@@ -43,6 +43,10 @@ class LlamaArgs:
     rope_theta: float = 500000.0
     max_seq_len: int = 8192  # rotary tables are built for this many positions
     tie_embeddings: bool = False  # output head shares the token embedding's weight
+    # "reference": attention written out (matmul, causal mask, fp32 softmax, matmul), as Meta's
+    # reference model; "sdpa": F.scaled_dot_product_attention, one fused kernel (flash
+    # attention on a GPU and on CPU), as torchtitan trains
+    attention: str = "reference"
 
     def __post_init__(self) -> None:
         for name in ("dim", "n_layers", "n_heads", "vocab_size", "multiple_of", "max_seq_len"):
@@ -52,6 +56,9 @@ class LlamaArgs:
         if self.dim % self.n_heads:
             raise ValueError(f"LlamaArgs: dim {self.dim} is not divisible by n_heads "
                              f"{self.n_heads}")
+        if self.attention not in ("reference", "sdpa"):
+            raise ValueError(f"LlamaArgs.attention must be 'reference' or 'sdpa', got "
+                             f"{self.attention!r}")
         if self.head_dim % 2:
             raise ValueError(f"LlamaArgs: head_dim {self.head_dim} must be even for rotary "
                              f"embeddings")
@@ -137,6 +144,7 @@ class Attention(nn.Module):
     def __init__(self, args: LlamaArgs) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.kv_heads, args.head_dim
+        self.fused = args.attention == "sdpa"
         self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
         self.wk = nn.Linear(args.dim, self.n_kv_heads * args.head_dim, bias=False)
         self.wv = nn.Linear(args.dim, self.n_kv_heads * args.head_dim, bias=False)
@@ -154,9 +162,13 @@ class Attention(nn.Module):
             k = k.repeat_interleave(rep, dim=2)
             v = v.repeat_interleave(rep, dim=2)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.head_dim) + mask
-        probs = F.softmax(scores.float(), dim=-1).type_as(q)
-        out = torch.matmul(probs, v).transpose(1, 2).reshape(b, s, -1)
+        if self.fused:  # one kernel: the s × s scores never reach memory
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            out = out.transpose(1, 2).reshape(b, s, -1)
+        else:
+            scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.head_dim) + mask
+            probs = F.softmax(scores.float(), dim=-1).type_as(q)
+            out = torch.matmul(probs, v).transpose(1, 2).reshape(b, s, -1)
         return self.wo(out)
 
 

@@ -6,6 +6,7 @@ costs seconds on a CPU. :func:`fakepg.zoo.get` reaches both.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -99,8 +100,10 @@ def resnet101(batch_size: int = 32, image_size: int = 224, iterations: int = 3, 
 
 
 def _llama3(size: str, batch_size: int, seq_len: int, iterations: int, seed: int,
-            bucket_cap_mb: float | None) -> Scenario:
-    args = llama.LLAMA3_CONFIGS[size]
+            bucket_cap_mb: float | None, attention: str = "sdpa") -> Scenario:
+    # torchtitan trains with F.scaled_dot_product_attention (a fused kernel); "reference" is
+    # Meta's written-out attention (LlamaArgs.attention)
+    args = dataclasses.replace(llama.LLAMA3_CONFIGS[size], attention=attention)
     if not 1 <= seq_len <= args.max_seq_len:
         raise ValueError(f"llama3-{size}: seq_len must be in 1..{args.max_seq_len}, got {seq_len}")
     return Scenario(
@@ -124,32 +127,38 @@ def _llama3(size: str, batch_size: int, seq_len: int, iterations: int, seed: int
 # 8192 tokens. These sizes are meant for capture on the meta device (simddp's
 # capture_workload): a real 8B step needs ~130 GB of CPU memory.
 def llama3_8b(batch_size: int = 1, seq_len: int = 8192, iterations: int = 3, seed: int = 0,
-              bucket_cap_mb: float | None = None) -> Scenario:
+              bucket_cap_mb: float | None = None,
+              attention: str = "sdpa") -> Scenario:
     """Llama 3 8B (8,030,261,248 parameters; :data:`llama.LLAMA3_8B`) on random token
-    sequences, AdamW. In ``WORKLOADS`` as ``llama3-8b``."""
-    return _llama3("8b", batch_size, seq_len, iterations, seed, bucket_cap_mb)
+    sequences, AdamW, attention as one fused kernel (``F.scaled_dot_product_attention``, as
+    torchtitan trains; ``attention="reference"``: Meta's written-out attention). In
+    ``WORKLOADS`` as ``llama3-8b``."""
+    return _llama3("8b", batch_size, seq_len, iterations, seed, bucket_cap_mb, attention)
 
 
 def llama3_70b(batch_size: int = 1, seq_len: int = 8192, iterations: int = 3, seed: int = 0,
-               bucket_cap_mb: float | None = None) -> Scenario:
+               bucket_cap_mb: float | None = None,
+               attention: str = "sdpa") -> Scenario:
     """Llama 3 70B (70,553,706,496 parameters; :data:`llama.LLAMA3_70B`), as
     :func:`llama3_8b`. In ``WORKLOADS`` as ``llama3-70b``."""
-    return _llama3("70b", batch_size, seq_len, iterations, seed, bucket_cap_mb)
+    return _llama3("70b", batch_size, seq_len, iterations, seed, bucket_cap_mb, attention)
 
 
 def llama3_405b(batch_size: int = 1, seq_len: int = 8192, iterations: int = 3, seed: int = 0,
-                bucket_cap_mb: float | None = None) -> Scenario:
+                bucket_cap_mb: float | None = None,
+                attention: str = "sdpa") -> Scenario:
     """Llama 3.1 405B (405,853,388,800 parameters; :data:`llama.LLAMA3_405B`), as
     :func:`llama3_8b`: for pipeline and tensor parallel what-ifs. In ``WORKLOADS`` as
     ``llama3-405b``."""
-    return _llama3("405b", batch_size, seq_len, iterations, seed, bucket_cap_mb)
+    return _llama3("405b", batch_size, seq_len, iterations, seed, bucket_cap_mb, attention)
 
 
 def llama3_tiny(batch_size: int = 2, seq_len: int = 32, iterations: int = 3, seed: int = 0,
-                bucket_cap_mb: float | None = None) -> Scenario:
+                bucket_cap_mb: float | None = None,
+                attention: str = "sdpa") -> Scenario:
     """The Llama 3 architecture at test size (:data:`llama.LLAMA3_TINY`): trains on CPU in
     milliseconds. In ``WORKLOADS`` as ``llama3-tiny``."""
-    return _llama3("tiny", batch_size, seq_len, iterations, seed, bucket_cap_mb)
+    return _llama3("tiny", batch_size, seq_len, iterations, seed, bucket_cap_mb, attention)
 
 
 def resnext101_32x4d(batch_size: int = 32, image_size: int = 224, iterations: int = 3,

@@ -28,6 +28,12 @@ torch itself does with data on the way is handled here, each for a stated reason
   device, and reads the result with ``.item()``. While capturing, the vote runs on CPU tensors
   (the same sends and receives, with data): it is control, not model data.
 
+* **Fused attention** (:class:`FusedAttentionOnMeta`): ``F.scaled_dot_product_attention``
+  on meta tensors would decompose into its math (the ``s × s`` scores in memory, as the
+  written-out reference attention); on CPU and on a GPU it runs one fused kernel. On meta it
+  runs the kernel CPU dispatches to (``aten._scaled_dot_product_flash_attention_for_cpu``,
+  whose meta kernels torch registers), so a capture costs the same op on both devices.
+
 Not supported on meta: ``find_unused_parameters`` (the Reducer copies its used-parameter map
 to CPU and reads it), and anything the program itself reads from data (``.item()``,
 ``.tolist()``, printing values).
@@ -40,9 +46,10 @@ import importlib
 from typing import Any, Callable, Iterator, TypeVar
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["MetaDataMode", "beneath_clock", "fsdp_on_meta", "pipelining_on_meta", "meta_scope",
+__all__ = ["MetaDataMode", "FusedAttentionOnMeta", "beneath_clock", "fsdp_on_meta", "pipelining_on_meta", "meta_scope",
            "in_meta_scope",
            "DEVICES"]
 
@@ -166,6 +173,28 @@ class MetaDataMode(TorchDispatchMode):
         if isinstance(out, _Tensor) and out.is_meta and (kind == "new" or out is args[0]):
             self.cache[key] = (out.shape, out.stride(), out.dtype)
         return out
+
+
+class FusedAttentionOnMeta(TorchFunctionMode):
+    """``F.scaled_dot_product_attention`` on plain meta tensors (no mask, no dropout) as the
+    fused kernel CPU runs, with its autograd (see the module docstring); elsewhere as is."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention and \
+                _fusable(*args, **kwargs):
+            q, k, v = args[:3]
+            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q, k, v, 0.0, bool(kwargs.get("is_causal", False)),
+                scale=kwargs.get("scale"))[0]
+        return func(*args, **kwargs)
+
+
+def _fusable(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0,
+             is_causal: bool = False, scale: Any = None, enable_gqa: bool = False) -> bool:
+    return (attn_mask is None and not dropout_p and not enable_gqa
+            and all(type(t) in _PLAIN and t.is_meta for t in (q, k, v))
+            and q.shape[1] == k.shape[1])
 
 
 @contextlib.contextmanager
@@ -299,5 +328,8 @@ def meta_scope(device: str, cache: dict) -> contextlib.AbstractContextManager:
     output metadata cached beneath its clock (:class:`MetaDataMode`, ``cache`` shared by the
     ranks); elsewhere nothing."""
     if device == "meta":
-        return beneath_clock(MetaDataMode(cache))
+        stack = contextlib.ExitStack()
+        stack.enter_context(FusedAttentionOnMeta())
+        stack.enter_context(beneath_clock(MetaDataMode(cache)))
+        return stack
     return contextlib.nullcontext()

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.flop_counter import flop_registry, shape_wrapper
+from torch.utils.flop_counter import (flop_registry, sdpa_backward_flop_count, sdpa_flop_count,
+                                      shape_wrapper)
 
 from fakepg.arguments import number
 
@@ -122,13 +123,35 @@ def _shapes(x: Any) -> Any:
     return x
 
 
+def _causal(flops: int, causal: bool) -> float:
+    return flops / 2 if causal else flops  # a fused causal kernel skips the masked half
+
+
+# CPU's fused attention kernels (what F.scaled_dot_product_attention runs on CPU, and on the
+# meta device in a capture: simddp.cosim.meta), costed as torch's formulas cost the GPU's
+_EXTRA_FORMULAS = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu:
+        lambda args, kwargs, out: _causal(sdpa_flop_count(
+            args[0].shape, args[1].shape, args[2].shape),
+            bool(args[4] if len(args) > 4 else kwargs.get("is_causal", False))),
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward:
+        lambda args, kwargs, out: _causal(sdpa_backward_flop_count(
+            args[0].shape, args[1].shape, args[2].shape, args[3].shape),
+            bool(args[7] if len(args) > 7 else kwargs.get("is_causal", False))),
+}
+
+
 def _flop_formula(func: Any) -> Any:
     """FlopCounterMode's formula for func as f(args, kwargs, out) -> FLOPs, or None.
 
     Most formulas are wrapped by flop_counter.shape_wrapper, whose pytree walk costs ~10 µs a
     call; we call the formula underneath with shapes we extract ourselves (~1 µs).
     """
-    formula = flop_registry.get(getattr(func, "_overloadpacket", None))
+    packet = getattr(func, "_overloadpacket", None)
+    extra = _EXTRA_FORMULAS.get(packet)
+    if extra is not None:
+        return extra
+    formula = flop_registry.get(packet)
     if formula is None:
         return None
     raw = getattr(formula, "__wrapped__", None)
