@@ -23,7 +23,7 @@ from fakepg.arguments import integer
 from ..models import Network
 from ..timing import Timing
 from ..program.captured import CapturedIteration, ParamInfo, RankProfile, parse_indices
-from .meta import DEVICES, fsdp_on_meta, meta_scope
+from .meta import DEVICES, fsdp_on_meta, fused_attention, meta_scope
 from .simulate import Observer, SimResult, now, simulate
 
 __all__ = ["capture", "capture_workload", "PARALLEL"]
@@ -122,7 +122,7 @@ def activation_bytes(scenario: Any, device: str = "cpu", dtype: torch.dtype | No
             def post(mod: Any, args: Any, out: Any) -> None:
                 per_unit[-1] = saved.total - per_unit[-1]
             handles += [unit.register_forward_pre_hook(pre), unit.register_forward_hook(post)]
-    with saved:
+    with saved, fused_attention(device):
         loss = scenario.step(model, batch)
     del loss
     for h in handles:

@@ -32,7 +32,7 @@ from ..program.mesh import DeviceMesh
 from ..timing import Timing
 from .capture import (SavedBytes, _batches, _probe_costs, _train, activation_bytes,
                       state_bytes)
-from .meta import DEVICES, fsdp_on_meta, in_meta_scope
+from .meta import DEVICES, fsdp_on_meta, fused_attention, in_meta_scope
 from .simulate import SimResult, now, simulate
 from .tensor_parallel import apply_tensor_parallel
 
@@ -207,7 +207,7 @@ def _tp_activation_bytes(scenario: Any, tp: int, device: str, dtype: torch.dtype
         batch = _batches(scenario, 0, 1, 1, device)[0]
         saved = SavedBytes()
         saved.counting = True
-        with saved:
+        with saved, fused_attention(device):
             loss = scenario.step(model, batch)
         del loss
         return saved.total

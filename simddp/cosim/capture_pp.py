@@ -37,7 +37,7 @@ from ..program.mesh import DeviceMesh
 from ..timing import Timing
 from .capture import SavedBytes, _batches, _probe_costs, state_bytes
 from .capture_fsdp import _dtype, fsdp_units, span_profile
-from .meta import DEVICES, fsdp_on_meta, in_meta_scope, pipelining_on_meta
+from .meta import DEVICES, fsdp_on_meta, fused_attention, in_meta_scope, pipelining_on_meta
 from .simulate import issued, now, simulate
 from .tensor_parallel import apply_tensor_parallel
 
@@ -345,7 +345,7 @@ def _stage_activation_bytes(scenario: Any, num_stages: int, microbatch_size: int
                 x = x.detach().requires_grad_()
             saved = SavedBytes()
             saved.counting = True
-            with saved:
+            with saved, fused_attention(device):
                 y = stage(x)
                 if stage.last:
                     loss_fn(y, targets[:microbatch_size])

@@ -49,7 +49,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["MetaDataMode", "FusedAttentionOnMeta", "beneath_clock", "fsdp_on_meta", "pipelining_on_meta", "meta_scope",
+__all__ = ["MetaDataMode", "FusedAttentionOnMeta", "fused_attention", "beneath_clock", "fsdp_on_meta", "pipelining_on_meta", "meta_scope",
            "in_meta_scope",
            "DEVICES"]
 
@@ -188,6 +188,12 @@ class FusedAttentionOnMeta(TorchFunctionMode):
                 q, k, v, 0.0, bool(kwargs.get("is_causal", False)),
                 scale=kwargs.get("scale"))[0]
         return func(*args, **kwargs)
+
+
+def fused_attention(device: str) -> contextlib.AbstractContextManager:
+    """:class:`FusedAttentionOnMeta` on the meta device (for code that runs a model outside
+    :func:`meta_scope`, e.g. counting saved activations), nothing elsewhere."""
+    return FusedAttentionOnMeta() if device == "meta" else contextlib.nullcontext()
 
 
 def _fusable(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0,
