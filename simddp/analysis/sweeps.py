@@ -34,14 +34,16 @@ __all__ = ["SweepResult", "row_figures", "RESULT_COLUMNS"]
 RESULT_COLUMNS = ("iterations", "iteration_time_s", "exposed_comm_s", "exposed_comm_by_dim",
                   "compute_s", "wait_s",
                   "slowest_rank", "buckets", "collectives_per_iteration",
-                  "comm_bytes_per_iteration", "peak_memory_bytes", "oom", "wall_time_s")
+                  "comm_bytes_per_iteration", "peak_memory_bytes", "oom", "wall_time_s",
+                  "bubble_fraction", "bubble_fraction_mean")
 # Knobs that describe a network rather than name one: shown only through "network".
 _NETWORK_DETAIL = ("bandwidth_GBps", "latency_us", "algorithm")
 _SHORT = {"world_size": "ranks", "bucket_cap_mb": "cap MB", "comm_hook": "hook",
           "gpus_per_node": "GPUs/node", "rank_speed": "speeds", "first_bucket_mb": "1st MB",
           "localsgd_period": "localsgd", "slowmo_period": "slowmo",
           "reshard_after_forward": "reshard", "forward_prefetch": "fwd pf",
-          "backward_prefetch": "bwd pf"}
+          "backward_prefetch": "bwd pf", "pp_schedule": "schedule", "microbatches": "mb",
+          "stages_per_rank": "v"}
 
 
 def terminal_width() -> int:
@@ -165,6 +167,10 @@ class SweepResult(list):
         if width is None:
             width = terminal_width()
         knobs = ["world_size"] + self.varying()
+        if "pp_schedule" in knobs and "stages_per_rank" in knobs and len(
+                {(r.get("pp_schedule"), r.get("stages_per_rank")) for r in self}) == len(
+                {r.get("pp_schedule") for r in self}):
+            knobs.remove("stages_per_rank")  # each schedule's own: the schedule says it
         dims = sorted({d for r in self for d in (r.get("exposed_comm_by_dim") or {})})
         if len(dims) > 1:
             wide, needs = self._table(knobs, dims, width)
@@ -179,12 +185,14 @@ class SweepResult(list):
 
         t = Table(title=self.title, box=None, pad_edge=False, padding=(0, 1),
                   header_style="bold")
-        for k in knobs:
+        for k in knobs:  # short values (a schedule's name) unfolded, long ones folded
+            widest = max((len(_fmt(r.get(k))) for r in self), default=0)
             t.add_column(_SHORT.get(k, k), justify="right", overflow="fold",
-                         min_width=len(_SHORT[k]) if k == "world_size" else None)
+                         min_width=max(len(_SHORT.get(k, k)), widest if widest <= 16 else 0))
         memory = any(r.get("peak_memory_bytes") for r in self)
-        for col in ("iter ms", "exposed", *dims, "compute", "wait",
-                    "slowest") + (("peak mem",) if memory else ()):
+        bubble = any(r.get("bubble_fraction") is not None for r in self)
+        for col in ("iter ms", "exposed", *dims, "compute", "wait", "slowest") + \
+                (("bubble",) if bubble else ()) + (("peak mem",) if memory else ()):
             t.add_column(col, justify="right", no_wrap=True)
         for r in self:
             by_dim = r.get("exposed_comm_by_dim") or {}
@@ -195,6 +203,8 @@ class SweepResult(list):
                       *[f"{r[c] * 1e3:.3f}" if r.get(c) is not None else "-"
                         for c in ("compute_s", "wait_s")],
                       _fmt(r.get("slowest_rank")),
+                      *((f"{r['bubble_fraction']:.1%}" if r.get("bubble_fraction") is not None
+                         else "-",) if bubble else ()),
                       *((_memory(r),) if memory else ()))
         buf = io.StringIO()
         console = Console(file=buf, width=width, color_system=None, force_terminal=False,
