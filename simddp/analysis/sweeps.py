@@ -191,8 +191,11 @@ class SweepResult(list):
                          min_width=max(len(_SHORT.get(k, k)), widest if widest <= 16 else 0))
         memory = any(r.get("peak_memory_bytes") for r in self)
         bubble = any(r.get("bubble_fraction") is not None for r in self)
-        for col in ("iter ms", "exposed", *dims, "compute", "wait", "slowest") + \
-                (("bubble",) if bubble else ()) + (("peak mem",) if memory else ()):
+        # a pipeline's waits are mostly its bubble, shown instead
+        waits = ("wait_s",) if not bubble else ()
+        for col in ("iter ms", "exposed", *dims, "compute", *(("wait",) if waits else ()),
+                    "slowest") + (("bubble",) if bubble else ()) + \
+                (("peak mem",) if memory else ()):
             t.add_column(col, justify="right", no_wrap=True)
         for r in self:
             by_dim = r.get("exposed_comm_by_dim") or {}
@@ -201,7 +204,7 @@ class SweepResult(list):
                         for c in ("iteration_time_s", "exposed_comm_s")],
                       *[f"{by_dim[d] * 1e3:.3f}" if d in by_dim else "-" for d in dims],
                       *[f"{r[c] * 1e3:.3f}" if r.get(c) is not None else "-"
-                        for c in ("compute_s", "wait_s")],
+                        for c in ("compute_s", *waits)],
                       _fmt(r.get("slowest_rank")),
                       *((f"{r['bubble_fraction']:.1%}" if r.get("bubble_fraction") is not None
                          else "-",) if bubble else ()),
