@@ -26,8 +26,18 @@ AGREE = 0.01  # replay vs co-simulation, relative
 CASES = [(2, "GPipe", 1, {}), (4, "1F1B", 1, {}), (2, "Interleaved1F1B", 2, {}),
          (4, "Interleaved1F1B", 2, {}), (2, "LoopedBFS", 2, {}),
          (4, "InterleavedZeroBubble", 2, {}), (2, "ZBVZeroBubble", 2, {}),
-         (2, "DualPipeV", 2, {}), (2, "1F1B", 1, {"tp": 2}), (4, "1F1B", 1, {"shard": 2}),
-         (2, "GPipe", 1, {"shard": 2, "tp": 2})]
+         (2, "DualPipeV", 2, {}), (2, "1F1B", 1, {"tp": 2}), (2, "Interleaved1F1B", 2, {"tp": 2}),
+         (4, "1F1B", 1, {"shard": 2}), (2, "GPipe", 1, {"shard": 2, "tp": 2})]
+# multi-stage schedules with FSDP2: the co-simulated CPU ranks wait for each reduce-scatter of
+# REDUCE_GRAD (and each UNSHARD all-gather before the next compute) where the replay lets them
+# run behind the other stage's compute, as a GPU's streams do: the replay is faster, by less
+# than this
+FSDP_MULTI = 0.02
+FSDP_MULTI_CASES = [(2, "Interleaved1F1B", 2, {"shard": 2}), (2, "DualPipeV", 2, {"shard": 2})]
+
+
+def _ids(cases):
+    return [f"pp{c[0]}-{c[1]}-{'-'.join(f'{k}{v}' for k, v in c[3].items())}" for c in cases]
 
 
 @functools.cache
@@ -40,13 +50,20 @@ def cap_of(pp, schedule, spr, mesh):
     return _capture(pp, schedule, spr, tuple(sorted(mesh.items())))
 
 
-@pytest.mark.parametrize("pp,schedule,spr,mesh", CASES,
-                         ids=[f"pp{c[0]}-{c[1]}-{'-'.join(f'{k}{v}' for k, v in c[3].items())}"
-                              for c in CASES])
+@pytest.mark.parametrize("pp,schedule,spr,mesh", CASES, ids=_ids(CASES))
 def test_replay_at_the_captures_own_world_agrees_with_its_co_simulation(pp, schedule, spr, mesh):
     cap = cap_of(pp, schedule, spr, mesh)
     res = replay(cap, progress=False)
     assert res.iteration_time == pytest.approx(cap.cosim_iteration_time, rel=AGREE)
+
+
+@pytest.mark.parametrize("pp,schedule,spr,mesh", FSDP_MULTI_CASES, ids=_ids(FSDP_MULTI_CASES))
+def test_multi_stage_fsdp_replay_hides_what_cpu_ranks_wait_for_and_no_more(pp, schedule, spr,
+                                                                            mesh):
+    cap = cap_of(pp, schedule, spr, mesh)
+    res = replay(cap, progress=False)
+    assert cap.cosim_iteration_time * (1 - FSDP_MULTI) < res.iteration_time \
+        < cap.cosim_iteration_time
 
 
 def test_multi_stage_fsdp_replays_the_unshard_and_reduce_grad_actions():
@@ -58,11 +75,11 @@ def test_multi_stage_fsdp_replays_the_unshard_and_reduce_grad_actions():
                                                for st in cap.stages if st["rank"] == 0)
     assert sum(t[0] == "bc" and t[1] == "R" for t in tags) == sum(
         len(st["reduce_grad"]["events"]) for st in cap.stages if st["rank"] == 0)
-    # known gap (docs/pipeline-parallel.md): the co-simulated ranks wait in perform_reduce_grad's
-    # reduce-scatters, which the replay issues asynchronously as on a GPU: never slower
+    # each reduce-scatter in flight once issued, not waited for until the optimizer
     res = replay(cap, progress=False)
-    assert res.iteration_time < cap.cosim_iteration_time
-    assert res.iteration_time == pytest.approx(cap.cosim_iteration_time, rel=0.08)
+    lane = res.timeline.lanes[0]
+    assert not [label for kind, _, _, label in lane.spans
+                if kind == "wait" and "reduce_scatter" in (label or "")]
 
 
 def _collectives(ins):

@@ -10,8 +10,15 @@ action lists with their run-time p2p placement):
   captured, the others the middle ones (so FSDP's first all-gathers and last reduce-scatters
   stay where the capture saw them) — with its in-stage collectives as marks
   (:func:`~simddp.program.fsdp.event_marks`, FSDP2's stream semantics). A full backward ``B``
-  of a capture that split it replays as ``I`` then ``W``; a schedule that splits backward
-  cannot replay a capture that did not (torch computed both gradients together there);
+  of a capture that split it replays as ``I`` then ``W`` (per microbatch where DualPipeV's
+  capture mixed them: its ``None`` entries; the nearest captured profile of a kind stands in for
+  a missing one); a schedule that splits backward cannot replay a capture that did not (torch
+  computed both gradients together there);
+* FSDP2's actions where torch runs them (:mod:`~simddp.program.schedules`): ``UNSHARD`` issues
+  the stage's captured all-gathers asynchronously and the stage's next compute waits for them
+  (torch's ``_assert_unsharded``), ``RESHARD`` frees the unsharded parameters, ``REDUCE_GRAD``
+  replays ``perform_reduce_grad`` with its reduce-scatters in flight until the end of the step;
+  a multi-stage capture under a single-stage schedule unshards before the stage's first compute;
 * a message (activations to stage s + 1, gradients to stage s − 1) is one 2-member ``send``
   collective on a directed channel between neighbouring pipeline ranks (:class:`PipelineMesh`:
   ``pp>c`` carries what pipeline rank c sends to c + 1, ``pp<c`` what it sends to c − 1,
@@ -21,9 +28,11 @@ action lists with their run-time p2p placement):
 * the optimizer of every local stage after the schedule (its time × the shard ratio, as FSDP2's
   local shard), after the in-stage collectives still in flight (reduce-scatters).
 
-Memory per rank: its stages' parameters (``param_bytes`` / (tp × shard)) and optimizer state
-from the start; activations (the stage's ``activation_bytes``) from each forward until its
-backward frees them (``B``, or ``W`` when backward is split).
+Memory per rank: its stages' parameters (``param_bytes``, which the capture records for the
+whole stage before tensor parallelism and FSDP, / (tp × shard)) and optimizer state from the
+start; with FSDP2 the all-gathered parameters from ``UNSHARD`` (or the first ``F``) until
+``RESHARD`` (or the end of the step); activations (the stage's ``activation_bytes``) from each
+forward until its backward frees them (``B``, or ``W`` when backward is split).
 
 Bubble fraction (:meth:`PipelineProgram.bubble_fractions`): per pipeline rank and iteration,
 ``(T − d + w) / T`` with T the iteration time (the slowest rank's), d the rank's own iteration
