@@ -51,6 +51,19 @@ def test_runtime_waits_each_receive_right_before_its_compute_and_sends_at_the_en
     assert set(tail) == {"wait_send"}
 
 
+def test_multi_stage_schedules_keep_torchs_unshard_reshard_and_reduce_grad_in_place():
+    ops = schedule_ops("Interleaved1F1B", 2, 4, 2)[0]
+    theirs = [(a.computation_type.name, a.stage_index)
+              for a in get_schedule_ops("Interleaved1F1B", 2, 4, 2, with_comms=True)[0]
+              if a.computation_type.name in ("UNSHARD", "RESHARD", "REDUCE_GRAD")]
+    names = {"unshard": "UNSHARD", "reshard": "RESHARD", "reduce_grad": "REDUCE_GRAD"}
+    assert [(names[o.kind], o.stage) for o in ops if o.kind in names] == theirs
+    kinds = [o.kind for o in ops]
+    assert kinds.index("unshard") < kinds.index("F")  # each stage unshards before computing
+    last_b = max(j for j, o in enumerate(ops) if o.kind == "B" and o.stage == 0)
+    assert ops[last_b + 1].kind == "reduce_grad" and ops[last_b + 1].stage == 0
+
+
 def test_v_schedules_hand_adjacent_stages_over_on_the_same_rank_without_p2p():
     ops = schedule_ops("ZBVZeroBubble", 4, 8, 2)
     where = stage_ranks(ops)
@@ -67,7 +80,8 @@ def test_gpipe_receives_just_before_each_compute_and_waits_forward_sends_before_
                    ("wait_send", "F", 0), ("wait_send", "F", 1),
                    ("post", "B", 0), ("wait", "B", 0), ("B", "", 0), ("send", "B", 0),
                    ("post", "B", 1), ("wait", "B", 1), ("B", "", 1), ("send", "B", 1),
-                   ("wait_send", "B", 0), ("wait_send", "B", 1)]
+                   ("wait_send", "B", 0), ("wait_send", "B", 1),
+                   ("reduce_grad", "", 0)]  # perform_reduce_grad: last, after every wait
 
 
 def test_1f1b_fuses_a_send_with_the_next_receive_and_waits_both():

@@ -138,6 +138,30 @@ def test_a_collective_starts_at_its_last_issue_and_after_the_groups_previous_col
         assert res.returns[rank] == second.end
 
 
+def test_a_receive_still_in_flight_holds_back_no_collective_issued_after_it():
+    # a pipeline's early-posted receive (rank 2 sends 3 s late) and an all-reduce on another
+    # group: on a GPU their communicators finish independently, and so do they here
+    def body(rank):
+        pair = dist.new_group([0, 1])
+        t = torch.ones(250_000)
+        if rank == 2:
+            a = torch.ones(2, 2)
+            for _ in range(3):
+                a = a @ a  # 1 s each
+            dist.send(t, dst=0)
+            return simddp.now()
+        recv = dist.irecv(torch.empty(250_000), src=2) if rank == 0 else None
+        dist.all_reduce(t, group=pair)  # synchronous: waited at once
+        done = simddp.now()
+        if recv is not None:
+            recv.wait()
+        return done
+
+    res = simddp.simulate(body, nprocs=3, timing=Timing(network=NET, compute=mm_costs_one_second))
+    d = NET.collective_time("all_reduce", 1_000_000, 2)
+    assert res.returns[0] == res.returns[1] == pytest.approx(d)
+
+
 def test_point_to_point_costs_one_send_of_its_bytes():
     def body(rank):
         t = torch.ones(1000)

@@ -128,7 +128,7 @@ class RankClock:
         self.boundaries: list[float] = []
         self.cb_clock = 0.0  # end of the side stream (future callbacks, see side_op)
         self._side_spans: list[tuple[float, float]] = []
-        self.cb_saved: list[tuple[float, int | None]] = []
+        self.cb_saved: list[tuple[float, int | None, float]] = []  # clock, override, cb start
         self.mode: ClockMode | None = None
         self.finished_at: float | None = None
         # The coarse path (simddp.cosim.tape): tapes by backward key (None: never coarse);

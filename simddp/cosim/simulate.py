@@ -214,12 +214,12 @@ class Simulator(WorldHooks):
         r = self.ranks[call.rank]
         tape.event(r, ("complete", call.record.op, call.record.group))
         r.close_span()
-        r.cb_saved.append((r.clock, r.override))
         start = r.clock
         if f is not None and f.end is not None:
             start = f.end
         if r.cb_clock > start:
             start = r.cb_clock
+        r.cb_saved.append((r.clock, r.override, start))
         r.clock = start
         r.override = CB
 
@@ -228,12 +228,17 @@ class Simulator(WorldHooks):
         r = self.ranks[call.rank]
         tape.event(r, ("completed",), empty=True)  # ops in a callback: not on a tape
         r.close_span()
-        if r.clock > r.cb_clock:
-            r.cb_clock = r.clock
-        if f is not None and f.end is not None and r.clock > f.end \
-                and (f.cb_end is None or r.clock > f.cb_end):
-            f.cb_end = r.clock
-        r.clock, r.override = r.cb_saved.pop()
+        clock, override, start = r.cb_saved.pop()
+        # only callbacks that ran ops occupy the side stream: a bare completion (a receive
+        # landing, a collective with no callback) holds back nothing issued after it — on a
+        # GPU, collectives on different communicators finish independently
+        if r.clock > start:
+            if r.clock > r.cb_clock:
+                r.cb_clock = r.clock
+            if f is not None and f.end is not None and r.clock > f.end \
+                    and (f.cb_end is None or r.clock > f.cb_end):
+                f.cb_end = r.clock
+        r.clock, r.override = clock, override
 
     def wait_finished(self, rank: int, coll: Any) -> None:
         for c in coll.calls:

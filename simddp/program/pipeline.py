@@ -10,8 +10,15 @@ action lists with their run-time p2p placement):
   captured, the others the middle ones (so FSDP's first all-gathers and last reduce-scatters
   stay where the capture saw them) — with its in-stage collectives as marks
   (:func:`~simddp.program.fsdp.event_marks`, FSDP2's stream semantics). A full backward ``B``
-  of a capture that split it replays as ``I`` then ``W``; a schedule that splits backward
-  cannot replay a capture that did not (torch computed both gradients together there);
+  of a capture that split it replays as ``I`` then ``W`` (per microbatch where DualPipeV's
+  capture mixed them: its ``None`` entries; the nearest captured profile of a kind stands in for
+  a missing one); a schedule that splits backward cannot replay a capture that did not (torch
+  computed both gradients together there);
+* FSDP2's actions where torch runs them (:mod:`~simddp.program.schedules`): ``UNSHARD`` issues
+  the stage's captured all-gathers asynchronously and the stage's next compute waits for them
+  (torch's ``_assert_unsharded``), ``RESHARD`` frees the unsharded parameters, ``REDUCE_GRAD``
+  replays ``perform_reduce_grad`` with its reduce-scatters in flight until the end of the step;
+  a multi-stage capture under a single-stage schedule unshards before the stage's first compute;
 * a message (activations to stage s + 1, gradients to stage s − 1) is one 2-member ``send``
   collective on a directed channel between neighbouring pipeline ranks (:class:`PipelineMesh`:
   ``pp>c`` carries what pipeline rank c sends to c + 1, ``pp<c`` what it sends to c − 1,
@@ -21,9 +28,11 @@ action lists with their run-time p2p placement):
 * the optimizer of every local stage after the schedule (its time × the shard ratio, as FSDP2's
   local shard), after the in-stage collectives still in flight (reduce-scatters).
 
-Memory per rank: its stages' parameters (``param_bytes`` / (tp × shard)) and optimizer state
-from the start; activations (the stage's ``activation_bytes``) from each forward until its
-backward frees them (``B``, or ``W`` when backward is split).
+Memory per rank: its stages' parameters (``param_bytes``, which the capture records for the
+whole stage before tensor parallelism and FSDP, / (tp × shard)) and optimizer state from the
+start; with FSDP2 the all-gathered parameters from ``UNSHARD`` (or the first ``F``) until
+``RESHARD`` (or the end of the step); activations (the stage's ``activation_bytes``) from each
+forward until its backward frees them (``B``, or ``W`` when backward is split).
 
 Bubble fraction (:meth:`PipelineProgram.bubble_fractions`): per pipeline rank and iteration,
 ``(T − d + w) / T`` with T the iteration time (the slowest rank's), d the rank's own iteration
@@ -44,13 +53,13 @@ from fakepg.arguments import integer, number
 
 from ..models import Network
 from .captured import CapturedPipeline
-from .fsdp import check_sharded_knobs, event_marks
+from .fsdp import _GATHERS, check_sharded_knobs, event_marks
 from .knobs import CheckedKnobs
 from .mesh import DeviceMesh, Mesh
 from .parallel import Parallel
 from .schedules import Op, schedule_class, schedule_ops, stage_ranks
-from .steps import (Collective, Compute, Instruction, Issue, Memory, Segment, Wait, WaitAll,
-                    peak_memory)
+from .steps import (Collective, Compute, Instruction, Issue, Mark, Memory, Segment, Wait,
+                    WaitAll, peak_memory)
 
 __all__ = ["PipelineProgram", "PipelineMesh", "plan_pipeline", "uniform_pipeline"]
 
@@ -180,13 +189,14 @@ class PipelineProgram:
         self.split = bool(kinds & {"I", "W"})
         for st in cap.stages:
             acts = st["actions"]
-            if self.split and not (acts.get("I") and acts.get("W")):
+            if self.split and not (any(acts.get("I") or ()) and any(acts.get("W") or ())):
                 raise ValueError(
                     f"{self.schedule} splits backward into input (I) and weight (W) "
                     f"gradients, but {cap.name} was captured with "
                     f"{cap.schedule}, whose full backward computed both together: the split's "
                     f"times are not in the capture; capture with a zero-bubble schedule")
-            if "B" in kinds and not (acts.get("B") or (acts.get("I") and acts.get("W"))):
+            if "B" in kinds and not (any(acts.get("B") or ())
+                                     or (any(acts.get("I") or ()) and any(acts.get("W") or ()))):
                 raise ValueError(f"{cap.name}: stage {st['stage']} has no backward profile")
         self._by_coord = [self._rank(c) for c in range(cap.pp)]
 
@@ -251,18 +261,40 @@ class PipelineProgram:
             return int(round(ev["bytes"] * self.shard_ratio))
         return int(ev["bytes"])
 
-    def _profile(self, stage: int, kind: str, mb: int) -> dict[str, Any]:
-        """Microbatch ``mb``'s captured profile: first, last, or a middle one."""
-        profs = self.cap.stages[stage]["actions"][kind]
+    def _profile(self, stage: int, kind: str, mb: int) -> dict[str, Any] | None:
+        """Microbatch ``mb``'s captured profile of ``kind``: first, last, or a middle one;
+        where the capture ran that microbatch's backward as the other kind (``None``,
+        DualPipeV), the nearest captured one; None when the capture has none of ``kind``."""
+        profs = self.cap.stages[stage]["actions"].get(kind) or []
+        have = [j for j, x in enumerate(profs) if x is not None]
+        if not have:
+            return None
         n, m = len(profs), self.microbatches
         if mb == 0 or n == 1:
-            return profs[0]
-        if mb == m - 1:
-            return profs[-1]
-        return profs[min(mb, n - 2)] if n > 2 else profs[0]
+            idx = 0
+        elif mb == m - 1:
+            idx = n - 1
+        else:
+            idx = min(mb, n - 2) if n > 2 else 0
+        return profs[min(have, key=lambda j: (abs(j - idx), j))]
 
-    def _compute(self, kind: str, stage: int, mb: int) -> list[Instruction]:
-        prof = self._profile(stage, kind, mb)
+    def _exact(self, stage: int, kind: str, mb: int) -> bool:
+        """The capture ran microbatch ``mb``'s backward as ``kind`` (same microbatch count)."""
+        profs = self.cap.stages[stage]["actions"].get(kind) or []
+        return self.microbatches == len(profs) and profs[mb] is not None
+
+    def _backward_kinds(self, stage: int, mb: int) -> tuple[str, ...]:
+        """How a full backward ``B`` replays: the captured ``B`` of that microbatch, else its
+        ``I`` then ``W`` (a split capture, or DualPipeV's mix), else the nearest of either."""
+        if self._exact(stage, "B", mb):
+            return ("B",)
+        if self._exact(stage, "I", mb) and self._exact(stage, "W", mb):
+            return ("I", "W")
+        return ("B",) if self._profile(stage, "B", mb) is not None else ("I", "W")
+
+    def _compute(self, kind: str, stage: int, mb: int,
+                 prof: dict[str, Any] | None = None) -> list[Instruction]:
+        prof = prof if prof is not None else self._profile(stage, kind, mb)
         phase = _PHASE[kind]
         if not prof["events"]:
             return [Compute(phase, (float(prof["seconds"]),), _NOISE[kind],
@@ -270,6 +302,24 @@ class PipelineProgram:
         marks, after = event_marks([prof], 0, phase, self.prefetch[phase], self._bytes,
                                    tag=(kind, stage, mb))
         return [Segment(phase, (float(prof["seconds"]),), _NOISE[kind], tuple(marks)), *after]
+
+    def _unshard(self, stage: int, k: int, waits: list[Wait]) -> list[Instruction]:
+        """torch's UNSHARD action (the stage's k-th of the step): its all-gathers issued
+        asynchronously where the capture issued them; ``waits`` receives their waits (the
+        stage's next compute's ``_assert_unsharded``)."""
+        profs = self.cap.stages[stage].get("unshard") or []
+        if not profs:  # captured with a single-stage schedule: the first F gathers
+            return []
+        prof = profs[min(k, len(profs) - 1)]
+        marks = []
+        for j, ev in enumerate(prof["events"]):
+            tag = ("U", stage, k, j)
+            c = Collective(tag, ev["scope"], ev["op"], self._bytes(ev), False)
+            marks.append(Mark((float(ev["offset"]),), Issue(((c, 0.0),), kind="forward",
+                                                            pending=False)))
+            waits.append(Wait(tag, f"wait: unshard stage {stage} all-gather {j}"))
+        return [Segment("forward", (float(prof["seconds"]),), _NOISE["F"], tuple(marks)),
+                Memory("parameters", _gathered(prof), f"unshard stage {stage}")]
 
     def _channel(self, src: int, dst: int, what: str) -> tuple[str, str]:
         """(sender's scope, receiver's scope) for a message from stage src to stage dst."""
@@ -300,22 +350,60 @@ class PipelineProgram:
     def _rank(self, coord: int) -> tuple[Instruction, ...]:
         out: list[Instruction] = []
         cap = self.cap
-        for op in self.ops[coord]:
+        ops = self.ops[coord]
+        waits: dict[int, list[Wait]] = {}  # per stage: its unshard's all-gathers to wait for
+        held: dict[int, int] = {}  # per stage: unsharded parameter bytes held
+        unsharded = {op.stage for op in ops if op.kind == "unshard"}
+        for j, op in enumerate(ops):
+            compute = op if op.kind in _NOISE else (
+                ops[j + 1] if op.kind == "wait" and j + 1 < len(ops) else None)
+            if compute is not None and compute.kind in _NOISE:
+                s = compute.stage
+                if s not in unsharded and cap.stages[s].get("unshard"):
+                    # a multi-stage capture under a single-stage schedule: FSDP's pre-forward
+                    # unshards (and waits) before the stage's first compute
+                    unsharded.add(s)
+                    out += self._unshard(s, 0, waits.setdefault(s, []))
+                    held[s] = held.get(s, 0) + _gathered(cap.stages[s]["unshard"][0])
+                out += waits.pop(s, [])  # _assert_unsharded, before the receive's wait
             if op.kind in _NOISE:
                 st = cap.stages[op.stage]
                 act = int(st.get("activation_bytes", 0))
-                if op.kind == "B" and not st["actions"].get("B"):  # a split capture
-                    out += self._compute("I", op.stage, op.mb)
-                    out += self._compute("W", op.stage, op.mb)
-                else:
-                    out += self._compute(op.kind, op.stage, op.mb)
+                kinds = self._backward_kinds(op.stage, op.mb) if op.kind == "B" else (op.kind,)
+                for kind in kinds:
+                    prof = self._profile(op.stage, kind, op.mb)
+                    out += self._compute(kind, op.stage, op.mb, prof)
+                    gathered = _gathered(prof)  # FSDP2 unsharding inside a compute
+                    if gathered:
+                        out.append(Memory("parameters", gathered, f"unsharded in {kind}"))
+                        held[op.stage] = held.get(op.stage, 0) + gathered
                 if act and op.kind == "F":
                     out.append(Memory("activations", act, f"saved by F{op.mb}"))
                 elif act and (op.kind == "W" or op.kind == "B"):
                     out.append(Memory("activations", -act, f"freed by {op.kind}{op.mb}"))
+            elif op.kind == "unshard":
+                out += self._unshard(op.stage, op.mb, waits.setdefault(op.stage, []))
+                prof = (cap.stages[op.stage].get("unshard") or [None])[0]
+                held[op.stage] = held.get(op.stage, 0) + (_gathered(prof) if prof else 0)
+            elif op.kind == "reshard":
+                out += waits.pop(op.stage, [])
+                freed = held.pop(op.stage, 0)
+                if freed:
+                    out.append(Memory("parameters", -freed, f"reshard stage {op.stage}"))
+            elif op.kind == "reduce_grad":
+                prof = cap.stages[op.stage].get("reduce_grad")
+                if prof is not None:
+                    marks, after = event_marks([prof], 0, "backward", 0, self._bytes,
+                                               tag=("R", op.stage))
+                    out.append(Segment("backward", (float(prof["seconds"]),), _NOISE["B"],
+                                       tuple(marks)))
+                    out += after
             else:
                 out.append(self._p2p(op))
         out.append(WaitAll("wait: in-stage collectives (end of backward)"))
+        for s, freed in held.items():  # single-stage schedules: resharded after the step
+            if freed:
+                out.append(Memory("parameters", -freed, f"reshard stage {s}"))
         for st in cap.stages:
             if self.stage_rank[st["stage"]] != coord:
                 continue
@@ -326,6 +414,14 @@ class PipelineProgram:
             out.append(Segment("optimizer", (seconds,), 3, tuple(marks)))
             out += after
         return tuple(out)
+
+
+def _gathered(prof: dict[str, Any] | None) -> int:
+    """Bytes FSDP2 all-gathered (unsharded parameters) in a captured profile."""
+    if prof is None:
+        return 0
+    return sum(int(e["bytes"]) for e in prof["events"]
+               if e["op"] in _GATHERS and e["scope"] != "tp")
 
 
 def _default_spec(cap: CapturedPipeline, world: int) -> str:
@@ -371,8 +467,8 @@ def uniform_pipeline(pp: int, microbatches: int, forward_s: float, backward_s: f
     ``tp > 1``: each forward and backward (``I`` when split) runs ``tp_allreduces`` all-reduces
     of ``tp_bytes`` on the tensor-parallel group, evenly spread and waited for at once.
     ``shard > 1``: FSDP over ``shard`` ranks inside each stage — the first forward all-gathers
-    the rank's parameters (bf16), the last backward (``W`` when split) reduce-scatters their
-    gradients (fp32). ``schedule``: the captured schedule (default 1F1B, or Interleaved1F1B
+    the rank's parameters (bf16), the stage's ``REDUCE_GRAD`` after its last backward
+    reduce-scatters their gradients (fp32). ``schedule``: the captured schedule (default 1F1B, or Interleaved1F1B
     with ``stages_per_rank > 1``)."""
     pp = integer("pp", pp, minimum=2, hint="pipeline ranks, e.g. 4")
     m = integer("microbatches", microbatches, minimum=1, hint="e.g. 8")
@@ -401,33 +497,38 @@ def uniform_pipeline(pp: int, microbatches: int, forward_s: float, backward_s: f
                  "wait_at": seconds * (j + 1) / (tp_allreduces + 1)}
                 for j in range(tp_allreduces)]
 
-    def profiles(seconds: float, tp_side: bool, gather: bool, scatter: bool
-                 ) -> list[dict[str, Any]]:
+    def profiles(seconds: float, tp_side: bool, gather: bool) -> list[dict[str, Any]]:
         out = []
         for i in range(m):
             ev = tp_events(seconds) if tp_side else []
             if gather and shard > 1 and i == 0:
                 ev = [{"op": "all_gather_into_tensor", "bytes": rank_params // 2,
                        "scope": "shard", "offset": 0.0, "wait_at": 0.0}] + ev
-            if scatter and shard > 1 and i == m - 1:
-                ev = ev + [{"op": "reduce_scatter_tensor", "bytes": rank_params,
-                            "scope": "shard", "offset": seconds, "wait_at": None}]
             out.append({"seconds": seconds, "events": ev})
         return out
 
+    # FSDP's reduce-scatters: torch's REDUCE_GRAD after the stage's last backward
+    scatter = [{"op": "reduce_scatter_tensor", "bytes": rank_params, "scope": "shard",
+                "offset": 0.0, "wait_at": 0.0}] if shard > 1 else []
+    from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
+
+    v_shaped = _name(schedule) in ("ZBVZeroBubble", "DualPipeV")  # torch's placement
+    where = generate_stage_to_rank_mapping(pp, pp * v, style="v" if v_shaped else "loop")
     stages = []
     for s in range(pp * v):
-        actions = {"F": profiles(fs, True, True, False)}
+        actions = {"F": profiles(fs, True, True)}
         if ws is None:
-            actions["B"] = profiles(bs, True, False, True)
+            actions["B"] = profiles(bs, True, False)
         else:
-            actions["I"] = profiles(bs, True, False, False)
-            actions["W"] = profiles(ws, False, False, True)
-        stages.append({"stage": s, "layers": [s, s + 1], "param_bytes": int(param_bytes),
+            actions["I"] = profiles(bs, True, False)
+            actions["W"] = profiles(ws, False, False)
+        stages.append({"stage": s, "rank": where[s], "layers": [s, s + 1],
+                       "param_bytes": int(param_bytes),
                        "optimizer_state_bytes": int(optimizer_state_bytes),
                        "activation_bytes": int(activation_bytes),
                        "send_bytes": {"F": int(send_bytes), "B": int(send_bytes)},
-                       "actions": actions,
+                       "actions": actions, "unshard": [], "reshard": [],
+                       "reduce_grad": {"seconds": 0.0, "events": list(scatter)},
                        "optimizer": {"seconds": float(optimizer_s), "events": []}})
     mesh = {"pp": pp}
     if shard > 1:

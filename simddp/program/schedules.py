@@ -20,8 +20,12 @@ what each class's ``_step_microbatches`` does at run time:
   for the previous send after each warm-up forward and cool-down backward. That is what is
   listed here, with the compute order of the class's ``pipeline_order``.
 
-``UNSHARD``/``RESHARD``/``REDUCE_GRAD`` are left out: what FSDP does inside a stage is in the
-captured profiles of its compute actions.
+FSDP2's actions are kept where torch runs them: multi-stage schedules' lowered lists carry
+``UNSHARD`` (the stage's all-gathers, issued asynchronously; the stage's next compute waits for
+them), ``RESHARD`` and ``REDUCE_GRAD`` (``perform_reduce_grad``: the reduce-scatters after the
+stage's last backward) as ops ``unshard``/``reshard`` (``mb``: the stage's k-th of the step) and
+``reduce_grad``; single-stage schedules call ``perform_reduce_grad`` at the very end of their
+``_step_microbatches``, after every send is waited for, and unshard inside the first forward.
 """
 
 from __future__ import annotations
@@ -37,8 +41,9 @@ SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBu
 
 
 class Op(NamedTuple):
-    """One step of a rank's program. ``kind``: a compute action ``F``, ``B``, ``I``, ``W``, or
-    a p2p step ``post``, ``wait`` (a receive), ``send``, ``wait_send``; ``what``: for p2p, the
+    """One step of a rank's program. ``kind``: a compute action ``F``, ``B``, ``I``, ``W``, an
+    FSDP action ``unshard``, ``reshard``, ``reduce_grad``, or a p2p step ``post``, ``wait`` (a
+    receive), ``send``, ``wait_send``; ``what``: for p2p, the
     message, ``F`` (activations to stage + 1) or ``B`` (gradients to stage − 1); ``stage``:
     for compute the stage computing, for p2p the stage that *sends* the message; ``mb``: the
     microbatch."""
@@ -134,6 +139,7 @@ def _torch_order(cls: type, pp: int, m: int, v: int, with_comms: bool = False) -
 
 _COMPUTE = {"FORWARD": "F", "FULL_BACKWARD": "B", "BACKWARD_INPUT": "I",
             "BACKWARD_WEIGHT": "W"}
+_FSDP = {"UNSHARD": "unshard", "RESHARD": "reshard", "REDUCE_GRAD": "reduce_grad"}
 
 
 def _runtime(lowered: list[list], pp: int) -> tuple[tuple[Op, ...], ...]:
@@ -152,8 +158,13 @@ def _runtime(lowered: list[list], pp: int) -> tuple[tuple[Op, ...], ...]:
     for r, acts in enumerate(flat):
         ops: list[Op] = []
         sends: list[Op] = []
+        seen: dict[tuple[str, int], int] = {}  # (FSDP action, stage) → occurrences so far
         for a in acts:
             t, s, mb = a.computation_type.name, a.stage_index, a.microbatch_index
+            if t in _FSDP:
+                k = seen[t, s] = seen.get((t, s), -1) + 1
+                ops.append(Op(_FSDP[t], s, k))
+                continue
             local_next = where.get(s + 1) == r  # V-schedule: handed over on this rank
             local_prev = where.get(s - 1) == r
             if t == "SEND_F" and not local_next:
@@ -223,7 +234,7 @@ def _single_gpipe(order: list, s: int, pp: int, m: int) -> tuple[Op, ...]:
             send = _send_b(s, i)
             ops += send
             bwd_sends += send
-    ops += _waited(fwd_sends) + _waited(bwd_sends)
+    ops += _waited(fwd_sends) + _waited(bwd_sends) + [Op("reduce_grad", s, 0)]
     _same_compute(ops, order, "ScheduleGPipe")
     return tuple(ops)
 
@@ -266,7 +277,7 @@ def _single_1f1b(order: list, s: int, pp: int, m: int) -> tuple[Op, ...]:
         send_work = _send_b(s, b)
         ops += send_work
         b += 1
-    ops += _waited(send_work)
+    ops += _waited(send_work) + [Op("reduce_grad", s, 0)]
     _same_compute(ops, order, "Schedule1F1B")
     return tuple(ops)
 
