@@ -31,7 +31,7 @@ from .timeline import Timeline
 __all__ = ["SweepResult", "row_figures", "RESULT_COLUMNS"]
 
 # The figures of a row; every other column is a knob (a configuration axis).
-RESULT_COLUMNS = ("iterations", "iteration_time_s", "exposed_comm_s", "exposed_comm_by_dim",
+RESULT_COLUMNS = ("layout", "iterations", "iteration_time_s", "exposed_comm_s", "exposed_comm_by_dim",
                   "compute_s", "wait_s",
                   "slowest_rank", "buckets", "collectives_per_iteration",
                   "comm_bytes_per_iteration", "peak_memory_bytes", "oom", "wall_time_s",
