@@ -100,3 +100,13 @@ def test_the_issues_3d_layout_parses_pipeline_outermost_and_tp_innermost():
     # rank 9: pipeline stage 0, shard 1, tp 1 — its TP group is the 8 consecutive ranks
     assert list(mesh.members(9, "tp")) == list(range(8, 16))
     assert list(mesh.members(9, "pp")) == [9, 137, 265, 393]
+
+
+def test_a_spec_with_every_size_is_its_own_world_size_and_otherwise_one_is_asked_for():
+    p = run_cli("whatif", "llama3-tiny", "--parallel", "pp:2,fsdp:2,tp:2", "--network",
+                "dgx-h100", "--no-progress")
+    assert p.returncode == 0, p.stderr
+    assert any(line.split()[:1] == ["8"] for line in p.stdout.splitlines())
+    p = run_cli("whatif", "llama3-tiny", "--parallel", "pp:2,fsdp,tp:2", "--no-progress")
+    assert p.returncode != 0
+    assert "--world-size is needed" in p.stderr
