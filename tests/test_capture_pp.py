@@ -246,6 +246,32 @@ def test_real_size_llama3_8b_captures_on_meta():
     assert all(p["seconds"] > 0 for st in cap.stages for p in st["actions"]["B"])
 
 
+def test_tensor_parallel_stages_on_meta_leave_no_collective_unwaited(monkeypatch):
+    """An embedding-only stage's output is a pending reduce-scatter whose first wait is the
+    pipeline's send; on meta that wait must reach c10d's registry of the rank as on CPU (else
+    torch warns of "unwaited collective calls" at exit)."""
+    from simddp.cosim import capture_pp as module
+
+    left: dict[int, int] = {}
+    scope = module.in_meta_scope
+
+    def counted(device, fn):
+        run = scope(device, fn)
+
+        def rank_run(rank):
+            out = run(rank)
+            left[rank] = torch._C._distributed_c10d._get_work_registry_size()
+            return out
+        return rank_run
+    monkeypatch.setattr(module, "in_meta_scope", counted)
+    tiny = workloads.llama3_tiny(batch_size=2)  # 2 blocks: stage 0 holds the embedding alone
+    for device in ("cpu", "meta"):
+        left.clear()
+        capture_pp(tiny, 2, schedule="Interleaved1F1B", stages_per_rank=2, microbatches=2,
+                   mesh={"tp": 2}, input_weight=1, output_weight=1, device=device)
+        assert left == {0: 0, 1: 0, 2: 0, 3: 0}, device
+
+
 # -- bad input ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs,error,match", [

@@ -32,7 +32,8 @@ from ..program.mesh import DeviceMesh
 from ..timing import Timing
 from .capture import (SavedBytes, _batches, _probe_costs, _train, activation_bytes,
                       state_bytes)
-from .meta import DEVICES, fsdp_on_meta, fused_attention, in_meta_scope
+from .meta import (DEVICES, fsdp_on_meta, functional_waits_on_meta, fused_attention,
+                   in_meta_scope)
 from .simulate import SimResult, now, simulate
 from .tensor_parallel import apply_tensor_parallel
 
@@ -252,7 +253,8 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
                          "without it); capture tp without activation_checkpointing")
     _dtype(param_dtype), _dtype(reduce_dtype)
     timing = Timing() if timing is None else timing
-    with fsdp_on_meta() if device == "meta" else contextlib.nullcontext():
+    with (fsdp_on_meta() if device == "meta" else contextlib.nullcontext()), \
+            (functional_waits_on_meta() if device == "meta" else contextlib.nullcontext()):
         res = simulate(_rank_run(scenario, mesh_dims, iterations, bool(reshard_after_forward),
                                  (param_dtype, reduce_dtype), device,
                                  bool(activation_checkpointing), bool(sequence_parallel)),

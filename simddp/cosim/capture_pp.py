@@ -37,7 +37,8 @@ from ..program.mesh import DeviceMesh
 from ..timing import Timing
 from .capture import SavedBytes, _batches, _probe_costs, state_bytes
 from .capture_fsdp import _dtype, fsdp_units, span_profile
-from .meta import DEVICES, fsdp_on_meta, fused_attention, in_meta_scope, pipelining_on_meta
+from .meta import (DEVICES, fsdp_on_meta, functional_waits_on_meta, fused_attention,
+                   in_meta_scope, pipelining_on_meta)
 from .simulate import issued, now, simulate
 from .tensor_parallel import apply_tensor_parallel
 
@@ -434,7 +435,8 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
                reduce_dtype=reduce_dtype, sequence_parallel=bool(sequence_parallel), split=split)
     try:
         with (fsdp_on_meta() if device == "meta" and fsdp else contextlib.nullcontext()), \
-                (pipelining_on_meta() if device == "meta" else contextlib.nullcontext()):
+                (pipelining_on_meta() if device == "meta" else contextlib.nullcontext()), \
+                (functional_waits_on_meta() if device == "meta" else contextlib.nullcontext()):
             with warnings.catch_warnings():
                 # FSDP2 warns of every stage output that is a view (DTensor's sequence shards
                 # are); the stages never modify their outputs in place, which is what it guards

@@ -19,6 +19,12 @@ torch itself does with data on the way is handled here, each for a stated reason
   the rank's ProcessGroup with the meta tensors as FSDP2's collectives are issued: torch's
   Meta kernels for them (registered for tracing) return an output and issue nothing, and a
   capture would see no TP communication. They are never taken from the metadata cache.
+  Their waits too, where this mode does not see them (:func:`functional_waits_on_meta`): an
+  op on a pending ``AsyncCollectiveTensor`` (DTensor's async redistributions) waits for it
+  inside its own dispatch, beneath the modes, where ``wait_tensor`` would reach its Meta
+  kernel, which leaves the work in c10d's registry of the rank (torch warns of "unwaited
+  collective calls" at exit). Multi-stage pipelines meet it: an embedding-only stage's output
+  is waited for first by the pipeline's send.
 * **FSDP2** (:func:`fsdp_on_meta`): ``fully_shard`` takes its device from the mesh (CPU) and
   refuses to train parameters still on meta. While capturing, FSDP2's device is the meta
   device (its unsharded parameters, all-gather and reduce-scatter buffers are meta; its
@@ -49,9 +55,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["MetaDataMode", "FusedAttentionOnMeta", "fused_attention", "beneath_clock", "fsdp_on_meta", "pipelining_on_meta", "meta_scope",
-           "in_meta_scope",
-           "DEVICES"]
+__all__ = ["MetaDataMode", "FusedAttentionOnMeta", "fused_attention", "beneath_clock",
+           "fsdp_on_meta", "pipelining_on_meta", "functional_waits_on_meta", "meta_scope",
+           "in_meta_scope", "DEVICES"]
 
 DEVICES = ("cpu", "meta")
 T = TypeVar("T")
@@ -294,6 +300,28 @@ def _patched(patches: list[tuple[Any, str, Any]]) -> Iterator[None]:
     finally:
         for obj, name, value in saved:
             setattr(obj, name, value)
+
+
+@contextlib.contextmanager
+def functional_waits_on_meta() -> Iterator[None]:
+    """While active, the wait ``AsyncCollectiveTensor`` issues for a meta tensor runs
+    ``wait_tensor``'s CPU kernel, as the collective ran its own (see the module docstring):
+    it unregisters the rank's work wherever it is dispatched. Process-wide (torch's
+    ``_functional_collectives.wait_tensor``, which ``AsyncCollectiveTensor`` calls, is
+    patched), undone on exit."""
+    import torch.distributed._functional_collectives as funcol
+
+    wait = funcol.wait_tensor
+
+    def wait_tensor(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.is_meta:
+            return _WAIT.redispatch(_COLLECTIVE_KEYS, tensor)
+        return wait(tensor)
+    with _patched([(funcol, "wait_tensor", wait_tensor)]):
+        yield
+
+
+_WAIT = torch.ops._c10d_functional.wait_tensor.default
 
 
 def _on_cpu(method: Any) -> Any:
