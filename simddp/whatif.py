@@ -40,6 +40,7 @@ from .analysis.sweeps import SweepResult
 from .models import Compute, Network, NetworkModel
 from .timing import Timing
 from .cosim.capture import capture
+from .cosim.meta import in_meta_scope
 from .program.knobs import Config, Knobs
 from .cosim.simulate import now, simulate
 from .sweep import Progress, run_configs
@@ -121,7 +122,10 @@ def step_phases(scenario: Any, compute: Any, *, device: str | None = None
     on "meta" some ops decompose differently, e.g. attention, and a transformer's step came
     out 15 % apart) or "meta" (shapes only, no arithmetic)."""
     timing = Timing(compute=compute)
-    res = simulate(_plain_steps(scenario, 2, device or "cpu"), (), 1, timing=timing, seed=0)
+    device = device or "cpu"
+    # under the capture's meta scope, so the plain step runs the ops the capture runs
+    res = simulate(in_meta_scope(device, _plain_steps(scenario, 2, device)), (), 1,
+                   timing=timing, seed=0)
     return dict(res.returns[0][-1])
 
 

@@ -12,9 +12,10 @@ S = 0.1
 
 
 # The published workloads at a size a test can afford; each architecture once: BERT-large,
-# GPT-2 medium and Llama 3 8B/70B are BERT-base, GPT-2 and llama3-tiny made larger, and
+# GPT-2 medium and Llama 3 8B/70B/405B are BERT-base, GPT-2 and llama3-tiny made larger, and
 # Inception-v3 trains only at 299 px (its auxiliary head), minutes of CPU here.
-_SAME_AS_SMALLER = {"bert_large", "gpt2_medium", "llama3-8b", "llama3-70b", "inception_v3"}
+_SAME_AS_SMALLER = {"bert_large", "gpt2_medium", "llama3-8b", "llama3-70b", "llama3-405b",
+                    "inception_v3"}
 _SIZES = {"alexnet": dict(batch_size=2, image_size=128), "bert_base": dict(batch_size=2, seq_len=16),
           "gpt2": dict(batch_size=2, seq_len=16), "llama3-tiny": {}}
 
