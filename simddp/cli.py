@@ -95,9 +95,10 @@ def _straggler(text: str) -> dict[int, float]:
 
 def _grid_flags(p: argparse.ArgumentParser, *, world_default: str | None) -> None:
     g = p.add_argument_group("configurations (comma-separated lists: one row per combination)")
-    g.add_argument("--world-size", type=_list(int), required=world_default is None,
+    g.add_argument("--world-size", type=_list(int),
                    default=None if world_default is None else _list(int)(world_default),
-                   help="world sizes, e.g. 64,1024")
+                   help="world sizes, e.g. 64,1024 (needed unless every --parallel spec gives "
+                        "all its sizes, e.g. pp:4,fsdp:16,tp:8: then the ranks it lays out)")
     g.add_argument("--network", type=_networks, default=["ib-ndr"],
                    help="networks: presets (simddp.Network.preset), e.g. ib-ndr,100gbe; a "
                         "`simddp calibrate --json` file (this machine's measured costs); "
@@ -391,6 +392,26 @@ def _contention(text: str) -> Any:
             f"expected SLOWDOWN[:US] (e.g. 1.3:8.4) or 'off', got {text!r} ({e})") from None
 
 
+def _world_sizes(args: argparse.Namespace) -> list[int]:
+    """--world-size, else the ranks that --parallel specs with every size given lay out."""
+    if args.world_size is not None:
+        return args.world_size
+    import math
+
+    sizes = []
+    for spec in args.parallel or []:
+        parts = [p.partition(":") for p in spec.split(",")]
+        if any(not size.strip().isdigit() for _, _, size in parts) or \
+                any(name.strip() == "hsdp" for name, _, _ in parts):
+            break
+        sizes.append(math.prod(int(size) for _, _, size in parts))
+    else:
+        if sizes:
+            return sorted(set(sizes))
+    raise ValueError("--world-size is needed (e.g. --world-size 64,1024), unless every "
+                     "--parallel spec gives all its sizes (e.g. pp:4,fsdp:16,tp:8)")
+
+
 def _grid_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     speeds: dict[int, float] = {}
     for s in args.straggler:
@@ -398,7 +419,7 @@ def _grid_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     from .models.netspec import network_spec
 
     networks = [network_spec(n, gpus_per_node=args.gpus_per_node) for n in args.network]
-    return dict(world_size=args.world_size, network=networks,
+    return dict(world_size=_world_sizes(args), network=networks,
                 gpus_per_node=args.gpus_per_node, bucket_cap_mb=args.bucket_cap_mb,
                 comm_hook=args.comm_hook, rank_speed=speeds, contention=args.contention,
                 **_cost_knobs(args))

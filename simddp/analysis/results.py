@@ -152,6 +152,7 @@ class ReplayResult(RunResult):
     def row(self) -> dict[str, Any]:
         """One flat row for a sweep table: knobs, then results."""
         return {**self.knobs, "parallel": self.knobs.get("parallel") or self.parallel,
+                "layout": self.parallel,  # the spec resolved at this world size
                 "world_size": self.world_size, "iterations": self.iterations,
                 "iteration_time_s": self.iteration_time,
                 "exposed_comm_s": self.mean_exposed_comm,

@@ -31,7 +31,7 @@ from .timeline import Timeline
 __all__ = ["SweepResult", "row_figures", "RESULT_COLUMNS"]
 
 # The figures of a row; every other column is a knob (a configuration axis).
-RESULT_COLUMNS = ("iterations", "iteration_time_s", "exposed_comm_s", "exposed_comm_by_dim",
+RESULT_COLUMNS = ("layout", "iterations", "iteration_time_s", "exposed_comm_s", "exposed_comm_by_dim",
                   "compute_s", "wait_s",
                   "slowest_rank", "buckets", "collectives_per_iteration",
                   "comm_bytes_per_iteration", "peak_memory_bytes", "oom", "wall_time_s",
@@ -191,10 +191,12 @@ class SweepResult(list):
                          min_width=max(len(_SHORT.get(k, k)), widest if widest <= 16 else 0))
         memory = any(r.get("peak_memory_bytes") for r in self)
         bubble = any(r.get("bubble_fraction") is not None for r in self)
-        # a pipeline's waits are mostly its bubble, shown instead
+        # a pipeline's waits are mostly its bubble, shown instead; its slowest rank only
+        # where it tells rows apart
         waits = ("wait_s",) if not bubble else ()
+        slowest = not bubble or len({r.get("slowest_rank") for r in self}) > 1
         for col in ("iter ms", "exposed", *dims, "compute", *(("wait",) if waits else ()),
-                    "slowest") + (("bubble",) if bubble else ()) + \
+                    *(("slowest",) if slowest else ())) + (("bubble",) if bubble else ()) + \
                 (("peak mem",) if memory else ()):
             t.add_column(col, justify="right", no_wrap=True)
         for r in self:
@@ -205,7 +207,7 @@ class SweepResult(list):
                       *[f"{by_dim[d] * 1e3:.3f}" if d in by_dim else "-" for d in dims],
                       *[f"{r[c] * 1e3:.3f}" if r.get(c) is not None else "-"
                         for c in ("compute_s", *waits)],
-                      _fmt(r.get("slowest_rank")),
+                      *((_fmt(r.get("slowest_rank")),) if slowest else ()),
                       *((f"{r['bubble_fraction']:.1%}" if r.get("bubble_fraction") is not None
                          else "-",) if bubble else ()),
                       *((_memory(r),) if memory else ()))

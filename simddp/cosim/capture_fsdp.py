@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Callable, Mapping, Sequence
+import warnings
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -37,12 +38,22 @@ from .meta import (DEVICES, fsdp_on_meta, functional_waits_on_meta, fused_attent
 from .simulate import SimResult, now, simulate
 from .tensor_parallel import apply_tensor_parallel
 
-__all__ = ["capture_fsdp", "fsdp_units", "checkpoint_units", "checkpoint_blocks", "span_profile",
-           "PHASES"]
+__all__ = ["capture_fsdp", "fsdp_units", "outputs_not_modified_in_place", "checkpoint_units",
+           "checkpoint_blocks", "span_profile", "PHASES"]
 
 PHASES = ("forward", "backward", "optimizer")
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
            "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
+
+
+@contextlib.contextmanager
+def outputs_not_modified_in_place() -> Iterator[None]:
+    """FSDP2 warns of every module output that is a view (DTensor's sequence shards are) in
+    case the program modifies it in place; the zoo's models and stages never do."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view "
+                                "tensor")
+        yield
 
 
 def fsdp_units(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -266,7 +277,8 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
     _dtype(param_dtype), _dtype(reduce_dtype)
     timing = Timing() if timing is None else timing
     with (fsdp_on_meta() if device == "meta" else contextlib.nullcontext()), \
-            (functional_waits_on_meta() if device == "meta" else contextlib.nullcontext()):
+            (functional_waits_on_meta() if device == "meta" else contextlib.nullcontext()), \
+            outputs_not_modified_in_place():
         res = simulate(_rank_run(scenario, mesh_dims, iterations, bool(reshard_after_forward),
                                  (param_dtype, reduce_dtype), device,
                                  bool(activation_checkpointing), bool(sequence_parallel)),

@@ -22,7 +22,6 @@ import contextlib
 import dataclasses
 import inspect
 import math
-import warnings
 from collections import defaultdict
 from typing import Any, Callable, Mapping
 
@@ -36,7 +35,8 @@ from ..program.captured import CapturedPipeline
 from ..program.mesh import DeviceMesh
 from ..timing import Timing
 from .capture import _batches, _probe_costs, saved_bytes, state_bytes
-from .capture_fsdp import _dtype, checkpoint_blocks, fsdp_units, span_profile
+from .capture_fsdp import (_dtype, checkpoint_blocks, fsdp_units,
+                           outputs_not_modified_in_place, span_profile)
 from .meta import (DEVICES, fsdp_on_meta, functional_waits_on_meta, in_meta_scope,
                    pipelining_on_meta)
 from .simulate import issued, now, simulate
@@ -454,11 +454,7 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
         with (fsdp_on_meta() if device == "meta" and fsdp else contextlib.nullcontext()), \
                 (pipelining_on_meta() if device == "meta" else contextlib.nullcontext()), \
                 (functional_waits_on_meta() if device == "meta" else contextlib.nullcontext()):
-            with warnings.catch_warnings():
-                # FSDP2 warns of every stage output that is a view (DTensor's sequence shards
-                # are); the stages never modify their outputs in place, which is what it guards
-                warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a "
-                                        "view tensor")
+            with outputs_not_modified_in_place():
                 res = simulate(_rank_run(scenario, cfg), (), world, timing=timing, seed=seed)
     except RankFailedError as e:
         if isinstance(e.__cause__, _ConfigError):

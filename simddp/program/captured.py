@@ -58,6 +58,30 @@ class _JSON:
             return cls.from_json(f.read())
 
 
+class _Capture(_JSON):
+    """What every capture answers besides its data."""
+
+    network: dict[str, Any] | None
+
+    def network_model(self) -> Network | None:
+        """The capture's network (None if it was not a :class:`Network`)."""
+        return None if self.network is None else Network(**self.network)
+
+
+class _MeshCapture(_Capture):
+    """A capture on a DeviceMesh (``mesh``: dimension → size)."""
+
+    mesh: dict[str, int]
+
+    @property
+    def shard_size(self) -> int:
+        return int(self.mesh.get("shard", 1))
+
+    @property
+    def tp_size(self) -> int:
+        return int(self.mesh.get("tp", 1))
+
+
 @dataclass
 class ParamInfo:
     """One parameter as the Reducer indexes it (DDP's parameter order)."""
@@ -112,7 +136,7 @@ class RankProfile:
 
 
 @dataclass
-class CapturedIteration(_JSON):
+class CapturedIteration(_Capture):
     """One DDP iteration as :func:`capture` recorded it; JSON-serialisable
     (:meth:`to_json`, :meth:`save`, :meth:`from_json`, :meth:`load`)."""
 
@@ -152,9 +176,6 @@ class CapturedIteration(_JSON):
     def param_bytes(self) -> int:
         return sum(p.nbytes for p in self.params)
 
-    def network_model(self) -> Network | None:
-        """The capture's network (None if it was not a :class:`Network`)."""
-        return None if self.network is None else Network(**self.network)
 
     def buckets(self, bucket_cap_mb: float | None = None,
                 first_bucket_mb: float | None = None) -> list[list[int]]:
@@ -297,7 +318,7 @@ def parse_indices(text: str) -> list[list[int]]:
 
 
 @dataclass
-class CapturedStep(_JSON):
+class CapturedStep(_MeshCapture):
     """One training step of a sharded program (FSDP2, HSDP) as
     :func:`~simddp.cosim.capture_fsdp.capture_fsdp` recorded it; JSON-serialisable.
 
@@ -337,25 +358,16 @@ class CapturedStep(_JSON):
     local_param_bytes: int = 0
     sequence_parallel: bool = False
 
-    @property
-    def shard_size(self) -> int:
-        return int(self.mesh.get("shard", 1))
-
-    @property
-    def tp_size(self) -> int:
-        return int(self.mesh.get("tp", 1))
 
     @property
     def tp_param_bytes(self) -> int:
         """The parameters one TP rank holds before FSDP2 shards them."""
         return int(self.local_param_bytes or self.param_bytes)
 
-    def network_model(self) -> Network | None:
-        return None if self.network is None else Network(**self.network)
 
 
 @dataclass
-class CapturedPipeline(_JSON):
+class CapturedPipeline(_MeshCapture):
     """One training step of a pipeline-parallel program (``torch.distributed.pipelining``,
     optionally with FSDP2 and/or tensor parallelism inside each stage), as
     :func:`~simddp.cosim.capture_pp.capture_pp` recorded it; JSON-serialisable.
@@ -419,13 +431,4 @@ class CapturedPipeline(_JSON):
     cosim_exposed_comm: float = 0.0
     activation_checkpointing: bool = False
 
-    @property
-    def shard_size(self) -> int:
-        return int(self.mesh.get("shard", 1))
 
-    @property
-    def tp_size(self) -> int:
-        return int(self.mesh.get("tp", 1))
-
-    def network_model(self) -> Network | None:
-        return None if self.network is None else Network(**self.network)
