@@ -104,7 +104,8 @@ def predict(row, caps: dict) -> tuple[float, float, float, float]:
             shallow = capture_pp(sc, cap_pp, schedule=schedule, stages_per_rank=v,
                                  microbatches=cap_m, mesh={"shard": 2, "tp": tp},
                                  timing=timing, device="meta", param_dtype="bf16",
-                                 reduce_dtype="fp32", input_weight=1, output_weight=1)
+                                 reduce_dtype="fp32", input_weight=1, output_weight=1,
+                                 activation_checkpointing=True)  # the sources' full AC
             caps[key] = deepen(shallow, pp, v, n_layers=args.n_layers)
         res = replay(caps[key], world, network=net, parallel=f"pp:{pp},fsdp:{dp},tp:{tp}",
                      pp_schedule=schedule, microbatches=m, progress=False)

@@ -135,7 +135,8 @@ def _grid_flags(p: argparse.ArgumentParser, *, world_default: str | None) -> Non
     g.add_argument("--reduce-dtype", default=None, metavar="DTYPE",
                    help="FSDP2 MixedPrecisionPolicy reduce_dtype: bf16, fp16, fp32")
     g.add_argument("--activation-checkpointing", action="store_true",
-                   help="FSDP2: every block under torch's checkpoint_wrapper (full AC)")
+                   help="FSDP2, TP and pipeline layouts: every block under torch's "
+                        "checkpoint_wrapper (full AC)")
     g.add_argument("--pp-schedule", type=_list(str), default=None, metavar="NAMES",
                    help="pipeline layouts (pp:P): torch's schedules, e.g. 1f1b,interleaved1f1b "
                         "(GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, "

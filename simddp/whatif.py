@@ -226,9 +226,6 @@ def _pipelines(workload: Any, sc: Any, spec: str, par: Any, worlds: list[int], s
     from .cosim.capture_pp import capture_pp
     from .program.schedules import schedule_class
 
-    if activation_checkpointing:
-        raise ValueError(f"--parallel {spec}: activation checkpointing is captured for FSDP2 "
-                         f"layouts only so far, not inside pipeline stages")
     if par.data == "ddp" and par.replicate > 1:
         raise ValueError(f"--parallel {spec}: pipeline stages are replicated with FSDP2 "
                          f"(pp:P,fsdp:N or hsdp:S, torchtitan's composition), not DDP")
@@ -258,6 +255,7 @@ def _pipelines(workload: Any, sc: Any, spec: str, par: Any, worlds: list[int], s
             cap = capture_pp(scenario, par.pp, schedule=name, microbatches=cap_m,
                              stages_per_rank=v, mesh=mesh, timing=timing, device=device,
                              input_weight=1, output_weight=1,  # torchtitan's default split
+                             activation_checkpointing=activation_checkpointing,
                              seed=seed, param_dtype=param_dtype if mesh.keys() - {"tp"} else None,
                              reduce_dtype=reduce_dtype if mesh.keys() - {"tp"} else None)
             for m in ms:
@@ -303,8 +301,8 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
     ``MixedPrecisionPolicy``), then replayed at every world size; a world
     size the layout does not divide is left out (``status`` says so). ``gpu_memory_gb``: the
     device memory for each row's OOM verdict (default: the ``gpu`` preset's).
-    ``activation_checkpointing``: FSDP2 layouts run every block under torch's
-    ``checkpoint_wrapper`` (torchtitan's full AC). ``capture_device``: "cpu" or "meta"
+    ``activation_checkpointing``: FSDP2 (with or without TP) and pipeline layouts run every
+    block (of every stage) under torch's ``checkpoint_wrapper`` (torchtitan's full AC). ``capture_device``: "cpu" or "meta"
     (default: "meta" for the zoo's real-size workloads, whose step would not fit this
     machine's memory, else "cpu").
     Pipeline layouts (``pp:P,...``): ``pp_schedule`` (torch's schedule names, e.g. "1F1B",

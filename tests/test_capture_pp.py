@@ -246,6 +246,60 @@ def test_real_size_llama3_8b_captures_on_meta():
     assert all(p["seconds"] > 0 for st in cap.stages for p in st["actions"]["B"])
 
 
+def test_activation_checkpointing_recomputes_each_stage_in_backward_with_the_same_losses(caps):
+    plain, plain_losses = caps[2, "1F1B"]
+    losses: list = []
+    ac = capture_pp(SCENARIO, 2, schedule="1F1B", timing=TIMING, losses=losses,
+                    activation_checkpointing=True)
+    assert ac.activation_checkpointing and not plain.activation_checkpointing
+    assert losses == plain_losses  # the recomputation is the forward, bit for bit
+    for st, ref in zip(ac.stages, plain.stages):
+        assert ref["recompute_bytes"] == 0
+        # a microbatch in flight keeps its blocks' inputs; one block's activations while its
+        # backward recomputes it
+        assert 0 < st["activation_bytes"] < 0.25 * ref["activation_bytes"]
+        assert 0 < st["recompute_bytes"] < ref["activation_bytes"]
+        for mb in range(M):
+            fwd = ref["actions"]["F"][mb]["seconds"]
+            grown = st["actions"]["B"][mb]["seconds"] - ref["actions"]["B"][mb]["seconds"]
+            # about one forward (checkpointing also detaches what the recompute saves)
+            assert 0.9 * fwd < grown < 2 * fwd
+
+
+def test_activation_checkpointing_keeps_the_same_on_meta_and_spares_stages_without_blocks():
+    tiny = workloads.llama3_tiny(batch_size=2)  # 2 blocks: stage 0 embeds, stage 3 the head
+    kw = dict(schedule="Interleaved1F1B", stages_per_rank=2, microbatches=2, mesh={"tp": 2},
+              input_weight=1, output_weight=1, timing=TIMING)
+    plain = capture_pp(tiny, 2, **kw)
+    cpu, meta = (capture_pp(tiny, 2, device=d, activation_checkpointing=True, **kw)
+                 for d in ("cpu", "meta"))
+    facts = lambda c: [(st["activation_bytes"], st["recompute_bytes"])  # noqa: E731
+                       for st in c.stages]
+    assert facts(meta) == facts(cpu)
+    blocks = [st["layers"][1] - st["layers"][0] for st in cpu.stages]
+    assert blocks == [0, 1, 1, 0]
+    for st, ref, n in zip(cpu.stages, plain.stages, blocks):
+        if n:
+            assert st["recompute_bytes"] > 0
+            assert st["actions"]["B"][0]["seconds"] > ref["actions"]["B"][0]["seconds"]
+        else:  # nothing to checkpoint
+            assert (st["activation_bytes"], st["recompute_bytes"]) == (ref["activation_bytes"], 0)
+            assert st["actions"]["B"][0]["seconds"] == pytest.approx(
+                ref["actions"]["B"][0]["seconds"], rel=1e-9)
+
+
+def test_whatif_captures_pipeline_layouts_with_activation_checkpointing():
+    from simddp.whatif import whatif
+
+    kw = dict(world_size=4, network="dgx-h100", gpu="h100", parallel="pp:2,fsdp",
+              microbatches=2, batch_size=2)
+    plain, ac = (whatif("llama3-tiny", activation_checkpointing=a, **kw)[0]
+                 for a in (False, True))
+    assert not ac["oom"] and ac["parallel"] == "pp:2,fsdp"
+    assert ac["iteration_time_s"] > plain["iteration_time_s"]
+    assert ac["peak_memory_bytes"] < plain["peak_memory_bytes"]
+
+
 def test_tensor_parallel_stages_on_meta_leave_no_collective_unwaited(monkeypatch):
     """An embedding-only stage's output is a pending reduce-scatter whose first wait is the
     pipeline's send; on meta that wait must reach c10d's registry of the rank as on CPU (else

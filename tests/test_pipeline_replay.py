@@ -283,6 +283,35 @@ def test_activations_per_microbatch_in_flight(schedule, in_flight):
     assert r.peak_memory_bytes == max(in_flight) * act + (1 << 24)
 
 
+@pytest.mark.parametrize("schedule,in_flight", [("GPipe", [8, 8, 8, 8]),
+                                                ("1F1B", [4, 3, 2, 1]),
+                                                ("ZBVZeroBubble", None)])
+def test_activation_checkpointing_adds_one_blocks_recompute_to_the_microbatches_in_flight(
+        schedule, in_flight):
+    """With full AC a stage's activations per microbatch are its blocks' inputs; a backward
+    (B, or I when split) holds one block's recomputed activations on top while it runs."""
+    from simddp.program.pipeline import PipelineProgram
+
+    act, rec = 1 << 20, 3 << 18
+    kw = dict(activation_bytes=act, param_bytes=1 << 24, schedule=schedule)
+    if schedule == "ZBVZeroBubble":
+        kw.update(weight_s=1.0, stages_per_rank=2)
+    plain = PipelineProgram(uniform_pipeline(4, 8, 1.0, 2.0, **kw), Knobs().checked(4, FREE))
+    cap = uniform_pipeline(4, 8, 1.0, 2.0, recompute_bytes=rec, **kw)
+    assert cap.activation_checkpointing
+    ac = PipelineProgram(cap, Knobs().checked(4, FREE))
+    for rank in range(4):
+        held = plain.memory(rank)[1]["activations"]
+        if in_flight is not None:
+            assert held == in_flight[rank] * act
+        peak, cats = ac.memory(rank)
+        assert cats["activations"] == held + rec
+        assert peak == plain.memory(rank)[0] + rec
+    assert replay(cap, network=FREE, progress=False).peak_memory_bytes == \
+        replay(uniform_pipeline(4, 8, 1.0, 2.0, **kw), network=FREE,
+               progress=False).peak_memory_bytes + rec
+
+
 def test_jitter_replays_every_rank_and_the_same_seed_gives_the_same_result():
     net = Network.preset("dgx-h100")
     a = replay(_three_d(), 16, network=net, progress=False, jitter=0.05, seed=3)

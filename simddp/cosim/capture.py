@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
@@ -60,35 +60,61 @@ def state_bytes(opt: torch.optim.Optimizer) -> int:
 
 class SavedBytes(torch.autograd.graph.saved_tensors_hooks):
     """What autograd saves for backward while ``counting``: the bytes of the distinct
-    storages of saved tensors that are not parameters (the activations). Outside virtual
-    time only: with saved-tensor hooks autograd runs extra ops (detaches) the compute model
-    would charge."""
+    storages of saved tensors that are not parameters (the activations) — nor views of
+    ``params`` (a tensor-parallel linear saves its DTensor weight's transpose, a view of the
+    local shard: a parameter's storage, not an activation's). Outside virtual time only: with
+    saved-tensor hooks autograd runs extra ops (detaches) the compute model would charge."""
 
-    def __init__(self) -> None:
+    def __init__(self, params: Iterable[torch.Tensor] = ()) -> None:
         self.counting = False
         self._storages: dict[int, int] = {}
+        # the storages counted, kept alive while counting: a key is a storage's address, which
+        # a storage freed meanwhile (a graph branch the loss does not use) would hand on
+        self._alive: list[Any] = []
+        self._params: set[int] = set()
+        for p in params:
+            for t in _locals(p):
+                self._params.add(_storage(t)[0])
         super().__init__(self._pack, lambda t: t)
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         if not self.counting or isinstance(t, torch.nn.Parameter):
             return t
-        if is_traceable_wrapper_subclass(t):  # a DTensor: its rank's shard (inner tensors)
-            for name in t.__tensor_flatten__()[0]:
-                inner = getattr(t, name)
-                if isinstance(inner, torch.Tensor):
-                    self._pack(inner)
-            return t
-        if t.device.type == "meta":  # no storage to tell apart: a view counts as its base
-            base = t if t._base is None else t._base
-            self._storages[id(base)] = base.numel() * base.element_size()
-        else:
-            st = t.untyped_storage()
-            self._storages[st.data_ptr() or id(st)] = st.nbytes()
+        for local in _locals(t):
+            key, nbytes = _storage(local)
+            if key not in self._params and key not in self._storages:
+                self._storages[key] = nbytes
+                self._alive.append(local.untyped_storage())
         return t
+
+    def add(self, t: torch.Tensor) -> None:
+        """Count ``t`` as if autograd saved it (while ``counting``)."""
+        self._pack(t)
+
+    @property
+    def storages(self) -> dict[int, int]:
+        """Bytes per distinct storage counted so far (keys: storages, as told apart here)."""
+        return dict(self._storages)
 
     @property
     def total(self) -> int:
         return sum(self._storages.values())
+
+
+def _locals(t: torch.Tensor) -> list[torch.Tensor]:
+    """``t``, or for a DTensor its rank's shard (its inner tensors)."""
+    if not is_traceable_wrapper_subclass(t):
+        return [t]
+    inner = (getattr(t, name) for name in t.__tensor_flatten__()[0])
+    return [x for i in inner if isinstance(i, torch.Tensor) for x in _locals(i)]
+
+
+def _storage(t: torch.Tensor) -> tuple[int, int]:
+    """(key, bytes) of ``t``'s storage: its ``StorageImpl``, which views share on any device
+    (a meta tensor has one, without data; ``_base`` would miss views made below autograd, as
+    DTensor's local ops are)."""
+    st = t.untyped_storage()
+    return st._cdata, st.nbytes()
 
 
 def activation_bytes(scenario: Any, device: str = "cpu", dtype: torch.dtype | None = None,
@@ -98,38 +124,63 @@ def activation_bytes(scenario: Any, device: str = "cpu", dtype: torch.dtype | No
     rank 0's first batch, run plainly (no ranks, no virtual time; on the meta device for a
     real-size capture; ``dtype``: the parameters' compute dtype, e.g. FSDP2's
     ``MixedPrecisionPolicy.param_dtype``). Returns (held from forward to backward, held only
-    while one unit is recomputed in backward). With ``checkpointed`` (activation checkpointing
-    of each of ``units(model)``) a unit keeps only its input until backward recomputes it,
-    so the first figure is the rest's saved bytes and the units' inputs, the second the
-    largest unit's saved bytes; else (all saved, 0)."""
+    while one unit is recomputed in backward): see :func:`saved_bytes`, with ``units(model)``
+    checkpointed when ``checkpointed``."""
     with torch.device(device):
         model = scenario.build_model()
     if dtype is not None:
         model = model.to(dtype)
     batch = _batches(scenario, 0, 1, 1, device)[0]
-    saved = SavedBytes()
-    saved.counting = True
-    per_unit: list[int] = []
-    inputs: list[int] = []
-    handles = []
-    if checkpointed and units is not None:
-        for unit in units(model):
-            def pre(mod: Any, args: Any) -> None:
-                per_unit.append(saved.total)
-                inputs.append(sum(a.numel() * a.element_size() for a in args
-                                  if isinstance(a, torch.Tensor)))
+    return saved_bytes(lambda: scenario.step(model, batch), device,
+                       units(model) if checkpointed and units is not None else None,
+                       model.parameters())
 
-            def post(mod: Any, args: Any, out: Any) -> None:
-                per_unit[-1] = saved.total - per_unit[-1]
-            handles += [unit.register_forward_pre_hook(pre), unit.register_forward_hook(post)]
-    with saved, fused_attention(device):
-        loss = scenario.step(model, batch)
-    del loss
-    for h in handles:
-        h.remove()
-    if not per_unit:
+
+def saved_bytes(forward: Callable[[], Any], device: str = "cpu",
+                checkpointed: list[torch.nn.Module] | None = None,
+                params: Iterable[torch.Tensor] = ()) -> tuple[int, int]:
+    """What autograd keeps for backward from ``forward()`` (a forward and, where it has one,
+    its loss; outside virtual time: see :class:`SavedBytes`): (held from forward to backward,
+    held only while one unit is recomputed in backward). Without ``checkpointed``: (all the
+    saved bytes, 0). With it (the modules activation checkpointing wraps, measured here
+    unwrapped): a checkpointed module keeps only its inputs until backward recomputes it, so
+    the first figure is the distinct storages saved outside those modules together with their
+    inputs (the hidden states each block receives, the rotary tables and mask they share, once),
+    the second the largest module's saved bytes. ``params``: the model's parameters (never
+    activations, whatever views of them autograd saves)."""
+    saved = SavedBytes(params)
+    inputs = SavedBytes()  # the checkpointed modules' tensor arguments, counted as saved ones
+    inputs.counting = saved.counting = True
+    inside: set[int] = set()  # storages saved inside a checkpointed module
+    per_unit: list[int] = []
+    before: list[set[int]] = [set()]
+    handles = []
+
+    def pre(mod: Any, args: Any) -> None:
+        before[0] = set(saved.storages)
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                inputs.add(a)
+
+    def post(mod: Any, args: Any, out: Any) -> None:
+        now_saved = saved.storages
+        new = set(now_saved) - before[0]
+        inside.update(new)
+        per_unit.append(sum(now_saved[k] for k in new))
+    for unit in checkpointed or ():
+        handles += [unit.register_forward_pre_hook(pre), unit.register_forward_hook(post)]
+    try:
+        with saved, fused_attention(device):
+            loss = forward()
+        del loss
+    finally:
+        for h in handles:
+            h.remove()
+    if not checkpointed:
         return saved.total, 0
-    return saved.total - sum(per_unit) + sum(inputs), max(per_unit)
+    held = {k: v for k, v in saved.storages.items() if k not in inside}
+    held.update(inputs.storages)
+    return sum(held.values()), max(per_unit, default=0)
 
 
 def _batches(scenario: Any, rank: int, world_size: int, iterations: int,

@@ -31,14 +31,15 @@ from ..models import Network
 from ..program.captured import CapturedStep
 from ..program.mesh import DeviceMesh
 from ..timing import Timing
-from .capture import (SavedBytes, _batches, _probe_costs, _train, activation_bytes,
+from .capture import (_batches, _probe_costs, _train, activation_bytes, saved_bytes,
                       state_bytes)
 from .meta import (DEVICES, fsdp_on_meta, functional_waits_on_meta, fused_attention,
                    in_meta_scope)
 from .simulate import SimResult, now, simulate
 from .tensor_parallel import apply_tensor_parallel
 
-__all__ = ["capture_fsdp", "fsdp_units", "outputs_not_modified_in_place", "checkpoint_units", "span_profile", "PHASES"]
+__all__ = ["capture_fsdp", "fsdp_units", "outputs_not_modified_in_place", "checkpoint_units",
+           "checkpoint_blocks", "span_profile", "PHASES"]
 
 PHASES = ("forward", "backward", "optimizer")
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
@@ -74,18 +75,32 @@ def _dtype(name: str | None) -> torch.dtype | None:
     return _DTYPES[name]
 
 
-def checkpoint_units(model: torch.nn.Module) -> None:
+def checkpoint_units(model: torch.nn.Module, device: str = "cpu") -> None:
     """Activation checkpointing of every block (torchtitan's "full" AC): each element of the
-    model's first ``nn.ModuleList`` under torch's ``checkpoint_wrapper``."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-
+    model's first ``nn.ModuleList`` under torch's ``checkpoint_wrapper``
+    (:func:`checkpoint_blocks`)."""
     for m in model.modules():
         if isinstance(m, torch.nn.ModuleList) and len(m):
-            for i, block in enumerate(m):
-                m[i] = checkpoint_wrapper(block)
+            checkpoint_blocks(m, device)
             return
     raise ValueError(f"activation checkpointing wraps the model's blocks, the elements of an "
                      f"nn.ModuleList; {type(model).__name__} has none")
+
+
+def checkpoint_blocks(blocks: torch.nn.ModuleList, device: str = "cpu") -> None:
+    """Each of ``blocks`` (in place) under torch's ``checkpoint_wrapper`` (non-reentrant, as
+    torchtitan). On the meta device its recomputation in backward runs under
+    :class:`~simddp.cosim.meta.FusedAttentionOnMeta` as its forward did: backward is a torch
+    function, and a torch-function mode is off while it handles one, so the forward's mode
+    does not reach the recomputation (which would then save other tensors than the forward,
+    an error for checkpointing)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    kwargs: dict[str, Any] = {}
+    if device == "meta":
+        kwargs["context_fn"] = lambda: (contextlib.nullcontext(), fused_attention(device))
+    for i, block in enumerate(blocks):
+        blocks[i] = checkpoint_wrapper(block, **kwargs)
 
 
 def _local_bytes(model: torch.nn.Module) -> int:
@@ -118,7 +133,7 @@ def _rank_run(scenario: Any, mesh_dims: Mapping[str, int], iterations: int,
         local_param_bytes = _local_bytes(model)
         dp_mesh = mesh[dp_dims] if len(dp_dims) < len(mesh_dims) else mesh
         if checkpointed:
-            checkpoint_units(model)
+            checkpoint_units(model, device)
         policy = MixedPrecisionPolicy(param_dtype=_dtype(mp[0]), reduce_dtype=_dtype(mp[1]))
         for unit in fsdp_units(model):
             fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard_after_forward,
@@ -199,15 +214,17 @@ def _phase_profile(res: SimResult, rank: int, marks: Mapping[str, float],
 
 
 def _tp_activation_bytes(scenario: Any, tp: int, device: str, dtype: torch.dtype | None,
-                         sequence_parallel: bool) -> int:
-    """What autograd saves for backward in one forward (and loss) of rank 0 of a TP group of
-    ``tp`` ranks (torchtitan's plan applied), on rank 0's first batch: the held activations per
-    rank, which TP divides (sequence parallelism: all of them; without: those inside the
-    blocks' sharded matmuls). Run on an untimed fake world (saved-tensor hooks add ops the
-    compute model would charge)."""
+                         sequence_parallel: bool, checkpointed: bool) -> tuple[int, int]:
+    """What autograd keeps for backward in one forward (and loss) of rank 0 of a TP group of
+    ``tp`` ranks (torchtitan's plan applied), on rank 0's first batch: (held, recompute) per
+    rank as :func:`~simddp.cosim.capture.saved_bytes` counts them — with ``checkpointed`` the
+    blocks' inputs and what is saved outside them, and the largest block's recompute. TP
+    divides them (sequence parallelism: all of them; without: those inside the blocks'
+    sharded matmuls). Run on an untimed fake world (saved-tensor hooks add ops the compute
+    model would charge)."""
     import fakepg
 
-    def run(rank: int) -> int:
+    def run(rank: int) -> tuple[int, int]:
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",))
@@ -217,14 +234,11 @@ def _tp_activation_bytes(scenario: Any, tp: int, device: str, dtype: torch.dtype
             model = model.to(dtype)
         apply_tensor_parallel(model, mesh["tp"], sequence_parallel=sequence_parallel)
         batch = _batches(scenario, 0, 1, 1, device)[0]
-        saved = SavedBytes()
-        saved.counting = True
-        with saved, fused_attention(device):
-            loss = scenario.step(model, batch)
-        del loss
-        return saved.total
+        return saved_bytes(lambda: scenario.step(model, batch), device,
+                           fsdp_units(model) if checkpointed else None, model.parameters())
 
-    return int(fakepg.spawn(run, nprocs=tp).returns[0])
+    held, recompute = fakepg.spawn(run, nprocs=tp).returns[0]
+    return int(held), int(recompute)
 
 
 def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None,
@@ -242,7 +256,9 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
     ``device="meta"``: at real size without arithmetic (see :mod:`simddp.cosim.meta`): shapes,
     dtypes and collectives are real, the compute model costs each op from its shapes.
     ``activation_checkpointing``: each block under torch's ``checkpoint_wrapper`` (torchtitan's
-    full AC): backward recomputes its forward, and it keeps only its input until then."""
+    full AC; after tensor parallelism, before FSDP2, as torchtitan orders them): backward
+    recomputes its forward (and, under TP, its collectives), and it keeps only its input until
+    then; the recorded activations are per TP rank."""
     if device not in DEVICES:
         raise ValueError(f"capture_fsdp: device must be one of {', '.join(DEVICES)}, "
                          f"got {device!r}")
@@ -258,10 +274,6 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
                          f"{{'replicate': r, 'shard': s}}, optionally followed by 'tp': t "
                          f"(innermost), with r × s × t = {nprocs}")
     tp = mesh_dims.get("tp", 1)
-    if tp > 1 and activation_checkpointing:
-        raise ValueError("capture_fsdp: activation_checkpointing with tensor parallelism is "
-                         "not captured yet (its held activations are measured per TP rank "
-                         "without it); capture tp without activation_checkpointing")
     _dtype(param_dtype), _dtype(reduce_dtype)
     timing = Timing() if timing is None else timing
     with (fsdp_on_meta() if device == "meta" else contextlib.nullcontext()), \
@@ -273,7 +285,8 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
                        (), nprocs, timing=timing, seed=seed)
         if tp > 1:
             held, recompute = _tp_activation_bytes(scenario, tp, device, _dtype(param_dtype),
-                                                   bool(sequence_parallel)), 0
+                                                   bool(sequence_parallel),
+                                                   bool(activation_checkpointing))
     if tp == 1:
         held, recompute = activation_bytes(scenario, device, _dtype(param_dtype), fsdp_units,
                                            bool(activation_checkpointing))

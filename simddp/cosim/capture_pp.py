@@ -34,10 +34,11 @@ from ..models import Network
 from ..program.captured import CapturedPipeline
 from ..program.mesh import DeviceMesh
 from ..timing import Timing
-from .capture import SavedBytes, _batches, _probe_costs, state_bytes
-from .capture_fsdp import _dtype, fsdp_units, outputs_not_modified_in_place, span_profile
-from .meta import (DEVICES, fsdp_on_meta, functional_waits_on_meta, fused_attention,
-                   in_meta_scope, pipelining_on_meta)
+from .capture import _batches, _probe_costs, saved_bytes, state_bytes
+from .capture_fsdp import (_dtype, checkpoint_blocks, fsdp_units,
+                           outputs_not_modified_in_place, span_profile)
+from .meta import (DEVICES, fsdp_on_meta, functional_waits_on_meta, in_meta_scope,
+                   pipelining_on_meta)
 from .simulate import issued, now, simulate
 from .tensor_parallel import apply_tensor_parallel
 
@@ -82,21 +83,27 @@ def stage_ranks(schedule: str, pp: int, stages_per_rank: int) -> dict[int, int]:
 
 def parallelize_stage(module: torch.nn.Module, mesh: Any, *,
                       reshard_after_forward: bool = False, mp_policy: Any = None,
-                      sequence_parallel: bool = True) -> torch.nn.Module:
+                      sequence_parallel: bool = True, activation_checkpointing: bool = False,
+                      device: str = "cpu") -> torch.nn.Module:
     """Parallelize one pipeline stage inside its slice of the device ``mesh`` (a torch
-    ``DeviceMesh`` whose dimensions include some of "replicate", "shard", "tp"), as
-    torchtitan does: tensor parallelism on "tp" first (torchtitan's Llama 3 plan,
-    :func:`~simddp.cosim.tensor_parallel.apply_tensor_parallel`; with ``sequence_parallel``
-    the hidden states between stages are sequence shards, which the stage is told), then FSDP2 — ``fully_shard`` on each
-    block (:func:`~simddp.cosim.capture_fsdp.fsdp_units`) and on the stage itself, on the
-    data-parallel submesh (HSDP when it has "replicate"), ``reshard_after_forward`` False by
-    default (torchtitan's default under pipeline parallelism: each microbatch would otherwise
-    gather the parameters again)."""
-    names = tuple(mesh.mesh_dim_names or ())
+    ``DeviceMesh`` whose dimensions include some of "replicate", "shard", "tp"; None: no
+    parallelism inside the stage), as torchtitan does: tensor parallelism on "tp" first
+    (torchtitan's Llama 3 plan, :func:`~simddp.cosim.tensor_parallel.apply_tensor_parallel`;
+    with ``sequence_parallel`` the hidden states between stages are sequence shards, which the
+    stage is told), then with ``activation_checkpointing`` each of the stage's blocks under
+    torch's ``checkpoint_wrapper`` (:func:`~simddp.cosim.capture_fsdp.checkpoint_blocks`; a stage
+    without blocks has nothing to checkpoint; ``device``: where its parameters are), then
+    FSDP2 — ``fully_shard`` on each block (:func:`~simddp.cosim.capture_fsdp.fsdp_units`) and
+    on the stage itself, on the data-parallel submesh (HSDP when it has "replicate"),
+    ``reshard_after_forward`` False by default (torchtitan's default under pipeline
+    parallelism: each microbatch would otherwise gather the parameters again)."""
+    names = tuple(mesh.mesh_dim_names or ()) if mesh is not None else ()
     if "tp" in names:
         apply_tensor_parallel(module, mesh["tp"], sequence_parallel=sequence_parallel)
         if sequence_parallel:  # hidden states travel between stages as sequence shards
             module.sequence_shards = mesh["tp"].size()
+    if activation_checkpointing:
+        checkpoint_blocks(module.layers, device)
     dp = tuple(d for d in ("replicate", "shard") if d in names)
     if dp:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -182,9 +189,10 @@ def _rank_run(scenario: Any, cfg: Mapping[str, Any]) -> Callable[[int], dict[str
             part = LlamaStage(model, s, num_stages, **cfg["split"])
             facts[s] = {"param_bytes": sum(p.numel() * p.element_size()
                                            for p in part.parameters())}
-            if inner is not None:
-                parallelize_stage(part, inner, mp_policy=policy,
-                                  sequence_parallel=cfg["sequence_parallel"])
+            parallelize_stage(part, inner, mp_policy=policy,
+                              sequence_parallel=cfg["sequence_parallel"],
+                              activation_checkpointing=cfg["activation_checkpointing"],
+                              device=device)
             shapes = _stage_io(part, cfg["io"])
             stages.append(PipelineStage(part, s, num_stages, torch.device(device),
                                         input_args=shapes[0], output_args=shapes[1],
@@ -314,18 +322,21 @@ def _instrument(stage: Any, timed: Callable[..., Any], facts: dict[str, int]) ->
 
 def _stage_activation_bytes(scenario: Any, num_stages: int, microbatch_size: int,
                             device: str, dtype: torch.dtype | None, tp: int,
-                            sequence_parallel: bool, split: Mapping[str, int]) -> list[int]:
-    """Per stage, the bytes autograd saves for backward in one microbatch's forward (and, on
-    the last stage, its loss) on one rank, the stage's input included (the pipeline keeps it
-    for the backward): rank 0's first microbatch through the stages one after another, each
-    under tensor parallelism over ``tp`` ranks as in the capture, on an untimed fake world
-    (saved-tensor hooks add ops a compute model would charge; see
-    :class:`~simddp.cosim.capture.SavedBytes`)."""
+                            sequence_parallel: bool, split: Mapping[str, int],
+                            checkpointed: bool) -> list[tuple[int, int]]:
+    """Per stage, what autograd keeps for backward in one microbatch's forward (and, on the
+    last stage, its loss) on one rank, the stage's input included (the pipeline keeps it for
+    the backward): (held, recompute) as :func:`~simddp.cosim.capture.saved_bytes` counts them
+    — with ``checkpointed`` the stage's blocks' inputs and what is saved outside them, and its
+    largest block's recompute (0 for a stage without blocks). Rank 0's first microbatch through
+    the stages one after another, each under tensor parallelism over ``tp`` ranks as in the
+    capture, on an untimed fake world (saved-tensor hooks add ops a compute model would
+    charge)."""
     import fakepg
 
     from fakepg.zoo.llama import LlamaStage
 
-    def run(rank: int) -> list[int]:
+    def run(rank: int) -> list[tuple[int, int]]:
         from torch.distributed.device_mesh import init_device_mesh
 
         with torch.device(device):
@@ -343,17 +354,18 @@ def _stage_activation_bytes(scenario: Any, num_stages: int, microbatch_size: int
                 parallelize_stage(stage, tp_mesh, sequence_parallel=sequence_parallel)
             if s:
                 x = x.detach().requires_grad_()
-            saved = SavedBytes()
-            saved.counting = True
-            with saved, fused_attention(device):
-                y = stage(x)
-                if stage.last:
-                    loss_fn(y, targets[:microbatch_size])
-            out.append(saved.total)
-            x = y
+            y: list[torch.Tensor] = []
+
+            def forward(stage: Any = stage, x: torch.Tensor = x) -> Any:
+                y.append(stage(x))
+                return loss_fn(y[0], targets[:microbatch_size]) if stage.last else y[0]
+            out.append(saved_bytes(forward, device,
+                                   list(stage.layers) if checkpointed else None,
+                                   stage.parameters()))
+            x = y[0]
         return out
 
-    return list(fakepg.spawn(run, nprocs=tp).returns[0])
+    return [(int(h), int(r)) for h, r in fakepg.spawn(run, nprocs=tp).returns[0]]
 
 
 def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
@@ -362,7 +374,8 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
                device: str = "cpu", iterations: int = 2, seed: int = 0,
                param_dtype: str | None = None, reduce_dtype: str | None = None,
                sequence_parallel: bool = True, losses: list | None = None,
-               input_weight: int = 0, output_weight: int = 0) -> CapturedPipeline:
+               input_weight: int = 0, output_weight: int = 0,
+               activation_checkpointing: bool = False) -> CapturedPipeline:
     """Run ``scenario`` (whose model is the zoo's :class:`models.llama.Llama`) pipelined over
     ``pp`` ranks with torch's real ``PipelineStage`` and ``schedule`` (one of
     :data:`SCHEDULES`) under :func:`simddp.simulate`, and record its last step (see the
@@ -380,7 +393,11 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
     the last stage's per-microbatch losses (data-parallel rank 0; not on meta).
     ``input_weight`` / ``output_weight``: how many blocks the embedding and the head count as
     when the blocks are split (:func:`models.llama.stage_layers`: 0 and 0, equal blocks per
-    stage; 1 and 1, torchtitan's default uneven split)."""
+    stage; 1 and 1, torchtitan's default uneven split). ``activation_checkpointing``: every
+    block of every stage under torch's ``checkpoint_wrapper`` (torchtitan's full AC, after
+    tensor parallelism and before FSDP2): a backward recomputes its stage's forward, and a
+    microbatch in flight keeps only the blocks' inputs (the stage's ``activation_bytes``) until
+    then, plus one block's activations while a backward recomputes it (``recompute_bytes``)."""
     if device not in DEVICES:
         raise ValueError(f"capture_pp: device must be one of {', '.join(DEVICES)}, "
                          f"got {device!r}")
@@ -431,7 +448,8 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
           "dtype": _dtype(param_dtype) or next(model.parameters()).dtype}
     cfg = dict(io=io, mesh=mesh_dims, pp=pp, stages_per_rank=spr, microbatches=m, device=device,
                iterations=iterations, schedule=name, param_dtype=param_dtype,
-               reduce_dtype=reduce_dtype, sequence_parallel=bool(sequence_parallel), split=split)
+               reduce_dtype=reduce_dtype, sequence_parallel=bool(sequence_parallel), split=split,
+               activation_checkpointing=bool(activation_checkpointing))
     try:
         with (fsdp_on_meta() if device == "meta" and fsdp else contextlib.nullcontext()), \
                 (pipelining_on_meta() if device == "meta" else contextlib.nullcontext()), \
@@ -447,7 +465,8 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
     dmesh = DeviceMesh(world, mesh_dims)
     held = _stage_activation_bytes(scenario, num_stages, batch_size // m, device,
                                    _dtype(param_dtype), mesh_dims.get("tp", 1),
-                                   bool(sequence_parallel), split)
+                                   bool(sequence_parallel), split,
+                                   bool(activation_checkpointing))
     stages = []
     for s in range(num_stages):
         rank = placement[s] * per_stage
@@ -463,7 +482,7 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
             "stage": s, "rank": placement[s], "layers": [layers.start, layers.stop],
             "param_bytes": facts["param_bytes"],
             "optimizer_state_bytes": facts["optimizer_state_bytes"],
-            "activation_bytes": held[s],
+            "activation_bytes": held[s][0], "recompute_bytes": held[s][1],
             "send_bytes": {"F": facts["send_F"], "B": 0},
             # None: the schedule ran that microbatch's backward as another kind (DualPipeV
             # mixes full and split backwards)
@@ -487,6 +506,7 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
         mesh=mesh_dims, world_size=world, stages=stages,
         param_bytes=sum(st["param_bytes"] for st in stages), data=data,
         reshard_after_forward=False, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+        activation_checkpointing=bool(activation_checkpointing),
         network=(dataclasses.asdict(timing.network)
                  if isinstance(timing.network, Network) else None),
         compute=repr(timing.compute), costs=_probe_costs(timing.compute),

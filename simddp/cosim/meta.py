@@ -38,7 +38,10 @@ torch itself does with data on the way is handled here, each for a stated reason
   on meta tensors would decompose into its math (the ``s × s`` scores in memory, as the
   written-out reference attention); on CPU and on a GPU it runs one fused kernel. On meta it
   runs the kernel CPU dispatches to (``aten._scaled_dot_product_flash_attention_for_cpu``,
-  whose meta kernels torch registers), so a capture costs the same op on both devices.
+  whose meta kernels torch registers), so a capture costs the same op on both devices. A
+  torch-function mode is off while it handles ``backward``, so activation checkpointing's
+  recomputation enters it again itself
+  (:func:`~simddp.cosim.capture_fsdp.checkpoint_blocks`): it must save what the forward saved.
 
 Not supported on meta: ``find_unused_parameters`` (the Reducer copies its used-parameter map
 to CPU and reads it), and anything the program itself reads from data (``.item()``,

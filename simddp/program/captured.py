@@ -379,6 +379,8 @@ class CapturedPipeline(_MeshCapture):
          "param_bytes": int,                           # the stage's parameters, unsharded
          "optimizer_state_bytes": int,                 # one rank's optimizer state
          "activation_bytes": int,                      # saved for backward, one microbatch
+         "recompute_bytes": int,                       # activation checkpointing: one block's,
+                                                       # live while a backward recomputes it
          "send_bytes": {"F": int, "B": int},           # to the next stage / previous stage
          "actions": {"F": [profile, ...], "B": [...], "I": [...], "W": [...]},
          "unshard": [profile, ...],                    # torch's UNSHARD actions, in order
@@ -401,6 +403,11 @@ class CapturedPipeline(_MeshCapture):
     so their ``wait_at`` is None); single-stage schedules leave them empty and gather in the
     first ``F``. ``schedule``: the torch schedule class captured;
     ``mesh``: the capture's mesh (``{"pp": p[, "replicate": r][, "shard": s][, "tp": t]}``).
+    ``activation_checkpointing``: every block of every stage ran under torch's
+    ``checkpoint_wrapper`` (full AC): ``B`` (``I``) recomputes the stage's forward, a stage's
+    ``activation_bytes`` are its blocks' inputs and what is saved outside them, and
+    ``recompute_bytes`` its largest block's saved activations (0 without AC, or for a stage
+    without blocks).
     """
 
     name: str
@@ -422,5 +429,6 @@ class CapturedPipeline(_MeshCapture):
     costs: dict[str, float] | None = None
     cosim_iteration_time: float = 0.0
     cosim_exposed_comm: float = 0.0
+    activation_checkpointing: bool = False
 
 

@@ -32,7 +32,10 @@ Memory per rank: its stages' parameters (``param_bytes``, which the capture reco
 whole stage before tensor parallelism and FSDP, / (tp × shard)) and optimizer state from the
 start; with FSDP2 the all-gathered parameters from ``UNSHARD`` (or the first ``F``) until
 ``RESHARD`` (or the end of the step); activations (the stage's ``activation_bytes``) from each
-forward until its backward frees them (``B``, or ``W`` when backward is split).
+forward until its backward frees them (``B``, or ``W`` when backward is split); with activation
+checkpointing (the capture's ``activation_checkpointing``) those are the blocks' inputs, and a
+backward (``B`` or ``I``) holds one block's recomputed activations (``recompute_bytes``) while
+it runs.
 
 Bubble fraction (:meth:`PipelineProgram.bubble_fractions`): per pipeline rank and iteration,
 ``(T − d + w) / T`` with T the iteration time (the slowest rank's), d the rank's own iteration
@@ -369,6 +372,10 @@ class PipelineProgram:
             if op.kind in _NOISE:
                 st = cap.stages[op.stage]
                 act = int(st.get("activation_bytes", 0))
+                # activation checkpointing: the backward's recomputation of one block at a time
+                rec = int(st.get("recompute_bytes", 0)) if op.kind in ("B", "I") else 0
+                if rec:
+                    out.append(Memory("activations", rec, f"recomputed in {op.kind}{op.mb}"))
                 kinds = self._backward_kinds(op.stage, op.mb) if op.kind == "B" else (op.kind,)
                 for kind in kinds:
                     prof = self._profile(op.stage, kind, op.mb)
@@ -377,6 +384,8 @@ class PipelineProgram:
                     if gathered:
                         out.append(Memory("parameters", gathered, f"unsharded in {kind}"))
                         held[op.stage] = held.get(op.stage, 0) + gathered
+                if rec:
+                    out.append(Memory("activations", -rec, f"recomputed in {op.kind}{op.mb}"))
                 if act and op.kind == "F":
                     out.append(Memory("activations", act, f"saved by F{op.mb}"))
                 elif act and (op.kind == "W" or op.kind == "B"):
@@ -451,7 +460,8 @@ def plan_pipeline(cap: CapturedPipeline, checked: CheckedKnobs) -> PipelineProgr
 def uniform_pipeline(pp: int, microbatches: int, forward_s: float, backward_s: float, *,
                      weight_s: float | None = None, schedule: str | None = None,
                      stages_per_rank: int = 1, send_bytes: int = 0, param_bytes: int = 0,
-                     activation_bytes: int = 0, optimizer_s: float = 0.0,
+                     activation_bytes: int = 0, recompute_bytes: int = 0,
+                     optimizer_s: float = 0.0,
                      optimizer_state_bytes: int = 0, tp: int = 1, tp_allreduces: int = 0,
                      tp_bytes: int = 0, shard: int = 1, network: Any = None,
                      name: str | None = None) -> CapturedPipeline:
@@ -463,7 +473,9 @@ def uniform_pipeline(pp: int, microbatches: int, forward_s: float, backward_s: f
     part ``I`` and ``weight_s`` the weight-gradient part ``W``, as zero-bubble schedules split
     it), sends ``send_bytes`` each way per microbatch, holds ``param_bytes`` of parameters
     (all of it, before any sharding), ``optimizer_state_bytes`` per rank and
-    ``activation_bytes`` per microbatch in flight, and steps its optimizer in ``optimizer_s``.
+    ``activation_bytes`` per microbatch in flight (and, with activation checkpointing,
+    ``recompute_bytes`` while a backward recomputes a block), and steps its optimizer in
+    ``optimizer_s``.
     ``tp > 1``: each forward and backward (``I`` when split) runs ``tp_allreduces`` all-reduces
     of ``tp_bytes`` on the tensor-parallel group, evenly spread and waited for at once.
     ``shard > 1``: FSDP over ``shard`` ranks inside each stage — the first forward all-gathers
@@ -480,7 +492,7 @@ def uniform_pipeline(pp: int, microbatches: int, forward_s: float, backward_s: f
     ws = None if weight_s is None else number("weight_s", weight_s, minimum=0,
                                                hint="seconds of the weight-gradient part")
     for n, x in (("send_bytes", send_bytes), ("param_bytes", param_bytes),
-                 ("activation_bytes", activation_bytes),
+                 ("activation_bytes", activation_bytes), ("recompute_bytes", recompute_bytes),
                  ("optimizer_state_bytes", optimizer_state_bytes), ("tp_allreduces", tp_allreduces),
                  ("tp_bytes", tp_bytes)):
         integer(n, x, minimum=0)
@@ -526,6 +538,7 @@ def uniform_pipeline(pp: int, microbatches: int, forward_s: float, backward_s: f
                        "param_bytes": int(param_bytes),
                        "optimizer_state_bytes": int(optimizer_state_bytes),
                        "activation_bytes": int(activation_bytes),
+                       "recompute_bytes": int(recompute_bytes),
                        "send_bytes": {"F": int(send_bytes), "B": int(send_bytes)},
                        "actions": actions, "unshard": [], "reshard": [],
                        "reduce_grad": {"seconds": 0.0, "events": list(scatter)},
@@ -547,4 +560,4 @@ def uniform_pipeline(pp: int, microbatches: int, forward_s: float, backward_s: f
         stages_per_rank=v, microbatches=m, microbatch_size=1, mesh=mesh,
         world_size=math.prod(mesh.values()), stages=stages, param_bytes=int(param_bytes) * pp * v,
         data="fsdp" if shard > 1 else "none", param_dtype="bf16" if shard > 1 else None,
-        network=net)
+        network=net, activation_checkpointing=bool(recompute_bytes))
