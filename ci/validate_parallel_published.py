@@ -33,7 +33,8 @@ TT = ("torchtitan docs/performance.md (Dec 2024 revision), Tables 4 and 5: Grand
       "Float8 (and AsyncTP in Table 5); full activation checkpointing")
 L3 = ("The Llama 3 Herd of Models (arXiv 2407.21783), Table 4: Llama 3 405B pre-training, H100 "
       "80 GB HBM3 at 700 W, 400 Gb/s RoCE per GPU; TP 8, CP 1, PP 16, sequence 8,192, 16M tokens "
-      "a batch; TFLOPs/GPU of BF16")
+      "a batch; TFLOPs/GPU of BF16. Activation checkpointing is not stated there; simddp "
+      "assumes full AC (without any, one stage's activations alone exceed 80 GB)")
 
 # label, model, GPUs, layout (pp, dp, tp), schedule, stages per rank, microbatches (of one
 # sequence), published TPS/GPU or None, published TFLOPs/GPU or None, memory GiB or None,
