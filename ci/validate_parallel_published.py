@@ -100,8 +100,9 @@ def predict(row, caps: dict) -> tuple[float, float, float, float]:
         key = (size, schedule, v, bw)
         if key not in caps:
             n = shallow_layers(args.n_layers, pp * v, cap_pp * v)
-            sc = zoo.get(f"llama3-{size}", batch_size=cap_m).with_(
-                model=functools.partial(Llama, dataclasses.replace(args, n_layers=n)))
+            sc = zoo.get(f"llama3-{size}", batch_size=cap_m)
+            shape = sc.model.args[0]  # the workload's LlamaArgs (its fused attention included)
+            sc = sc.with_(model=functools.partial(Llama, dataclasses.replace(shape, n_layers=n)))
             shallow = capture_pp(sc, cap_pp, schedule=schedule, stages_per_rank=v,
                                  microbatches=cap_m, mesh={"shard": 2, "tp": tp},
                                  timing=timing, device="meta", param_dtype="bf16",
