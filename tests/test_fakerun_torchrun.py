@@ -290,13 +290,17 @@ def test_spawn_keeps_its_initialised_world_unless_asked_for_torchruns_state():
 
 
 _CAUGHT_HANG = """
-    import datetime, torch, torch.distributed as dist
+    import datetime, time, torch, torch.distributed as dist
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=1))
     if dist.get_rank() == 0:
         try:
             dist.all_reduce(torch.ones(1))  # rank 1 never joins: gloo fails at the timeout
         except RuntimeError as e:
             print("handled:", isinstance(e, RuntimeError), flush=True)
+    else:
+        # outlive rank 0's timeout: were rank 1 gone first, real gloo's outcome would hang on
+        # the exit's timing (on a loaded machine its process aborted, SIGABRT)
+        time.sleep(3)
     print("finished", flush=True)
 """
 
