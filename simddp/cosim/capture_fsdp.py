@@ -305,8 +305,14 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
         optimizer_state_bytes=int(r0["optimizer_state_bytes"]),
         activation_bytes=held, recompute_bytes=recompute,
         activation_checkpointing=bool(activation_checkpointing),
-        network=(dataclasses.asdict(timing.network)
-                 if isinstance(timing.network, Network) else None),
-        compute=repr(timing.compute), costs=_probe_costs(timing.compute),
-        cosim_iteration_time=res.timeline.iteration_times()[last],
-        cosim_exposed_comm=res.timeline.exposed_comm()[last])
+        **cosim_facts(timing, res, last))
+
+
+def cosim_facts(timing: Timing, res: SimResult, it: int) -> dict[str, Any]:
+    """What a sharded capture keeps of its co-simulation: the network and compute models,
+    and iteration ``it``'s time and exposed communication (to check replay against)."""
+    return dict(network=(dataclasses.asdict(timing.network)
+                         if isinstance(timing.network, Network) else None),
+                compute=repr(timing.compute), costs=_probe_costs(timing.compute),
+                cosim_iteration_time=res.timeline.iteration_times()[it],
+                cosim_exposed_comm=res.timeline.exposed_comm()[it])

@@ -19,7 +19,6 @@ own sends and receives left out — their sizes are the stage's ``send_bytes``.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import inspect
 import math
 from collections import defaultdict
@@ -30,12 +29,11 @@ import torch
 from fakepg.arguments import integer
 from fakepg.errors import RankFailedError
 
-from ..models import Network
 from ..program.captured import CapturedPipeline
 from ..program.mesh import DeviceMesh
 from ..timing import Timing
-from .capture import _batches, _probe_costs, saved_bytes, state_bytes
-from .capture_fsdp import (_dtype, checkpoint_blocks, fsdp_units,
+from .capture import _batches, saved_bytes, state_bytes
+from .capture_fsdp import (_dtype, checkpoint_blocks, cosim_facts, fsdp_units,
                            outputs_not_modified_in_place, span_profile)
 from .meta import (DEVICES, fsdp_on_meta, functional_waits_on_meta, in_meta_scope,
                    pipelining_on_meta)
@@ -507,11 +505,7 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
         param_bytes=sum(st["param_bytes"] for st in stages), data=data,
         reshard_after_forward=False, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
         activation_checkpointing=bool(activation_checkpointing),
-        network=(dataclasses.asdict(timing.network)
-                 if isinstance(timing.network, Network) else None),
-        compute=repr(timing.compute), costs=_probe_costs(timing.compute),
-        cosim_iteration_time=res.timeline.iteration_times()[last],
-        cosim_exposed_comm=res.timeline.exposed_comm()[last])
+        **cosim_facts(timing, res, last))
 
 
 def _is_p2p(rec: Any) -> bool:
