@@ -365,6 +365,10 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
                                     common))
             continue
         if par.data == "ddp":
+            if activation_checkpointing:
+                raise ValueError(f"--parallel {spec}: activation checkpointing is captured for "
+                                 f"FSDP2, tensor and pipeline layouts (fsdp, hsdp:S, tp:T, "
+                                 f"pp:P), not for DDP's")
             say(f"capturing {sc.name} (torch's DDP) on {capture_ranks} fake rank(s)")
             cap = capture(sc, nprocs=capture_ranks, timing=timing, seed=seed,
                           device=device)

@@ -110,3 +110,11 @@ def test_a_spec_with_every_size_is_its_own_world_size_and_otherwise_one_is_asked
     p = run_cli("whatif", "llama3-tiny", "--parallel", "pp:2,fsdp,tp:2", "--no-progress")
     assert p.returncode != 0
     assert "--world-size is needed" in p.stderr
+
+
+def test_activation_checkpointing_is_refused_for_ddp_layouts_it_does_not_capture():
+    p = run_cli("whatif", "mlp", "--world-size", "4", "--activation-checkpointing",
+                "--no-progress")
+    assert p.returncode != 0
+    assert "activation checkpointing is captured for FSDP2, tensor and pipeline layouts" \
+        in p.stderr
