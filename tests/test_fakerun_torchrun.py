@@ -331,9 +331,15 @@ _CAUGHT_MONITORED_BARRIER = """
 ])
 def test_ranks_that_handle_their_timeout_exit_as_torchrun_and_gloo_do(tmp_path, program, handled):
     script = _script(tmp_path, program)
-    real = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                           "--master-port", "29561", script], capture_output=True, text=True,
-                          timeout=120)
+    for _ in range(3):
+        real = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                               "2", "--master-port", "29561", script], capture_output=True,
+                              text=True, timeout=120)
+        # real gloo, after a caught timeout, now and then aborts the process as it exits
+        # (SIGABRT from its pending work, on a loaded machine): the reference is the verdict
+        # gloo gives when it exits normally
+        if "Signal 6 (SIGABRT)" not in real.stderr:
+            break
     fake = subprocess.run([sys.executable, "-m", "fakepg.launch.fakerun", "--nproc-per-node", "2", script],
                           capture_output=True, text=True, timeout=120)
     assert fake.returncode == real.returncode == 0, (real.stderr[-2000:], fake.stderr[-2000:])
