@@ -393,21 +393,16 @@ def _contention(text: str) -> Any:
 
 
 def _world_sizes(args: argparse.Namespace) -> list[int]:
-    """--world-size, else the ranks that --parallel specs with every size given lay out."""
+    """--world-size, else the ranks that --parallel specs with every size given lay out
+    (:meth:`~simddp.program.parallel.Parallel.fixed_world_size`; a malformed spec raises its
+    own reason here)."""
+    from .program.parallel import Parallel
+
+    fixed = [Parallel.fixed_world_size(spec) for spec in args.parallel or []]
     if args.world_size is not None:
         return args.world_size
-    import math
-
-    sizes = []
-    for spec in args.parallel or []:
-        parts = [p.partition(":") for p in spec.split(",")]
-        if any(not size.strip().isdigit() for _, _, size in parts) or \
-                any(name.strip() == "hsdp" for name, _, _ in parts):
-            break
-        sizes.append(math.prod(int(size) for _, _, size in parts))
-    else:
-        if sizes:
-            return sorted(set(sizes))
+    if fixed and None not in fixed:
+        return sorted(set(fixed))  # type: ignore[arg-type]
     raise ValueError("--world-size is needed (e.g. --world-size 64,1024), unless every "
                      "--parallel spec gives all its sizes (e.g. pp:4,fsdp:16,tp:8)")
 

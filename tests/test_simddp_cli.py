@@ -314,12 +314,14 @@ def test_whatif_help_lists_the_workloads_presets_and_parallel_modes_the_registri
 
     from simddp import cli
     from simddp.program import parallel as engine
+    from simddp.program import registry
     from simddp.models.compute import DEVICES
     from simddp.models.presets import PRESETS
 
     # read from the registries: an entry added to one is listed without touching the CLI
     monkeypatch.setitem(PRESETS, "my-fabric", PRESETS["100gbe"])
-    monkeypatch.setitem(engine.PARALLEL_MODES, "my-mode", "a mode a test registered")
+    monkeypatch.setitem(registry.REGISTRY, "my-mode", registry.Parallelism(
+        "my-mode", "cp", "a mode a test registered", reserved="a test's"))
     monkeypatch.setenv("COLUMNS", "80")
     with pytest.raises(SystemExit) as exit_:
         cli.main(["whatif", "--help"])
