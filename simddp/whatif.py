@@ -40,6 +40,7 @@ from .models import Compute, Network, NetworkModel
 from .timing import Timing
 from .cosim.meta import in_meta_scope
 from .program.knobs import Config, Knobs
+from .program.parallel import UsageError
 from .program.registry import CaptureOptions
 from .cosim.simulate import now, simulate
 from .sweep import Progress, run_configs
@@ -59,7 +60,11 @@ def load_workload(spec: Any, **overrides: Any) -> Any:
     if spec.endswith(".py") or os.path.sep in spec:
         if not os.path.isfile(spec):
             raise FileNotFoundError(f"workload script {spec!r} does not exist")
-        ns = runpy.run_path(spec, run_name="__simddp_workload__")
+        try:
+            ns = runpy.run_path(spec, run_name="__simddp_workload__")
+        except Exception as e:  # the user's script failed: say where, without a traceback
+            raise RuntimeError(f"workload script {spec!r} failed: {type(e).__name__}: "
+                               f"{e}") from e
         sc = ns.get("scenario")
         if sc is None:
             raise ValueError(
@@ -73,7 +78,15 @@ def load_workload(spec: Any, **overrides: Any) -> Any:
             if unknown:
                 raise ValueError(f"workload script {spec!r}: scenario() takes no "
                                  f"{', '.join(unknown)}")
-            return sc(**overrides)
+            made = sc(**overrides)
+            if not hasattr(made, "build_model"):
+                raise ValueError(f"workload script {spec!r}: scenario() returned a "
+                                 f"{type(made).__name__}, not a fakepg.zoo.Scenario")
+            return made
+        if not (callable(sc) or hasattr(sc, "build_model")):
+            raise ValueError(f"workload script {spec!r}: `scenario` is a {type(sc).__name__} "
+                             f"({sc!r:.40}); define `scenario = fakepg.zoo.Scenario(...)` (or "
+                             f"`zoo.get('mlp', ...)`), or `def scenario(**overrides)` returning one")
         return load_workload(sc, **overrides)
     from fakepg import zoo
 
@@ -227,7 +240,7 @@ def _pipeline_variants(workload: Any, sc: Any, par: Any, schedules: Any, microba
     for name in _as_list(schedules) if schedules is not None else ["1F1B"]:
         single = issubclass(schedule_class(name), PipelineScheduleSingle)
         if single and stages_per_rank not in (None, 1):
-            raise ValueError(f"--stages-per-rank {stages_per_rank}: {name} runs one stage per "
+            raise UsageError(f"--stages-per-rank {stages_per_rank}: {name} runs one stage per "
                              f"rank; virtual stages apply to the multi-stage schedules "
                              f"(Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, "
                              f"ZBVZeroBubble, DualPipeV)")
@@ -238,7 +251,7 @@ def _pipeline_variants(workload: Any, sc: Any, par: Any, schedules: Any, microba
         by_size: dict[int, list[int]] = {}
         for m in counts:
             if batch_size is not None and batch_size % m:
-                raise ValueError(f"--microbatches {m} does not divide --batch-size {batch_size} "
+                raise UsageError(f"--microbatches {m} does not divide --batch-size {batch_size} "
                                  f"(a replica's batch per step)")
             by_size.setdefault(1 if batch_size is None else batch_size // m, []).append(m)
         for size, ms in by_size.items():
@@ -269,7 +282,7 @@ def _fitting(spec: Any, worlds: list[int], say: Callable[[str], None]) -> tuple[
         fits.append(n)
     if not fits:
         why = "; ".join(f"{n} ranks: {r}" for n, r in reasons.items())
-        raise ValueError(f"--parallel {spec}: no world size of {worlds} fits it ({why})")
+        raise UsageError(f"--parallel {spec}: no world size of {worlds} fits it ({why})")
     return par, fits
 
 
@@ -277,7 +290,7 @@ def _refuse_what_does_not_apply(spec: Any, par: Any, given: Mapping[str, Any]) -
     """Every option given applies to layout ``par``, or this raises naming the option, the
     layout and what it applies to (nothing is ignored in silence)."""
     def no(flag: str, applies: str) -> None:
-        raise ValueError(f"--parallel {spec}: {flag} applies to {applies}, not to this layout")
+        raise UsageError(f"--parallel {spec}: {flag} applies to {applies}, not to this layout")
 
     owner = par.owner().name
     fsdp = par.data in ("fsdp", "hsdp")
@@ -304,7 +317,7 @@ def _refuse_what_does_not_apply(spec: Any, par: Any, given: Mapping[str, Any]) -
     raf = given.get("reshard_after_forward")
     if par.reshard_after_forward is not None and raf is not None and \
             any(bool(r) != par.reshard_after_forward for r in _as_list(raf)):
-        raise ValueError(f"--parallel {spec}: {par.flavour} runs FSDP2 with "
+        raise UsageError(f"--parallel {spec}: {par.flavour} runs FSDP2 with "
                          f"reshard_after_forward={par.reshard_after_forward}; "
                          f"--reshard-after-forward {raf} contradicts it")
     if given.get("sequence_parallel") is False and par.tp == 1:
@@ -330,7 +343,7 @@ def _ac_policy(value: Any) -> str | None:
     name, _, every = text.partition(":")
     if name == "selective-layer" and every.isdigit() and int(every) >= 1:
         return f"selective-layer:{int(every)}"
-    raise ValueError(f"activation checkpointing {value!r}: give one of "
+    raise UsageError(f"activation checkpointing {value!r}: give one of "
                      f"{', '.join(AC_POLICIES)} (selective-layer:N checkpoints every N-th "
                      f"block, N ≥ 1)")
 
@@ -348,7 +361,7 @@ def _with_options(model: Any, **options: bool) -> Any:
         return model
     apply = getattr(model, "with_options", None)
     if apply is None:
-        raise ValueError(f"{', '.join('--' + k.replace('_', '-') for k in on)}: the compute model "
+        raise UsageError(f"{', '.join('--' + k.replace('_', '-') for k in on)}: the compute model "
                          f"({type(model).__name__}) does not model "
                          f"{' or '.join(_OPTION_WORDS[k] for k in on)} yet, so simddp cannot "
                          f"answer for it")
@@ -361,12 +374,12 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
            compute: Any = None, step_time_s: float | None = None,
            batch_size: int | None = None, capture_ranks: int | None = None, iterations: int = 1,
            jitter: float = 0.0, seed: int = 0, parallel: Any = None,
-           reshard_after_forward: Any = None, forward_prefetch: int = 1,
-           backward_prefetch: int = 1, param_dtype: str | None = None,
+           reshard_after_forward: Any = None, forward_prefetch: int | None = None,
+           backward_prefetch: int | None = None, param_dtype: str | None = None,
            reduce_dtype: str | None = None, gpu_memory_gb: float | None = None,
            capture_device: str | None = None, activation_checkpointing: Any = None,
            sequence_parallel: bool = True, compile: bool = False, float8: bool = False,
-           async_tp: bool = False,
+           async_tp: bool = False, cache: bool | None = None,
            pp_schedule: Any = None, microbatches: Any = None,
            stages_per_rank: int | None = None,
            executor: concurrent.futures.Executor | None = None,
@@ -405,6 +418,7 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
     further :class:`~simddp.program.knobs.Knobs` fields (single values), e.g. ``overlap=False``.
     The result's ``meta`` dict says what was modelled (compute, calibration factor)."""
     from .models.compute import DEVICES
+    from .capture_cache import cached, enabled_by_default
     from .parallelisms import describe
     from .program.registry import CaptureRequest
 
@@ -421,14 +435,20 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
     for spec, par, _ in layouts:  # every layout is checked before the first capture runs
         why = par.not_replayed()
         if why:
-            raise ValueError(f"--parallel {spec}: {why}")
+            raise UsageError(f"--parallel {spec}: {why}")
         _refuse_what_does_not_apply(spec, par, given)
     ac = _ac_policy(activation_checkpointing)
+    # FSDP2's default prefetch (one unit ahead); None above meant "not given"
+    forward_prefetch = 1 if forward_prefetch is None else forward_prefetch
+    backward_prefetch = 1 if backward_prefetch is None else backward_prefetch
     sc = load_workload(workload, batch_size=batch_size)
     # a real-size workload (Llama 3 8B/70B) is captured on the meta device: shapes only
     device = capture_device or ("meta" if "real-size" in getattr(sc, "features", ()) else "cpu")
     model = Compute.roofline(gpu) if compute is None else compute
     model = _with_options(model, compile=compile, float8=float8, async_tp=async_tp)
+    # the rows say which compute options were priced (the compute model read them)
+    knobs.update({k: True for k, v in (("compile", compile), ("float8", float8),
+                                        ("async_tp", async_tp)) if v})
     factor = None
     if step_time_s is not None:
         say(f"calibrating compute: one rank's step without DDP = {step_time_s * 1e3:g} ms")
@@ -470,8 +490,13 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
             variants = [(sc, base, [dict(bucket_cap_mb=bucket_cap_mb, comm_hook=comm_hook)])]
         for scenario, opts, replays in variants:
             req = CaptureRequest(scenario, par, timing, device, seed, opts)
-            say(describe(req))
-            cap = owner.load("capture")(req)
+
+            def run(req: CaptureRequest = req) -> Any:
+                say(describe(req))
+                return owner.load("capture")(req)
+
+            cap, _ = cached(req, par.capture_key(), run, note=say,
+                            enabled=enabled_by_default() if cache is None else bool(cache))
             if owner.name == "ddp" and factor is not None and ddp_work_at_device_cost:
                 # DDP's own work is proportional to the parameters, not the calibrated compute
                 cap = cap.with_ddp_work_at_device_cost(plain, factor)

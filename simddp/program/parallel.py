@@ -34,7 +34,13 @@ from typing import Any, Iterator, Mapping
 
 from .registry import MESH_ORDER, REGISTRY, Parallelism
 
-__all__ = ["Parallel", "PARALLEL_MODES"]
+__all__ = ["Parallel", "PARALLEL_MODES", "UsageError"]
+
+
+class UsageError(ValueError):
+    """A request that cannot be answered as asked — a malformed ``--parallel`` spec, an
+    option that does not apply to the layout — as opposed to a failure while answering it.
+    The command line reports it as a usage error (exit status 2)."""
 
 
 class _Modes(Mapping):
@@ -86,11 +92,11 @@ class Parallel:
         what is wrong in the spec."""
         if isinstance(spec, Parallel):
             if spec.world_size != world_size:
-                raise ValueError(f"--parallel {spec}: lays out {spec.world_size} ranks, the "
+                raise UsageError(f"--parallel {spec}: lays out {spec.world_size} ranks, the "
                                  f"world has {world_size}")
             return spec
         if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-            raise ValueError(f"a world size is a positive integer, got {world_size!r}")
+            raise UsageError(f"a world size is a positive integer, got {world_size!r}")
         named, sizes = _split(spec)
         flavour = next((n for n in named if REGISTRY[n].dim == "data"), None)
         fl = REGISTRY[flavour or "ddp"]
@@ -98,31 +104,31 @@ class Parallel:
         dims.setdefault("data", None)
         hybrid = fl.layout == "hybrid"
         if hybrid and dims["data"] is None:
-            raise ValueError(_usage(f"{spec!r}: {fl.name} needs its shard size, e.g. "
+            raise UsageError(_usage(f"{spec!r}: {fl.name} needs its shard size, e.g. "
                                     f"{fl.name}:8"))
         given = {k: v for k, v in dims.items() if v is not None}
         missing = [k for k, v in dims.items() if v is None]
         known = math.prod(given.values())
         if hybrid:  # hsdp:S fixes the shard size; the replicate size is what is left
             if missing:
-                raise ValueError(_usage(f"{spec!r}: {fl.name}'s replicas fill the world, so "
+                raise UsageError(_usage(f"{spec!r}: {fl.name}'s replicas fill the world, so "
                                         f"give {' and '.join(missing)} a size"))
             if world_size % known:
-                raise ValueError(f"--parallel {spec!r}: {known} ranks per replica do not "
+                raise UsageError(f"--parallel {spec!r}: {known} ranks per replica do not "
                                  f"divide world size {world_size}")
             replicate, data = world_size // known, dims["data"]
         else:
             if len(missing) > 1:
-                raise ValueError(_usage(f"{spec!r} leaves {' and '.join(missing)} without a "
+                raise UsageError(_usage(f"{spec!r} leaves {' and '.join(missing)} without a "
                                         f"size: give all but one"))
             if missing:
                 if world_size % known:
-                    raise ValueError(f"--parallel {spec!r}: the given sizes ({known} ranks) do "
+                    raise UsageError(f"--parallel {spec!r}: the given sizes ({known} ranks) do "
                                      f"not divide world size {world_size}")
                 dims[missing[0]] = world_size // known
             total = math.prod(v for v in dims.values() if v is not None)
             if total != world_size:
-                raise ValueError(f"--parallel {spec!r} lays out {total} ranks, the world has "
+                raise UsageError(f"--parallel {spec!r} lays out {total} ranks, the world has "
                                  f"{world_size}")
             data = dims["data"] or 1
             replicate = data if fl.layout == "replicate" else 1
@@ -222,37 +228,39 @@ def _split(spec: Any) -> tuple[list[str], dict[str, int | None]]:
     """A spec's names in order and their sizes (None: left out); grammar errors raise, and a
     reserved name is refused with its reason."""
     if not isinstance(spec, str):
-        raise ValueError(_usage(f"a --parallel spec is text, got {spec!r}"))
+        raise UsageError(_usage(f"a --parallel spec is text, got {spec!r}"))
     text = spec.strip().lower()
     if not text:
-        raise ValueError(_usage("an empty --parallel spec"))
+        raise UsageError(_usage("an empty --parallel spec"))
     named: list[str] = []
     sizes: dict[str, int | None] = {}
     dims: dict[str, str] = {}
     for part in text.split(","):
         name, colon, size = (s.strip() for s in part.strip().partition(":"))
         if not name:
-            raise ValueError(_usage(f"{spec!r} has an empty dimension (two commas, or a "
+            raise UsageError(_usage(f"{spec!r} has an empty dimension (two commas, or a "
                                     f"leading or trailing one)"))
         if name not in REGISTRY:
-            raise ValueError(_usage(f"unknown parallel mode {name!r} in {spec!r}"))
+            raise UsageError(_usage(f"unknown parallel mode {name!r} in {spec!r}"))
         p = REGISTRY[name]
         if p.reserved:
-            raise ValueError(f"--parallel {spec!r}: {p.reserved}")
+            raise UsageError(f"--parallel {spec!r}: {p.reserved}")
         if p.dim in dims:
             same = "twice" if dims[p.dim] == name else f"twice ({dims[p.dim]} and {name})"
-            raise ValueError(_usage(f"{spec!r} names the {p.dim} dimension {same}"))
+            raise UsageError(_usage(f"{spec!r} names the {p.dim} dimension {same}"))
         dims[p.dim] = name
         if colon and not size:
-            raise ValueError(_usage(f"{part.strip()!r}: a size after ':' is a positive "
+            raise UsageError(_usage(f"{part.strip()!r}: a size after ':' is a positive "
                                     f"integer (or leave out ':' to fill the world)"))
         if not size:
             sizes[name] = None
         elif not size.isdigit() or int(size) < 1:
-            raise ValueError(_usage(f"{part.strip()!r}: a size is a positive integer"))
+            raise UsageError(_usage(f"{part.strip()!r}: a size is a positive integer"))
         else:
             sizes[name] = int(size)
         named.append(name)
+        if p.layout == "hybrid" and sizes[name] is None:
+            raise UsageError(_usage(f"{spec!r}: {name} needs its shard size, e.g. {name}:8"))
     return named, sizes
 
 
