@@ -223,7 +223,7 @@ def _pipelines(workload: Any, sc: Any, spec: str, par: Any, worlds: list[int], s
     pipelining, FSDP2 / TP inside the stages), replayed per microbatch count."""
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
-    from .cosim.capture_pp import capture_pp
+    from .cosim.deepen import capture_pipeline
     from .program.schedules import schedule_class
 
     if par.data == "ddp" and par.replicate > 1:
@@ -252,7 +252,7 @@ def _pipelines(workload: Any, sc: Any, spec: str, par: Any, worlds: list[int], s
             say(f"capturing {sc.name} (torch's pipelining, {name}, {par.pp} × {v} stages, "
                 f"{cap_m} microbatches of {size}{_inside(mesh)}) on "
                 f"{par.pp * math.prod(mesh.values())} fake ranks")
-            cap = capture_pp(scenario, par.pp, schedule=name, microbatches=cap_m,
+            cap = capture_pipeline(scenario, par.pp, schedule=name, microbatches=cap_m,
                              stages_per_rank=v, mesh=mesh, timing=timing, device=device,
                              input_weight=1, output_weight=1,  # torchtitan's default split
                              activation_checkpointing=activation_checkpointing,
