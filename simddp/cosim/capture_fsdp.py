@@ -215,14 +215,16 @@ def _phase_profile(res: SimResult, rank: int, marks: Mapping[str, float],
 
 
 def _tp_activation_bytes(scenario: Any, tp: int, device: str, dtype: torch.dtype | None,
-                         sequence_parallel: bool, checkpointed: bool) -> tuple[int, int]:
+                         sequence_parallel: bool, checkpointed: bool,
+                         represent: bool = False) -> tuple[int, int]:
     """What autograd keeps for backward in one forward (and loss) of rank 0 of a TP group of
     ``tp`` ranks (torchtitan's plan applied), on rank 0's first batch: (held, recompute) per
     rank as :func:`~simddp.cosim.capture.saved_bytes` counts them — with ``checkpointed`` the
     blocks' inputs and what is saved outside them, and the largest block's recompute. TP
     divides them (sequence parallelism: all of them; without: those inside the blocks'
     sharded matmuls). Run on an untimed fake world (saved-tensor hooks add ops the compute
-    model would charge)."""
+    model would charge); with ``represent`` (on meta) rank 0 alone, its peers' collectives
+    answered by stand-ins (:mod:`simddp.cosim.represent`)."""
     import fakepg
 
     def run(rank: int) -> tuple[int, int]:
@@ -239,7 +241,7 @@ def _tp_activation_bytes(scenario: Any, tp: int, device: str, dtype: torch.dtype
                            fsdp_units(model) if checkpointed else None, model.parameters())
 
     # on meta the TP ranks are symmetric: rank 0 runs, its collectives answered for the rest
-    fn = represented(run, stand_ins({"tp": tp})) if device == "meta" else run
+    fn = represented(run, stand_ins({"tp": tp}) if represent else {})
     held, recompute = fakepg.spawn(fn, nprocs=tp).returns[0]
     return int(held), int(recompute)
 
@@ -292,12 +294,13 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
     with (fsdp_on_meta() if device == "meta" else contextlib.nullcontext()), \
             (functional_waits_on_meta() if device == "meta" else contextlib.nullcontext()), \
             outputs_not_modified_in_place():
-        res = simulate(represented(run, stand) if stand else run, (), nprocs, timing=timing,
+        res = simulate(represented(run, stand), (), nprocs, timing=timing,
                        seed=seed)
         if tp > 1:
-            held, recompute = _tp_activation_bytes(scenario, tp, device, _dtype(param_dtype),
-                                                   bool(sequence_parallel),
-                                                   bool(activation_checkpointing))
+            held, recompute = _tp_activation_bytes(
+                scenario, tp, device, _dtype(param_dtype), bool(sequence_parallel),
+                bool(activation_checkpointing),
+                represent=device == "meta" and representatives is not False)
     if tp == 1:
         held, recompute = activation_bytes(scenario, device, _dtype(param_dtype), fsdp_units,
                                            bool(activation_checkpointing))

@@ -322,7 +322,8 @@ def _instrument(stage: Any, timed: Callable[..., Any], facts: dict[str, int]) ->
 def _stage_activation_bytes(scenario: Any, num_stages: int, microbatch_size: int,
                             device: str, dtype: torch.dtype | None, tp: int,
                             sequence_parallel: bool, split: Mapping[str, int],
-                            checkpointed: bool) -> list[tuple[int, int]]:
+                            checkpointed: bool, represent: bool = False
+                            ) -> list[tuple[int, int]]:
     """Per stage, what autograd keeps for backward in one microbatch's forward (and, on the
     last stage, its loss) on one rank, the stage's input included (the pipeline keeps it for
     the backward): (held, recompute) as :func:`~simddp.cosim.capture.saved_bytes` counts them
@@ -330,7 +331,8 @@ def _stage_activation_bytes(scenario: Any, num_stages: int, microbatch_size: int
     largest block's recompute (0 for a stage without blocks). Rank 0's first microbatch through
     the stages one after another, each under tensor parallelism over ``tp`` ranks as in the
     capture, on an untimed fake world (saved-tensor hooks add ops a compute model would
-    charge)."""
+    charge); with ``represent`` (on meta) rank 0 alone, its TP peers' collectives answered by
+    stand-ins (:mod:`simddp.cosim.represent`)."""
     import fakepg
 
     from fakepg.zoo.llama import LlamaStage
@@ -368,7 +370,7 @@ def _stage_activation_bytes(scenario: Any, num_stages: int, microbatch_size: int
         return out
 
     # on meta the TP ranks are symmetric: rank 0 runs, its collectives answered for the rest
-    fn = represented(run, stand_ins({"tp": tp})) if device == "meta" and tp > 1 else run
+    fn = represented(run, stand_ins({"tp": tp}) if represent else {})
     return [(int(h), int(r)) for h, r in fakepg.spawn(fn, nprocs=tp).returns[0]]
 
 
@@ -466,7 +468,7 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
                 (pipelining_on_meta() if device == "meta" else contextlib.nullcontext()), \
                 (functional_waits_on_meta() if device == "meta" else contextlib.nullcontext()):
             with outputs_not_modified_in_place():
-                res = simulate(represented(run, stand) if stand else run, (), world,
+                res = simulate(represented(run, stand), (), world,
                                timing=timing, seed=seed)
     except RankFailedError as e:
         if isinstance(e.__cause__, _ConfigError):
@@ -478,7 +480,8 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
     held = _stage_activation_bytes(scenario, num_stages, batch_size // m, device,
                                    _dtype(param_dtype), mesh_dims.get("tp", 1),
                                    bool(sequence_parallel), split,
-                                   bool(activation_checkpointing))
+                                   bool(activation_checkpointing),
+                                   represent=device == "meta" and representatives is not False)
     stages = []
     for s in range(num_stages):
         rank = placement[s] * per_stage

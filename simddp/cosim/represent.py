@@ -44,13 +44,14 @@ __all__ = ["stand_ins", "symmetric_timing", "symmetric_placement", "represented"
 # mesh dimensions whose ranks do the same work on their shards
 SYMMETRIC_DIMS = ("replicate", "shard", "tp")
 
-# per process: how many ranks ran a program in represented worlds (a cost measure for tests
-# and benchmarks: it must not grow with the represented dimensions' sizes)
+# per process: how many rank programs the captures ran (a cost measure for tests and
+# benchmarks: it must not grow with the represented dimensions' sizes)
 _EXECUTED = [0]
 
 
 def executed() -> int:
-    """How many rank programs the represented worlds of this process have run so far."""
+    """How many rank programs the captures of this process have run so far (every world a
+    capture runs goes through :func:`represented`, with or without stand-ins)."""
     return _EXECUTED[0]
 
 
@@ -107,7 +108,7 @@ def symmetric_placement(mesh: Mapping[str, int], gpus_per_node: int | None) -> s
 def represented(fn: Callable[[int], Any], stand: Mapping[int, int]) -> Callable[[int], Any]:
     """``fn`` for a representative world: each rank tells the cluster which ranks stand for
     which (before any collective of its own), absent ranks return None at once, the others
-    run ``fn``."""
+    run ``fn`` (counted by :func:`executed`). With an empty ``stand``, every rank runs."""
     table = dict(stand)
 
     def run(rank: int) -> Any:
