@@ -61,6 +61,7 @@ def test_stand_ins_keep_the_pipeline_coordinate_and_zero_the_symmetric_ones():
     assert represent.stand_ins({"pp": 3}) == {}
 
 
+@pytest.mark.slow  # the whole world of 8 ranks, for the comparison
 def test_hsdp_tp_capture_of_one_rank_equals_the_whole_worlds():
     mesh = {"replicate": 2, "shard": 2, "tp": 2}
     kw = dict(timing=TIMING, mesh=mesh, device="meta", param_dtype="bf16")
@@ -80,6 +81,7 @@ def test_fsdp_tp_capture_cost_does_not_grow_with_the_tp_degree():
     assert costs[2] == costs[4] == 2
 
 
+@pytest.mark.slow  # the whole world of 8 ranks, for the comparison
 def test_pipeline_with_fsdp_and_tp_inside_runs_one_rank_a_stage_and_captures_the_same():
     kw = dict(schedule="Interleaved1F1B", stages_per_rank=2, microbatches=4, timing=TIMING,
               mesh={"shard": 2, "tp": 2}, device="meta", input_weight=1, output_weight=1)
@@ -139,3 +141,30 @@ def test_pipeline_capture_cost_does_not_grow_with_the_pipeline_depth():
         assert len(cap.stages) == pp and cap.microbatches == pp
         assert all(len(st["actions"]["F"]) == pp for st in cap.stages)
     assert costs[4] == costs[8] == 3 + 1
+
+
+def test_fakepg_answers_an_absent_members_part_with_its_stand_ins_call():
+    import torch
+    import torch.distributed as dist
+
+    import fakepg
+
+    def run(rank):
+        t = torch.empty(1024, device="meta")
+        dist.all_reduce(t)  # a group of 4, one of them runs
+        pair = dist.new_group([0, 2])
+        dist.broadcast(t[:256], src=2, group=pair)  # its stand-in's part is the root's
+        return t.shape
+
+    res = fakepg.spawn(represent.represented(run, {1: 0, 2: 0, 3: 0}), nprocs=4)
+    assert res.returns == [torch.Size([1024]), None, None, None]
+    assert [(r.op, r.group_ranks, r.bytes, r.state) for r in res.trace[0]] == [
+        ("all_reduce", (0, 1, 2, 3), 4096, "completed"),
+        ("broadcast", (0, 2), 1024, "completed")]
+    assert res.trace[1:] == [[], [], []]  # absent ranks record nothing of their own
+
+    def send(rank):
+        dist.send(torch.empty(4, device="meta"), dst=1)
+
+    with pytest.raises(fakepg.RankFailedError, match="rank 1, which does not run in this world"):
+        fakepg.spawn(represent.represented(send, {1: 0}), nprocs=2)
