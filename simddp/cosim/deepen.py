@@ -188,7 +188,8 @@ def capture_pipeline(scenario: Any, pp: int, *, schedule: str = "1F1B",
     where :func:`shallow_plan` finds one, that pipeline (the model cut to its blocks) is
     captured on :data:`SHALLOW_MICROBATCHES` microbatches of the same size and
     :func:`deepened <deepen>` to ``pp`` — its stages' actions are the deep pipeline's, as
-    co-simulated with their own neighbours; else (few stages) ``capture_pp`` as asked.
+    co-simulated with their own neighbours; else (few stages, fewer than 4 microbatches, or
+    ``losses`` asked for, which are the whole model's) ``capture_pp`` as asked.
     ``shallow``: None (the default) decides so, False always captures the whole pipeline, True
     refuses where no shallow pipeline stands for it. ``kwargs`` go to ``capture_pp`` (mesh,
     timing, device, …)."""
@@ -201,8 +202,9 @@ def capture_pipeline(scenario: Any, pp: int, *, schedule: str = "1F1B",
     batch = int(scenario.inputs(0, 1)[0][0].shape[0])
     m = batch if microbatches is None else integer("capture_pipeline: microbatches",
                                                    microbatches, minimum=1)
-    if plan is not None and (batch % m or m < SHALLOW_MICROBATCHES):
-        plan = None  # capture_pp says what is wrong with m; too few to cut
+    if plan is not None and (batch % m or m < SHALLOW_MICROBATCHES
+                             or kwargs.get("losses") is not None):
+        plan = None  # capture_pp says what is wrong with m; too few to cut; the deep losses
     if plan is None:
         if shallow:
             raise ValueError(f"capture_pipeline: no shallower pipeline stands for pp={pp} × "
