@@ -1,0 +1,1 @@
+def read_megatron(*a, **k): raise NotImplementedError
