@@ -48,7 +48,7 @@ from fakepg.zoo.workloads import llama_workload
 
 __all__ = ["ModelScenario", "ModelRecipe", "resolve_model", "canonical_name", "zoo_key",
            "parse_shape", "llama_args_from_hf", "tp_refusal", "TORCHTITAN_LLAMA3",
-           "SHAPE_FIELDS", "HF_TO_TORCHTITAN_TP"]
+           "SHAPE_FIELDS", "GPT2_SHAPE_FIELDS", "parse_gpt2_shape", "HF_TO_TORCHTITAN_TP"]
 
 # torchtitan's llama3 flavors (torchtitan/models/llama3/__init__.py at 238fa9953e4a, the
 # TransformerModelArgs fields; defaults: n_kv_heads = n_heads, vocab_size 128256,
@@ -210,6 +210,10 @@ def _recipe(text: str, build: str) -> ModelRecipe:
         return _hf_recipe(text, build)
     family, colon, rest = text.partition(":")
     if colon and "=" in rest:
+        if canonical_name(family) == "gpt2":
+            return ModelRecipe("hf", "gpt2-custom", spec=json.dumps(parse_gpt2_shape(text),
+                                                                    sort_keys=True),
+                               source=f"shape {text} (transformers gpt2)")
         return ModelRecipe("llama", canonical_name(family) + "-custom",
                            args=parse_shape(text), source=f"shape {text}")
     if colon and canonical_name(family) in ("llama3", "torchtitan"):
@@ -245,20 +249,40 @@ def parse_shape(text: str) -> zoo_llama.LlamaArgs:
     ``dim``, ``layers``, ``heads`` needed, ``vocab`` defaults to 128256, ``kv-heads`` to
     ``heads``, ``ffn`` to Llama's rounding of 8·dim/3 by ``multiple-of`` and
     ``ffn-multiplier``)."""
-    family, _, rest = text.partition(":")
+    family = text.partition(":")[0]
     if canonical_name(family) != "llama":
         raise ValueError(f"shape {text!r}: the family must be 'llama' (a Llama-3-style decoder, "
                          f"torchtitan's ModelArgs), got {family!r}")
+    kw = _fields(text, SHAPE_FIELDS)
+    missing = [k for k, (f, _) in SHAPE_FIELDS.items() if k in ("dim", "layers", "heads")
+               and f not in kw]
+    if missing:
+        raise ValueError(f"shape {text!r} lacks {', '.join(missing)} (e.g. llama:dim=4096,"
+                         f"layers=32,heads=32,kv-heads=8,ffn=14336,vocab=128256)")
+    return zoo_llama.LlamaArgs(**kw)
+
+
+# shape field → (GPT-2 config field, type)
+GPT2_SHAPE_FIELDS: dict[str, tuple[str, type]] = {
+    "dim": ("n_embd", int), "layers": ("n_layer", int), "heads": ("n_head", int),
+    "ffn": ("n_inner", int), "vocab": ("vocab_size", int), "positions": ("n_positions", int),
+    "norm-eps": ("layer_norm_epsilon", float), "dropout": ("resid_pdrop", float),
+    "attention-dropout": ("attn_pdrop", float), "tie": ("tie_word_embeddings", bool),
+}
+
+
+def _fields(text: str, table: Mapping[str, tuple[str, type]]) -> dict[str, Any]:
+    _, _, rest = text.partition(":")
     kw: dict[str, Any] = {}
     for part in rest.split(","):
         if not part.strip():
             continue
         key, eq, value = part.partition("=")
         key = canonical_name(key)
-        if not eq or key not in SHAPE_FIELDS:
+        if not eq or key not in table:
             raise ValueError(f"shape {text!r}: {part.strip()!r} is not FIELD=VALUE with a field "
-                             f"of {', '.join(SHAPE_FIELDS)}")
-        field, kind = SHAPE_FIELDS[key]
+                             f"of {', '.join(table)}")
+        field, kind = table[key]
         try:
             if kind is bool:
                 v: Any = {"true": True, "1": True, "yes": True, "false": False, "0": False,
@@ -271,12 +295,24 @@ def parse_shape(text: str) -> zoo_llama.LlamaArgs:
             raise ValueError(f"shape {text!r}: {key}={value!r} is not a "
                              f"{kind.__name__}") from None
         kw[field] = v
-    missing = [k for k, (f, _) in SHAPE_FIELDS.items() if k in ("dim", "layers", "heads")
-               and f not in kw]
+    return kw
+
+
+def parse_gpt2_shape(text: str) -> dict[str, Any]:
+    """``gpt2:dim=...,layers=...,heads=...`` (fields: :data:`GPT2_SHAPE_FIELDS`) → a
+    transformers GPT-2 config (a dict): Megatron's default GPT (LayerNorm, GeLU MLP of ``ffn``,
+    default 4·dim, biases, learned positions, embeddings tied unless ``tie=false``)."""
+    kw = _fields(text, GPT2_SHAPE_FIELDS)
+    missing = [k for k in ("dim", "layers", "heads") if GPT2_SHAPE_FIELDS[k][0] not in kw]
     if missing:
-        raise ValueError(f"shape {text!r} lacks {', '.join(missing)} (e.g. llama:dim=4096,"
-                         f"layers=32,heads=32,kv-heads=8,ffn=14336,vocab=128256)")
-    return zoo_llama.LlamaArgs(**kw)
+        raise ValueError(f"shape {text!r} lacks {', '.join(missing)} (e.g. gpt2:dim=768,"
+                         f"layers=12,heads=12,vocab=50257)")
+    cfg: dict[str, Any] = {"model_type": "gpt2", "activation_function": "gelu",
+                           "vocab_size": 50257, "n_positions": 1024, "resid_pdrop": 0.1,
+                           "attn_pdrop": 0.1}
+    cfg.update(kw)
+    cfg["embd_pdrop"] = cfg["resid_pdrop"]
+    return cfg
 
 
 # -- Hugging Face configs -----------------------------------------------------------------------
