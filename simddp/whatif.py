@@ -247,8 +247,10 @@ def _pipelines(workload: Any, sc: Any, spec: str, par: Any, worlds: list[int], s
                                  f"(a replica's batch per step)")
             by_size.setdefault(1 if batch_size is None else batch_size // m, []).append(m)
         for size, ms in by_size.items():
+            # a name, or a workload that resizes itself (simddp.jobs.ModelScenario)
             scenario = load_workload(workload, batch_size=cap_m * size) \
-                if isinstance(workload, (str, os.PathLike)) else sc
+                if isinstance(workload, (str, os.PathLike)) or hasattr(workload, "recipe") \
+                else sc
             say(f"capturing {sc.name} (torch's pipelining, {name}, {par.pp} × {v} stages, "
                 f"{cap_m} microbatches of {size}{_inside(mesh)}) on "
                 f"{par.pp * math.prod(mesh.values())} fake ranks")

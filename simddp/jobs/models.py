@@ -119,22 +119,26 @@ class ModelRecipe:
     args: Any = None
     source: str = ""
 
-    def build(self, *, seq_len: int | None, local_batch: int | None, iterations: int = 3,
-              seed: int = 0) -> ModelScenario:
+    def build(self, *, seq_len: int | None, local_batch: int | None,
+              iterations: int | None = None, seed: int = 0) -> ModelScenario:
+        """The workload at ``seq_len`` and ``local_batch`` (None: the source's default;
+        ``iterations`` None: the zoo factory's default, else 3)."""
         if self.kind == "llama":
             seq = seq_len or 8192
             args = self.args
             if seq > args.max_seq_len:  # rotary tables for the sequence asked for
                 args = dataclasses.replace(args, max_seq_len=seq)
             sc = llama_workload(args, self.name, batch_size=local_batch or 1, seq_len=seq,
-                                iterations=iterations, seed=seed,
+                                iterations=iterations or 3, seed=seed,
                                 what=f"{self.name}: Llama-3-style")
             return _wrap(sc, self, seq, local_batch or 1, args.num_params())
         if self.kind == "hf":
-            return _hf_scenario(self, seq_len, local_batch, iterations, seed)
+            return _hf_scenario(self, seq_len, local_batch, iterations or 3, seed)
         factory = zoo.SCENARIOS.get(self.spec) or zoo.WORKLOADS[self.spec]
         accepted = inspect.signature(factory).parameters
-        kw: dict[str, Any] = {"iterations": iterations, "seed": seed}
+        kw: dict[str, Any] = {"seed": seed}
+        if iterations is not None:
+            kw["iterations"] = iterations
         if local_batch is not None:
             kw["batch_size"] = local_batch
         if seq_len is not None:
@@ -173,7 +177,7 @@ class ModelScenario(Scenario):
         if size and self.recipe is not None:
             out = self.recipe.build(seq_len=size.get("seq_len", self.seq_len),
                                     local_batch=size.get("local_batch", self.local_batch),
-                                    iterations=changes.pop("iterations", self.iterations) or 3,
+                                    iterations=changes.pop("iterations", self.iterations),
                                     seed=changes.pop("seed", self.seed))
         return Scenario.with_(out, **changes) if changes else out
 
@@ -186,7 +190,7 @@ def _wrap(sc: Scenario, recipe: ModelRecipe, seq_len: int | None, local_batch: i
 
 
 def resolve_model(text: str, *, seq_len: int | None = None, local_batch: int | None = None,
-                  iterations: int = 3, seed: int = 0, build: str = "transformers"
+                  iterations: int | None = None, seed: int = 0, build: str = "transformers"
                   ) -> ModelScenario:
     """The workload ``text`` names (see the module docstring), at ``seq_len`` tokens and
     ``local_batch`` sequences per rank per microbatch (None: the source's default — the zoo
