@@ -87,6 +87,10 @@ def test_job_configs_and_workloads_exclude_each_other():
         _apply("llama3-8b", "--torchtitan", str(DATA / "torchtitan" / "llama3_8b.toml"))
     with pytest.raises(ValueError, match="give a workload"):
         _apply("--world-size", "8")
+    with pytest.raises(ValueError, match="Megatron-LM arguments: tensor parallelism on a "
+                                         "transformers gpt2"):
+        _apply("--megatron", (DATA / "megatron" / "gpt3_175b_distributed.args").read_text(),
+               "--world-size", "8")
     with pytest.raises(ValueError, match="not both"):
         _apply("--torchtitan", "a.toml", "--megatron", "--num-layers 2")
 
@@ -100,3 +104,15 @@ def test_simddp_whatif_runs_a_torchtitan_toml_unmodified():
     assert res.returncode == 0, res.stderr
     assert "llama3-debugmodel" in res.stdout and "\n    8 " in res.stdout
     assert "parallel fsdp:8 on 8 ranks" in res.stderr
+
+
+@pytest.mark.slow
+def test_a_resolved_model_is_resized_for_the_pipelines_microbatches():
+    """whatif rebuilds a resolved model at a replica's batch per step (4 sequences = 2
+    microbatches of 2), as it does for zoo names."""
+    said: list[str] = []
+    sc = resolve_model("llama3-tiny", seq_len=32, local_batch=2)
+    res = whatif(sc, parallel="pp:2,fsdp", world_size=[4], microbatches=[2], batch_size=4,
+                 status=said.append)
+    assert "2 microbatches of 2" in said[0]
+    assert [r["world_size"] for r in res] == [4]

@@ -111,6 +111,10 @@ def apply_job(args: argparse.Namespace, whatif: Callable[..., Any],
                      "local_batch": model.local_batch})
     if global_batch is not None:
         job = Job(**{**job.__dict__, "global_batch": global_batch})
+    from .models import tp_refusal
+
+    if "tp:" in job.parallel and tp_refusal(job.model):
+        raise ValueError(f"{job.source}: {tp_refusal(job.model)}")
     print(job.describe(), file=err)
     print(f"simddp: as a command line: {job.whatif_args()}", file=err)
     kw, missing = job.whatif_kwargs(whatif)
