@@ -80,6 +80,10 @@ def load_workload(spec: Any, **overrides: Any) -> Any:
 
     factory = zoo.SCENARIOS.get(spec) or zoo.WORKLOADS.get(spec)
     if factory is None:
+        from .jobs.models import zoo_key
+
+        if zoo_key(spec) is not None:  # the other spelling: llama3_8b, bert-base
+            return load_workload(zoo_key(spec), **overrides)
         known = sorted(zoo.SCENARIOS) + sorted(zoo.WORKLOADS)
         raise ValueError(f"unknown workload {spec!r}: give a zoo scenario ({', '.join(known)}) "
                          f"or a path to a .py script defining `scenario`")

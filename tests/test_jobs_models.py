@@ -96,6 +96,13 @@ def test_hf_config_errors_say_what_to_give(tmp_path):
     bad.write_text('{"hidden_size": 8}')
     with pytest.raises(ValueError, match="model_type"):
         resolve_model(str(bad))
+    vit = tmp_path / "vit.json"
+    vit.write_text('{"model_type": "vit"}')
+    with pytest.raises(ValueError, match="AutoModelForCausalLM"):
+        resolve_model(str(vit))
+    minimal = tmp_path / "llama.json"
+    minimal.write_text('{"model_type": "llama", "num_hidden_layers": 1}')
+    assert resolve_model(str(minimal)).inputs(0, 1)[0][0].max() < 32000  # Llama's default
     with pytest.raises(ValueError, match="learned positions"):
         resolve_model(str(HF / "gpt2.json"), seq_len=2048)
 

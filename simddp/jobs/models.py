@@ -348,6 +348,23 @@ def _hf_recipe(text: str, build: str) -> ModelRecipe:
         if isinstance(args, str):
             raise ValueError(f"{path}: cannot be built as the zoo's Llama: {args}")
         return ModelRecipe("llama", name, args=args, source=source + ", as the zoo's Llama")
+    try:
+        import transformers  # noqa: F401 - the model is built by transformers, later
+    except ImportError as e:
+        raise RuntimeError(f"{path}: a Hugging Face config is built by transformers ({e}): "
+                           f"pip install 'fakepg-simddp[hf]'") from None
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if cfg["model_type"] not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ValueError(f"{path}: model_type {cfg['model_type']!r} is not a causal language "
+                         f"model transformers' AutoModelForCausalLM builds (e.g. llama, "
+                         f"mistral, qwen2, gpt2, gpt_neox)")
+    from transformers import AutoConfig
+
+    defaults = AutoConfig.for_model(cfg["model_type"])
+    for key in ("vocab_size", "max_position_embeddings", "n_positions"):
+        if key not in cfg and getattr(defaults, key, None) is not None:
+            cfg[key] = getattr(defaults, key)  # transformers' default for the family
     return ModelRecipe("hf", name, spec=json.dumps(cfg, sort_keys=True), source=source)
 
 
