@@ -412,15 +412,23 @@ _ATTENTION = "simddp_causal_sdpa"
 
 
 def _causal_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                 attention_mask: Any, **kwargs: Any) -> Any:
-    """transformers' SDPA attention with ``is_causal=True`` and no mask: one fused kernel, as
-    torchtitan trains (and the zoo's Llama). Registered under a name transformers has no mask
-    builder for, so it builds none: its mask and packed-sequence checks read tensor values,
-    which the meta device does not have."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    kwargs.pop("is_causal", None)
-    return sdpa_attention_forward(module, query, key, value, None, is_causal=True, **kwargs)
+                 attention_mask: Any, dropout: float = 0.0, scaling: float | None = None,
+                 **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """Causal attention as one ``F.scaled_dot_product_attention`` call with no mask, as
+    torchtitan trains (and the zoo's Llama): grouped key/value heads repeated first, as the
+    zoo's Llama does (SDPA's ``enable_gqa`` and a mask would both send the meta device's
+    capture to the unfused decomposition, which keeps the s × s scores). Registered under a
+    name transformers has no mask builder for, so it builds none: its mask and
+    packed-sequence checks read tensor values, which the meta device does not have.
+    ``query``/``key``/``value``: (batch, heads, seq, head_dim); returns transformers'
+    (batch, seq, heads, head_dim) and no weights."""
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, dropout_p=dropout, scale=scaling, is_causal=query.shape[2] > 1)
+    return out.transpose(1, 2).contiguous(), None
 
 
 def _hf_model(config_json: str) -> torch.nn.Module:
