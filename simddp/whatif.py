@@ -49,15 +49,18 @@ __all__ = ["whatif", "replay_grid", "load_workload", "step_time", "step_phases",
            "network_for"]
 
 def load_workload(spec: Any, **overrides: Any) -> Any:
-    """The scenario ``spec`` names: a ``Scenario`` as is, a zoo name, or a ``.py`` script
-    defining ``scenario``. ``overrides`` (e.g. ``batch_size=32``) go to the factory."""
+    """The scenario ``spec`` names: a ``Scenario`` as is, a zoo name, a ``.py`` script
+    defining ``scenario``, or any model :func:`simddp.jobs.resolve_model` takes (a Hugging
+    Face config.json, a torchtitan flavor, a shape). ``overrides`` (e.g. ``batch_size=32``)
+    go to the factory."""
     overrides = {k: v for k, v in overrides.items() if v is not None}
     if not isinstance(spec, (str, os.PathLike)):
         if overrides:
             return spec.with_(**overrides)
         return spec
     spec = os.fspath(spec)
-    if spec.endswith(".py") or os.path.sep in spec:
+    if spec.endswith(".py") or (os.path.sep in spec and not spec.endswith(".json")
+                                and not os.path.isdir(spec)):
         if not os.path.isfile(spec):
             raise FileNotFoundError(f"workload script {spec!r} does not exist")
         ns = runpy.run_path(spec, run_name="__simddp_workload__")
@@ -80,13 +83,14 @@ def load_workload(spec: Any, **overrides: Any) -> Any:
 
     factory = zoo.SCENARIOS.get(spec) or zoo.WORKLOADS.get(spec)
     if factory is None:
-        from .jobs.models import zoo_key
+        from .jobs.models import resolve_model, zoo_key
 
         if zoo_key(spec) is not None:  # the other spelling: llama3_8b, bert-base
             return load_workload(zoo_key(spec), **overrides)
-        known = sorted(zoo.SCENARIOS) + sorted(zoo.WORKLOADS)
-        raise ValueError(f"unknown workload {spec!r}: give a zoo scenario ({', '.join(known)}) "
-                         f"or a path to a .py script defining `scenario`")
+        # a Hugging Face config.json, a torchtitan flavor, a shape (simddp.jobs); its error
+        # names every form a workload takes
+        sc = resolve_model(spec)
+        return sc.with_(**overrides) if overrides else sc
     accepted = inspect.signature(factory).parameters
     unknown = [k for k in overrides if k not in accepted]
     if unknown:

@@ -82,6 +82,16 @@ def test_models_that_are_not_zoo_names_are_resolved():
     assert workload == "bert_base"  # a zoo name takes the zoo's own path, either spelling
 
 
+def test_load_workload_takes_every_model_form():
+    from simddp.whatif import load_workload
+
+    assert load_workload(str(DATA / "hf" / "gpt2.json"), batch_size=3).local_batch == 3
+    assert load_workload("llama3:8B", seq_len=1024).seq_len == 1024
+    assert load_workload("llama3_tiny").name == "llama3-tiny"
+    with pytest.raises(ValueError, match="a .py script defining `scenario`"):
+        load_workload("nope")
+
+
 def test_job_configs_and_workloads_exclude_each_other():
     with pytest.raises(ValueError, match="drop the workload"):
         _apply("llama3-8b", "--torchtitan", str(DATA / "torchtitan" / "llama3_8b.toml"))

@@ -235,7 +235,9 @@ def _recipe(text: str, build: str) -> ModelRecipe:
     raise ValueError(
         f"unknown model {text!r}: give a zoo name ({', '.join(known)}), a Hugging Face "
         f"config.json path, a torchtitan flavor (llama3:{', llama3:'.join(TORCHTITAN_LLAMA3)}) "
-        f"or a shape (llama:dim=4096,layers=32,heads=32,kv-heads=8,ffn=14336,vocab=128256)")
+        f"a shape (llama:dim=4096,layers=32,heads=32,kv-heads=8,ffn=14336,vocab=128256 or "
+        f"gpt2:dim=768,layers=12,heads=12), or to simddp whatif a .py script defining "
+        f"`scenario`")
 
 
 def _flavor_recipe(flavor: str, text: str) -> ModelRecipe:
