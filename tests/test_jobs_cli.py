@@ -52,6 +52,17 @@ def test_torchtitan_flag_fills_the_layout_and_lists_what_is_not_modelled():
     assert "not modelled: activation_checkpointing=selective-op" in err  # not captured here
 
 
+def test_ddp_jobs_pass_no_fsdp_knobs_and_say_what_of_mixed_precision_is_not_modelled(tmp_path):
+    toml = tmp_path / "ddp.toml"
+    toml.write_text("[model]\nflavor = 'debugmodel'\n[parallelism]\n"
+                    "data_parallel_replicate_degree = 8\ndata_parallel_shard_degree = 1\n")
+    job = read_torchtitan(toml)
+    assert job.parallel == "ddp:8"
+    kw, missing = job.whatif_kwargs(whatif)
+    assert "reshard_after_forward" not in kw and "param_dtype" not in kw
+    assert any(line.startswith("param_dtype=bf16 with DDP") for line in missing)
+
+
 def test_flags_the_user_gives_win_over_the_job():
     args, workload, _ = _apply("--torchtitan", str(DATA / "torchtitan" / "llama3_70b.toml"),
                                "--world-size", "64", "--parallel", "fsdp:4,tp:16",

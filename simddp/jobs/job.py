@@ -145,14 +145,21 @@ class Job:
             else:
                 missing.append(f"activation_checkpointing={ac}: this simddp captures full "
                                f"activation checkpointing or none; run without it")
+        names = {part.partition(":")[0].strip() for part in self.parallel.split(",")}
         raf = k.pop("reshard_after_forward", None)
-        if raf is not None:
+        ddp = "ddp" in names
+        if raf is not None and not ddp:  # an FSDP2 knob: DDP has none
             kw["reshard_after_forward"] = [raf]
         for key in ("param_dtype", "reduce_dtype"):
-            if k.get(key) is not None:
-                kw[key] = k.pop(key)
-            else:
-                k.pop(key, None)
+            v = k.pop(key, None)
+            if v is None:
+                continue
+            if not ddp:
+                kw[key] = v
+            elif v != "fp32":
+                missing.append(f"{key}={v} with DDP: torch autocasts the forward (torchtitan) "
+                               f"or keeps bf16 parameters (Megatron); the DDP capture here "
+                               f"runs the parameters' own dtype")
         if "tp:" not in self.parallel:
             k.pop("sequence_parallel", None)
         for key, v in k.items():
