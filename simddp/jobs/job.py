@@ -133,7 +133,8 @@ class Job:
                 kw["microbatches"] = [k.pop("microbatches")]
             kw["stages_per_rank"] = k.pop("stages_per_rank", None)
         else:
-            k.pop("pp_schedule", None), k.pop("microbatches", None), k.pop("stages_per_rank", None)
+            for key in ("pp_schedule", "microbatches", "stages_per_rank"):
+                k.pop(key, None)  # no pipeline: nothing to schedule
         ac = k.pop("activation_checkpointing", None)
         if ac is not None:
             annotation = str(params["activation_checkpointing"].annotation) \
