@@ -1,14 +1,17 @@
-"""Trace-driven replay: one captured DDP iteration, replayed at any world size on simpy.
+"""Trace-driven replay: a captured step (DDP, FSDP2/HSDP, TP, PP), replayed at any world size.
 
-This module is the public face of replay; the code lives in :mod:`simddp.cosim`
-(``capture``, ``plan``, ``run``, ``sweep``) and the figures in :mod:`simddp.analysis`.
+:func:`replay` has the capture's planner (:mod:`simddp.program`) write the step program and
+runs it on one of two engines (simpy, vectorised). Captures come from :mod:`simddp.cosim`
+(``simddp.capture``, ``capture_fsdp``, ``capture_pp``), sweeps from :func:`simddp.sweep`, the
+figures from :mod:`simddp.analysis`.
 
 Two steps::
 
     import simddp
     from fakepg import zoo
     from simddp import Network, Timing, Compute
-    from simddp.replay import capture, replay, sweep
+    from simddp.replay import replay
+    from simddp import capture, sweep
 
     cap = capture(zoo.get("transformer_block"), nprocs=2,
                   timing=Timing(network=Network.preset("100gbe"), compute=Compute.roofline("a100")))
@@ -143,13 +146,11 @@ and compute is replayed per segment, not per op. The test requires agreement wit
 """
 
 from ..analysis import ReplayResult, SweepResult, write_csv
-from ..cosim.capture import capture, capture_workload
+from ..program.captured import CapturedIteration, ParamInfo, RankProfile, assign_buckets
 from ..program.knobs import COMM_HOOKS
-from ..program.captured import (CapturedIteration, ParamInfo, RankProfile,
-                           assign_buckets)
 from .replaying import replay
-from ..sweep import sweep
 
-__all__ = ["capture", "capture_workload", "replay", "sweep", "write_csv", "assign_buckets",
-           "CapturedIteration", "ParamInfo", "RankProfile", "ReplayResult", "SweepResult",
-           "COMM_HOOKS"]
+SweepResult.replayer = replay  # SweepResult.replay(i) re-runs a row on this engine
+
+__all__ = ["replay", "write_csv", "assign_buckets", "CapturedIteration", "ParamInfo",
+           "RankProfile", "ReplayResult", "SweepResult", "COMM_HOOKS"]
