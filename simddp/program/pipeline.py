@@ -55,6 +55,7 @@ import numpy as np
 from fakepg.arguments import integer, number
 
 from ..models import Network
+from .contract import Program
 from .captured import CapturedPipeline
 from .fsdp import _GATHERS, check_sharded_knobs, event_marks
 from .knobs import CheckedKnobs
@@ -135,7 +136,7 @@ class PipelineMesh(Mesh):
         return self.inner.describe()
 
 
-class PipelineProgram:
+class PipelineProgram(Program):
     """A captured pipeline step as a step program (see the module docstring)."""
 
     nprofiles = 1
@@ -185,8 +186,6 @@ class PipelineProgram:
         self.mesh = PipelineMesh(par.mesh())
         self.shard_ratio = cap.shard_size / par.shard
         self.prefetch = {"forward": k.forward_prefetch, "backward": k.backward_prefetch}
-        self.buckets: list[list[int]] = []
-        self.plans: list[Any] = []
         self.param_bytes = cap.param_bytes
         kinds = {op.kind for r in self.ops for op in r}
         self.split = bool(kinds & {"I", "W"})
@@ -212,9 +211,6 @@ class PipelineProgram:
 
     def uniform(self) -> str | None:
         return "pipeline parallelism (each pipeline rank runs its own schedule)"
-
-    def rank_kinds(self) -> dict[int, tuple]:
-        return {}
 
     def knob_values(self) -> dict[str, Any]:
         """The pipeline knobs as replayed (the capture's where a knob was None)."""

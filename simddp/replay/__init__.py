@@ -148,9 +148,10 @@ and compute is replayed per segment, not per op. The test requires agreement wit
 from ..analysis import ReplayResult, SweepResult, write_csv
 from ..program.captured import CapturedIteration, ParamInfo, RankProfile, assign_buckets
 from ..program.knobs import COMM_HOOKS
+from .conformance import PlannerContractError, check_planner
 from .replaying import replay
 
 SweepResult.replayer = replay  # SweepResult.replay(i) re-runs a row on this engine
 
-__all__ = ["replay", "write_csv", "assign_buckets", "CapturedIteration", "ParamInfo",
+__all__ = ["replay", "check_planner", "PlannerContractError", "write_csv", "assign_buckets", "CapturedIteration", "ParamInfo",
            "RankProfile", "ReplayResult", "SweepResult", "COMM_HOOKS"]
