@@ -21,7 +21,7 @@ Steps:
    (:mod:`simddp.models.ddp_overhead`), so a 1-rank DDP iteration is the step plus DDP's
    modelled overhead;
 3. one capture (:func:`simddp.replay.capture`, torch's real DDP on ``capture_ranks`` fake
-   ranks), then one replay per configuration (:func:`simddp.replay.sweep`'s rows), here or on
+   ranks), then one replay per configuration (:func:`simddp.sweep`'s rows), here or on
    an executor. Straggler ranks a world does not have are left out of that world's row.
 """
 
