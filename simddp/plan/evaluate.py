@@ -1,0 +1,167 @@
+"""One layout's answer: a capture of the real program (shared by every layout it stands for),
+its step program's memory (cheap: no simulation), then a replay (only for layouts that fit).
+
+Layouts share a capture when what the capture records is the same for them: the blocks' tensor
+and context parallelism, activation checkpointing, the microbatch size, FSDP2's flavour and
+``reshard_after_forward``, and for pipelines the schedule and its stage split (the pipeline's
+depth is added afterwards by :func:`~simddp.cosim.deepen.deepen`). The data-parallel size, the
+microbatch count and the world are replay knobs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..models import NetworkModel
+from ..program import Config, Knobs, plan as plan_program
+from ..sweep import replay_row
+from .space import Layout, Shape
+
+__all__ = ["CaptureKey", "capture_key", "Capturer", "memory_verdict", "replay_config"]
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class CaptureKey:
+    """What a capture depends on (see the module docstring)."""
+
+    tp: int
+    cp: int
+    ac: str
+    microbatch: int
+    hsdp: bool
+    reshard_after_forward: bool
+    schedule: str | None = None
+    stages_per_rank: int = 1
+    # a deep pipeline: its first, middle and last stages' blocks (captured shallow, deepened);
+    # a shallow one (at most 3 stages): its depth, captured whole
+    stage_blocks: tuple[int, int, int] | None = None
+    pp: int = 1
+
+    def describe(self) -> str:
+        parts = ["HSDP" if self.hsdp else "FSDP"] + \
+            ([f"tp {self.tp}"] if self.tp > 1 else []) + \
+            ([f"cp {self.cp}"] if self.cp > 1 else []) + \
+            [f"AC {self.ac}", f"{self.microbatch} seq/microbatch"]
+        if not self.reshard_after_forward:
+            parts.append("no reshard after forward")
+        if self.schedule and self.stage_blocks:
+            parts.append(f"{self.schedule} ×{self.stages_per_rank}, stages of "
+                         f"{'/'.join(map(str, self.stage_blocks))} blocks")
+        elif self.schedule:
+            parts.append(f"{self.schedule} ×{self.stages_per_rank} on pp {self.pp}")
+        return ", ".join(parts)
+
+
+def _stage_blocks(shape: Shape, layout: Layout) -> tuple[int, int, int]:
+    from fakepg.zoo.llama import stage_layers  # torchtitan's split: embedding, head weigh 1
+
+    n = layout.pp * layout.stages_per_rank
+    counts = [len(stage_layers(shape.n_layers, s, n, input_weight=1, output_weight=1))
+              for s in range(n)]
+    return counts[0], counts[1], counts[-1]
+
+
+def capture_key(shape: Shape, layout: Layout) -> CaptureKey:
+    """The capture ``layout`` is replayed from."""
+    pipe = layout.pp > 1
+    deep = pipe and layout.pp * layout.stages_per_rank > 3
+    return CaptureKey(layout.tp, layout.cp, layout.ac, layout.microbatch,
+                      layout.flavour == "hsdp", layout.reshard_after_forward,
+                      layout.schedule if pipe else None, layout.stages_per_rank,
+                      _stage_blocks(shape, layout) if deep else None,
+                      1 if deep or not pipe else layout.pp)
+
+
+class Capturer:
+    """Captures by key, each once: ``scenario(microbatch=...)`` builds the workload;
+    ``capture(key, scenario, timing)`` is the registry's capture for a key (see
+    :func:`default_capture`)."""
+
+    def __init__(self, scenario: Callable[..., Any], timing: Any, shape: Shape,
+                 capture: Callable[..., Any] | None = None) -> None:
+        self.scenario, self.timing, self.shape = scenario, timing, shape
+        self.capture = capture or default_capture
+        self.cache: dict[CaptureKey, Any] = {}
+        self.seconds: dict[CaptureKey, float] = {}
+
+    def __call__(self, key: CaptureKey) -> Any:
+        if key not in self.cache:
+            import time
+
+            t0 = time.perf_counter()
+            self.cache[key] = self.capture(key, self.scenario, self.timing, self.shape)
+            self.seconds[key] = time.perf_counter() - t0
+        return self.cache[key]
+
+
+def default_capture(key: CaptureKey, scenario: Callable[..., Any], timing: Any,
+                    shape: Shape) -> Any:
+    """torch's real FSDP2 (+ TP) step, or a shallow pipeline of the key's stage split deepened
+    to the layout's depth later, on the meta device in bf16 with fp32 reductions (torchtitan's
+    mixed precision)."""
+    from ..cosim.capture_fsdp import capture_fsdp
+    from ..cosim.capture_pp import capture_pp
+
+    if key.cp > 1:
+        raise NotImplementedError("context parallelism is not captured by this capturer")
+    inner = {"replicate": 2, "shard": 2} if key.hsdp else {"shard": 2}
+    if key.tp > 1:
+        inner["tp"] = key.tp
+    ac = key.ac != "none"
+    if key.schedule is None:
+        sc = scenario(batch_size=key.microbatch)
+        return capture_fsdp(sc, _ranks(inner), timing=timing, mesh=inner, device="meta",
+                            param_dtype="bf16", reduce_dtype="fp32",
+                            reshard_after_forward=key.reshard_after_forward,
+                            activation_checkpointing=ac)
+    v = key.stages_per_rank
+    if key.stage_blocks is None:  # a shallow pipeline: captured whole
+        cap_pp, n = key.pp, shape.n_layers
+    else:  # a first, a middle and a last stage, deepened later
+        cap_pp = 3 if v == 1 else 2
+        first, middle, last = key.stage_blocks
+        n = first + middle * (cap_pp * v - 2) + last
+    sc = scenario(batch_size=cap_pp * key.microbatch, n_layers=n)
+    return capture_pp(sc, cap_pp, schedule=key.schedule, stages_per_rank=v,
+                      microbatches=cap_pp, mesh=inner, timing=timing, device="meta",
+                      param_dtype="bf16", reduce_dtype="fp32", input_weight=1,
+                      output_weight=1, activation_checkpointing=ac)
+
+
+def _ranks(mesh: dict[str, int]) -> int:
+    out = 1
+    for v in mesh.values():
+        out *= v
+    return out
+
+
+def replay_config(shape: Shape, layout: Layout, cap: Any, network: NetworkModel,
+                  gpu_memory_gb: float | None) -> tuple[Any, Config]:
+    """The capture as the layout replays it (a pipeline deepened to its depth) and the
+    replay's :class:`~simddp.program.Config`."""
+    knobs: dict[str, Any] = dict(parallel=layout.parallel, gpu_memory_gb=gpu_memory_gb)
+    if layout.pp > 1:
+        from ..cosim.deepen import deepen
+
+        if cap.pp != layout.pp:
+            cap = deepen(cap, layout.pp, layout.stages_per_rank, n_layers=shape.n_layers)
+        knobs.update(pp_schedule=layout.schedule, microbatches=layout.microbatches)
+    return cap, Config(layout.gpus, network, Knobs.of(**knobs))
+
+
+def memory_verdict(cap: Any, config: Config) -> tuple[int, dict[str, int]]:
+    """The step program's peak memory for ``config`` (its planner only: no simulation)."""
+    checked = config.knobs.checked(config.world_size, config.network)
+    return plan_program(cap, checked).memory()
+
+
+def evaluate_row(shape: Shape, layout: Layout, cap: Any, network: NetworkModel,
+                 gpu_memory_gb: float | None) -> dict[str, Any]:
+    """The replay row of ``layout`` (module-level: executors in other processes run it)."""
+    cap, config = replay_config(shape, layout, cap, network, gpu_memory_gb)
+    return replay_row(cap, config)
