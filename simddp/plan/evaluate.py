@@ -101,36 +101,44 @@ class Capturer:
 
 def default_capture(key: CaptureKey, scenario: Callable[..., Any], timing: Any,
                     shape: Shape) -> Any:
-    """torch's real FSDP2 (+ TP) step, or a shallow pipeline of the key's stage split deepened
-    to the layout's depth later, on the meta device in bf16 with fp32 reductions (torchtitan's
-    mixed precision)."""
-    from ..cosim.capture_fsdp import capture_fsdp
-    from ..cosim.capture_pp import capture_pp
+    """The registry's capture of the key's layout (torch's real FSDP2, TP and pipelining on
+    the meta device, bf16 parameters and fp32 reductions as torchtitan trains), through the
+    on-disk capture cache; a deep pipeline is captured shallow (its first, a middle and its
+    last stage) and deepened per layout (:func:`replay_config`)."""
+    from ..capture_cache import cached, enabled_by_default
+    from ..program.parallel import Parallel
+    from ..program.registry import CaptureOptions, CaptureRequest
 
-    if key.cp > 1:
-        raise NotImplementedError("context parallelism is not captured by this capturer")
-    inner = {"replicate": 2, "shard": 2} if key.hsdp else {"shard": 2}
-    if key.tp > 1:
-        inner["tp"] = key.tp
-    ac = key.ac != "none"
+    data = "hsdp:2" if key.hsdp else "fsdp:2"
+    spec = ",".join(([f"pp:{key.pp if key.stage_blocks is None else 3}"] if key.schedule else [])
+                    + [data] + ([f"cp:{key.cp}"] if key.cp > 1 else [])
+                    + ([f"tp:{key.tp}"] if key.tp > 1 else []))
+    v = key.stages_per_rank
     if key.schedule is None:
         sc = scenario(batch_size=key.microbatch)
-        return capture_fsdp(sc, _ranks(inner), timing=timing, mesh=inner, device="meta",
-                            param_dtype="bf16", reduce_dtype="fp32",
-                            reshard_after_forward=key.reshard_after_forward,
-                            activation_checkpointing=ac)
-    v = key.stages_per_rank
-    if key.stage_blocks is None:  # a shallow pipeline: captured whole
-        cap_pp, n = key.pp, shape.n_layers
+        cap_pp = 1
+    elif key.stage_blocks is None:  # a shallow pipeline: captured whole
+        cap_pp = key.pp
+        sc = scenario(batch_size=cap_pp * key.microbatch)
     else:  # a first, a middle and a last stage, deepened later
         cap_pp = 3 if v == 1 else 2
         first, middle, last = key.stage_blocks
-        n = first + middle * (cap_pp * v - 2) + last
-    sc = scenario(batch_size=cap_pp * key.microbatch, n_layers=n)
-    return capture_pp(sc, cap_pp, schedule=key.schedule, stages_per_rank=v,
-                      microbatches=cap_pp, mesh=inner, timing=timing, device="meta",
-                      param_dtype="bf16", reduce_dtype="fp32", input_weight=1,
-                      output_weight=1, activation_checkpointing=ac)
+        sc = scenario(batch_size=cap_pp * key.microbatch,
+                      n_layers=first + middle * (cap_pp * v - 2) + last)
+        spec = spec.replace("pp:3", f"pp:{cap_pp}", 1)
+    world = 2 if key.hsdp else 1  # hsdp:2 shards over 2 ranks, replicated twice
+    for part in spec.split(","):
+        world *= int(part.partition(":")[2])
+    par = Parallel.parse(spec, world)
+    opts = CaptureOptions(reshard_after_forward=key.reshard_after_forward, param_dtype="bf16",
+                          reduce_dtype="fp32", activation_checkpointing=key.ac,
+                          pp_schedule=key.schedule, microbatches=cap_pp if key.schedule else None,
+                          microbatch_size=key.microbatch if key.schedule else None,
+                          stages_per_rank=v if key.schedule else None)
+    req = CaptureRequest(sc, par, timing, "meta", 0, opts)
+    cap, _ = cached(req, par.capture_key() + f"/layers{shape.n_layers}",
+                    lambda: par.owner().load("capture")(req), enabled=enabled_by_default())
+    return cap
 
 
 def _ranks(mesh: dict[str, int]) -> int:
