@@ -128,3 +128,35 @@ def test_no_layout_on_the_pareto_front_is_beaten_on_both_speed_and_memory(points
                        c.tokens_per_s_per_gpu > f.tokens_per_s_per_gpu for c in cands)
     best = max(c.tokens_per_s_per_gpu for c in cands)
     assert front[-1].tokens_per_s_per_gpu == best
+
+
+def test_the_command_line_prints_the_ranking_and_writes_json(tmp_path, capsys):
+    from simddp.cli import main
+
+    out = tmp_path / "plan.json"
+    status = main(["plan", "llama3-tiny", "--gpus", "2", "--gpus-per-node", "2", "--seq-len",
+                   "32", "--global-batch", "4", "--max-pp", "2", "--max-cp", "1",
+                   "--activation-checkpointing", "full", "--no-progress", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert status == 0 and "the best layout as a what-if:" in text and "[parallelism]" in text
+    assert json.loads(out.read_text())["top"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--gpus", "0"], "out of range"),
+    (["--gpus", "8", "--activation-checkpointing", "sometimes"], "give some of"),
+])
+def test_bad_plan_arguments_are_usage_errors_naming_the_accepted_values(argv, message, capsys):
+    from simddp.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "llama3-tiny", "--global-batch", "4", *argv])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_time_to_tokens_without_a_token_count_says_what_to_add(capsys):
+    from simddp.cli import main
+
+    status = main(["plan", "llama3-tiny", "--global-batch", "4", "--gpus", "8",
+                   "--objective", "time-to-tokens"])
+    assert status == 1 and "needs --tokens" in capsys.readouterr().err

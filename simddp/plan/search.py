@@ -116,13 +116,14 @@ def plan(shape: Shape, scenario: Callable[..., Any], *, gpus: int, gpus_per_node
         say(f"capture {i + 1}/{len(keys)}: {key.describe()}")
         try:
             capturer(key)
-        except NotImplementedError as e:
+        except (NotImplementedError, ValueError) as e:  # the registry refuses the layout
             capturer.cache[key] = e
     to_replay = []
     for c in alive:
         cap = capturer.cache[capture_key(shape, c.layout)]
         if isinstance(cap, Exception):
-            c.feasible, c.reason, c.stage = False, f"not captured: {cap}", "memory"
+            c.feasible, c.reason, c.stage = False, f"not captured: {' '.join(str(cap).split())}", \
+                "memory"
             continue
         deep, config = replay_config(shape, c.layout, cap, network, gpu_memory_gb)
         try:
@@ -156,7 +157,8 @@ def plan(shape: Shape, scenario: Callable[..., Any], *, gpus: int, gpus_per_node
         if row.get("oom"):
             c.reason = "OOM in the replay"
     ranked = sorted((c for c in cands if c.feasible), key=lambda c: -_score(c, objective))
-    facts = {"layouts": len(cands), "passed_rules": len(alive), "captures": len(keys),
+    captured = sum(not isinstance(capturer.cache[k], Exception) for k in keys)
+    facts = {"layouts": len(cands), "passed_rules": len(alive), "captures": captured,
              "replayed": len(to_replay), "feasible": len(ranked),
              "capture_seconds": sum(capturer.seconds.values()),
              "wall_seconds": time.perf_counter() - t0}
