@@ -68,23 +68,33 @@ class PlanResult:
                                         f"seq {q['seq_len']}, batch {q['global_batch']}")
 
 
-def _llama_workload(model: str, seq_len: int) -> tuple[Shape, Callable[..., Any]]:
-    from fakepg import zoo
-    from fakepg.zoo.llama import Llama
+@dataclass(frozen=True)
+class LlamaWorkload:
+    """A zoo Llama at ``seq_len`` as the search builds it: ``batch_size`` sequences, the model
+    cut to ``n_layers`` blocks for a shallow pipeline (picklable: captures may run in other
+    processes)."""
 
-    sc = zoo.get(model, seq_len=seq_len)
-    args = sc.model.args[0]
-    if not type(args).__name__ == "LlamaArgs":
-        raise ValueError(f"simddp plan searches decoder layouts; {model!r} is not a Llama-style "
-                         f"decoder")
+    model: str
+    seq_len: int
 
-    def scenario(batch_size: int, n_layers: int | None = None) -> Any:
-        s = zoo.get(model, seq_len=seq_len, batch_size=batch_size)
+    def args(self) -> Any:
+        from fakepg import zoo
+
+        args = zoo.get(self.model, seq_len=self.seq_len).model.args[0]
+        if type(args).__name__ != "LlamaArgs":
+            raise ValueError(f"simddp plan searches decoder layouts; {self.model!r} is not a "
+                             f"Llama-style decoder")
+        return args
+
+    def __call__(self, batch_size: int, n_layers: int | None = None) -> Any:
+        from fakepg import zoo
+        from fakepg.zoo.llama import Llama
+
+        s = zoo.get(self.model, seq_len=self.seq_len, batch_size=batch_size)
         if n_layers is not None:
-            s = s.with_(model=functools.partial(Llama, dataclasses.replace(args, n_layers=n_layers)))
+            s = s.with_(model=functools.partial(Llama, dataclasses.replace(self.args(),
+                                                                           n_layers=n_layers)))
         return s
-
-    return Shape.of_llama(model, args), scenario
 
 
 def plan(model: str, *, gpus: int, gpu: str = "h100", network: str = "dgx-h100",
@@ -104,7 +114,8 @@ def plan(model: str, *, gpus: int, gpu: str = "h100", network: str = "dgx-h100",
     net = Network.preset(network) if isinstance(network, str) else network
     per_node = gpus_per_node or net.gpus_per_node or 8
     mem = gpu_memory_gib if gpu_memory_gib is not None else dev.memory_GB * 1e9 / (1 << 30)
-    shape, scenario = _llama_workload(model, seq_len)
+    scenario = LlamaWorkload(model, seq_len)
+    shape = Shape.of_llama(model, scenario.args())
     timing = Timing(network=net, compute=Compute.roofline(gpu))
     cands, best, facts = _search(shape, scenario, gpus=gpus, gpus_per_node=per_node,
                                  seq_len=seq_len, global_batch=global_batch, timing=timing,

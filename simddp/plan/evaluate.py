@@ -68,11 +68,14 @@ def _stage_blocks(shape: Shape, layout: Layout) -> tuple[int, int, int]:
 
 def capture_key(shape: Shape, layout: Layout) -> CaptureKey:
     """The capture ``layout`` is replayed from."""
+    from .space import SAME_CAPTURE
+
     pipe = layout.pp > 1
     deep = pipe and layout.pp * layout.stages_per_rank > 3
+    schedule = SAME_CAPTURE.get(layout.schedule, layout.schedule) if pipe else None
     return CaptureKey(layout.tp, layout.cp, layout.ac, layout.microbatch,
                       layout.flavour == "hsdp", layout.reshard_after_forward,
-                      layout.schedule if pipe else None, layout.stages_per_rank,
+                      schedule, layout.stages_per_rank,
                       _stage_blocks(shape, layout) if deep else None,
                       1 if deep or not pipe else layout.pp)
 
@@ -87,16 +90,39 @@ class Capturer:
         self.scenario, self.timing, self.shape = scenario, timing, shape
         self.capture = capture or default_capture
         self.cache: dict[CaptureKey, Any] = {}
-        self.seconds: dict[CaptureKey, float] = {}
+        self.seconds: dict[CaptureKey | None, float] = {}
 
-    def __call__(self, key: CaptureKey) -> Any:
-        if key not in self.cache:
-            import time
+    def run(self, keys: list[CaptureKey], executor: Any = None,
+            say: Callable[[str], None] = lambda text: None) -> None:
+        """Capture every key (here, or on ``executor`` — captures are pure functions of their
+        key); a capture the registry refuses is kept as its exception."""
+        import concurrent.futures
+        import time
 
-            t0 = time.perf_counter()
-            self.cache[key] = self.capture(key, self.scenario, self.timing, self.shape)
-            self.seconds[key] = time.perf_counter() - t0
-        return self.cache[key]
+        todo = [k for k in keys if k not in self.cache]
+        t0 = time.perf_counter()
+        if executor is None:
+            for i, key in enumerate(todo):
+                say(f"capture {i + 1}/{len(todo)}: {key.describe()}")
+                t = time.perf_counter()
+                self.cache[key] = _capture_or_refusal(self.capture, key, self.scenario,
+                                                      self.timing, self.shape)
+                self.seconds[key] = time.perf_counter() - t
+            return
+        futures = {executor.submit(_capture_or_refusal, self.capture, key, self.scenario,
+                                   self.timing, self.shape): key for key in todo}
+        for i, fut in enumerate(concurrent.futures.as_completed(futures), 1):
+            key = futures[fut]
+            self.cache[key] = fut.result()
+            say(f"capture {i}/{len(todo)} done: {key.describe()}")
+        self.seconds[None] = time.perf_counter() - t0  # wall time of the parallel captures
+
+
+def _capture_or_refusal(capture: Callable[..., Any], key: CaptureKey, *args: Any) -> Any:
+    try:
+        return capture(key, *args)
+    except (NotImplementedError, ValueError) as e:  # the registry refuses the layout
+        return e
 
 
 def default_capture(key: CaptureKey, scenario: Callable[..., Any], timing: Any,

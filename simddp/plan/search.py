@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from .evaluate import CaptureKey, Capturer, capture_key, evaluate_row, memory_verdict, \
     replay_config
-from .space import Layout, Shape, layouts, rule_out, static_bytes
+from .space import Layout, Shape, layouts, rule_out, schedule_refuses, static_bytes
 
 __all__ = ["Candidate", "plan", "OBJECTIVES"]
 
@@ -106,18 +106,15 @@ def plan(shape: Shape, scenario: Callable[..., Any], *, gpus: int, gpus_per_node
                 why = (f"OOM by {(need - limit) / GIB:.1f} GiB before activations: "
                        f"parameters, gradients and Adam state need {need / GIB:.1f} GiB of "
                        f"{limit / GIB:.1f}")
+        if why is None:
+            why = schedule_refuses(c.layout)
         if why is not None:
             c.feasible, c.reason, c.stage = False, why, "rules"
     alive = [c for c in cands if c.feasible is None]
     say(f"{len(cands)} layouts, {len(alive)} pass the rules; capturing")
     capturer = Capturer(scenario, timing, shape, capture)
     keys = sorted({capture_key(shape, c.layout) for c in alive}, key=repr)
-    for i, key in enumerate(keys):  # 2. captures, then each layout's memory
-        say(f"capture {i + 1}/{len(keys)}: {key.describe()}")
-        try:
-            capturer(key)
-        except (NotImplementedError, ValueError) as e:  # the registry refuses the layout
-            capturer.cache[key] = e
+    capturer.run(keys, executor, say)  # 2. captures, then each layout's memory
     to_replay = []
     for c in alive:
         cap = capturer.cache[capture_key(shape, c.layout)]

@@ -16,13 +16,15 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-__all__ = ["Layout", "Shape", "layouts", "rule_out", "SCHEDULES", "AC_MODES"]
+__all__ = ["Layout", "Shape", "layouts", "rule_out", "schedule_refuses", "static_bytes",
+           "SCHEDULES", "SAME_CAPTURE", "AC_MODES"]
 
 # torch's schedule names as simddp.program.schedules takes them, with the virtual stages each
-# runs per rank: single-stage schedules 1; the interleaved ones 2 or 4; the V-shaped zero-bubble
-# schedules exactly 2
-SCHEDULES: dict[str, tuple[int, ...]] = {"1F1B": (1,), "Interleaved1F1B": (2, 4),
-                                         "ZBVZeroBubble": (2,)}
+# runs per rank (single-stage schedules 1, the looped ones 2 or more, the V-shaped zero-bubble
+# ones exactly 2) and the schedules that replay the same capture (same stages, same actions)
+SCHEDULES: dict[str, tuple[int, ...]] = {"1F1B": (1,), "GPipe": (1,), "Interleaved1F1B": (2,),
+                                         "LoopedBFS": (2,)}
+SAME_CAPTURE = {"GPipe": "1F1B", "LoopedBFS": "Interleaved1F1B"}
 AC_MODES = ("none", "selective-op", "full")
 
 
@@ -120,10 +122,12 @@ def _powers_of_two(upto: int) -> list[int]:
 def layouts(shape: Shape, gpus: int, *, gpus_per_node: int, seq_len: int, global_batch: int,
             microbatch_sizes: tuple[int, ...] = (1,), ac_modes: tuple[str, ...] = AC_MODES,
             max_cp: int = 8, max_pp: int = 16,
-            reshard_after_forward: tuple[bool, ...] = (True,)) -> Iterator[Layout]:
+            reshard_after_forward: tuple[bool, ...] = (True,),
+            schedules: dict[str, tuple[int, ...]] | None = None) -> Iterator[Layout]:
     """Every layout of ``gpus`` GPUs for ``global_batch`` sequences of ``seq_len`` tokens a
     step, before rules: tp, cp and pp powers of two (tp within a node), FSDP over the rest or
-    HSDP sharding inside 1, 2, 4... nodes, each schedule with its virtual stages, microbatch
+    HSDP sharding inside 1, 2, 4... nodes (without a pipeline), each schedule of ``schedules``
+    (default :data:`SCHEDULES`) with its virtual stages, microbatch
     sizes, activation checkpointing modes, and ``reshard_after_forward`` (without a pipeline;
     torchtitan turns it off under pipelines)."""
     for tp in _powers_of_two(min(gpus_per_node, gpus)):
@@ -134,15 +138,15 @@ def layouts(shape: Shape, gpus: int, *, gpus_per_node: int, seq_len: int, global
                 dp = gpus // (tp * cp * pp)
                 # HSDP: shard inside 1, 2, 4 ... nodes' worth of data-parallel ranks
                 per_node = max(1, gpus_per_node // (tp * cp))
-                shards = [dp] + [s for s in (per_node << i for i in range(4)) if 1 < s < dp
-                                 and dp % s == 0]
+                shards = [dp] + ([s for s in (per_node << i for i in range(4)) if 1 < s < dp
+                                  and dp % s == 0] if pp == 1 else [])
                 for shard in shards:
                     for mb in microbatch_sizes:
                         if global_batch % (dp * mb):
                             continue
                         m = global_batch // (dp * mb)
                         scheds = [(None, 1)] if pp == 1 else \
-                            [(s, v) for s, vs in SCHEDULES.items() for v in vs]
+                            [(s, v) for s, vs in (schedules or SCHEDULES).items() for v in vs]
                         for sched, v in scheds:
                             for ac in ac_modes:
                                 for raf in (reshard_after_forward if pp == 1 else (False,)):
@@ -169,6 +173,15 @@ def rule_out(layout: Layout, shape: Shape, *, gpus_per_node: int, seq_len: int) 
         if lay.microbatches < lay.pp:
             return f"{lay.microbatches} microbatches for {lay.pp} pipeline ranks: the " \
                    f"schedule needs at least one per rank"
+    return None
+
+
+def schedule_refuses(layout: Layout) -> str | None:
+    """Why torch's own schedule class refuses the layout's pipeline shape (None: it takes it,
+    or there is no pipeline). Builds the schedule's action lists (cached), so it runs after the
+    cheap rules."""
+    lay = layout
+    if lay.pp > 1:
         try:
             from ..program.schedules import schedule_ops  # torch's own schedule classes
 
