@@ -34,6 +34,7 @@ import sys
 from typing import Any, Callable, Iterator, Sequence
 
 from . import cli_args as A
+from .cli_plan import add_parser as add_plan_parser, run as run_plan
 
 __all__ = ["main"]
 
@@ -348,6 +349,7 @@ def _parser() -> argparse.ArgumentParser:
                        description="Replay a capture (whatif --out DIR writes DIR/capture.json).")
     r.add_argument("capture", help="a capture JSON (CapturedIteration.save)")
     _grid_flags(r, world_default=None)
+    add_plan_parser(sub)
     c = sub.add_parser("calibrate", help="measure collectives on this machine's backend and "
                        "fit a network model", description="nccl-tests-style timing of "
                        "collectives (gloo on CPU, NCCL with GPUs), one process per rank.")
@@ -719,13 +721,19 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan(args: argparse.Namespace) -> int:
+    with _executor(args) as ex, _progress(not args.no_progress) as (status, _, _):
+        return run_plan(args, ex, status)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``simddp`` console script; returns the exit status."""
     args = _parser().parse_args(argv)
     from .program.parallel import UsageError
 
     try:
-        return {"whatif": _whatif, "replay": _replay, "calibrate": _calibrate}[args.command](args)
+        return {"whatif": _whatif, "replay": _replay, "calibrate": _calibrate,
+                "plan": _plan}[args.command](args)
     except KeyboardInterrupt:
         print("simddp: interrupted", file=sys.stderr)
         return 130
