@@ -30,6 +30,7 @@ from fakepg.arguments import integer, number
 from . import algorithms as _alg
 from .algorithms import NVLS_LATENCY_US
 from .contention import Contention, as_contention
+from .placement import Placement, Tier, as_placement
 
 __all__ = ["Network", "PRESETS", "NVLS_LATENCY_US"]
 
@@ -69,6 +70,20 @@ class Network:
     contention: how this fabric's collectives slow the issuing rank's compute while in flight,
         and the fixed compute-stream cost of issuing one (:class:`~simddp.models.Contention`, or
         a dict of its fields); None = neither. Replay applies it; co-simulation does not yet.
+    nccl: the fabric runs NCCL, so replay costs its collectives with NCCL's tuning model
+        (:mod:`simddp.models.nccl_latency`: per-collective latency, algorithm and protocol by
+        size and scale) unless the ``protocol_latency`` knob says otherwise. NCCL presets set
+        it; a ``Network(...)`` you build is the plain α–β model unless you set it.
+    gpu: the GPU of the nodes ("v100", "a100", "h100", ...; None = not stated): NCCL's
+        tuning constants by generation, and the SM-share contention replay applies by default
+        (:mod:`simddp.models.gpu_contention`).
+    intra_link: "nvlink" or "pci", the link inside a node (NCCL's hardware latencies).
+    collnet: the switches reduce in-network (SHARP), so NCCL's CollNet algorithms are
+        candidates for all_reduce across nodes (NCCL_COLLNET_ENABLE=1 with the SHARP plugin).
+    tiers: the switch tiers above the node (:class:`~simddp.models.placement.Tier`: a leaf
+        group, a pod...), innermost first, each with its uplinks' oversubscription.
+    crossing: set by :meth:`placed`: the (domains spanned, oversubscription) of each
+        oversubscribed tier the communicator crosses; () for a fabric as a whole.
 
     ``alpha_s = latency_us * 1e-6`` and ``bandwidth_Bps = bandwidth_GBps * 1e9`` are what the
     formulas use. Frozen: derive variants with ``dataclasses.replace(net, bandwidth_GBps=...)``.
@@ -84,8 +99,17 @@ class Network:
     nics_per_node: int | None = None
     nvls_bandwidth_GBps: float | None = None
     contention: Contention | None = None
+    nccl: bool = False
+    gpu: str | None = None
+    intra_link: str = "nvlink"
+    collnet: bool = False
+    tiers: tuple[Tier, ...] = ()
+    crossing: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
+        if not isinstance(self.tiers, tuple):
+            object.__setattr__(self, "tiers", tuple(self.tiers))
+        self._check_fabric()
         if self.contention is not None and not isinstance(self.contention, Contention):
             object.__setattr__(self, "contention", as_contention(self.contention, "Network"))
         _check_number("bandwidth_GBps", self.bandwidth_GBps, allow_zero=False,
@@ -130,6 +154,25 @@ class Network:
                              "does not have (nvls_bandwidth_GBps is None); use a preset that has "
                              "it (dgx-h100, dgx-b200), set nvls_bandwidth_GBps, or use "
                              "algorithm='auto'")
+
+    def _check_fabric(self) -> None:
+        if self.intra_link not in ("nvlink", "pci"):
+            raise ValueError(f"Network.intra_link must be 'nvlink' or 'pci', got "
+                             f"{self.intra_link!r}")
+        if not self.tiers:
+            return
+        if self.gpus_per_node is None:
+            raise ValueError("Network.tiers describe switches above the node, so they need "
+                             "gpus_per_node; pass gpus_per_node=8 (say) as well, or drop tiers")
+        inner = self.gpus_per_node
+        for t in self.tiers:
+            if not isinstance(t, Tier):
+                raise TypeError(f"Network.tiers must hold simddp.models.placement.Tier, got "
+                                f"{t!r}")
+            if t.gpus % inner:
+                raise ValueError(f"tier {t.name!r} of {t.gpus} GPUs does not hold whole "
+                                 f"domains of the tier below ({inner} GPUs); give a multiple")
+            inner = t.gpus
 
     def describe(self) -> dict[str, Any]:
         """The parameters a sweep table shows (:class:`~simddp.models.NetworkModel`)."""
@@ -181,13 +224,15 @@ class Network:
         return _alg.other_time(self, kind, nbytes, nranks)
 
 
-    def placed(self, per_node: int) -> Network:
-        """The fabric as a communicator with ``per_node`` of its members on each node sees it
-        (see :mod:`simddp.models.algorithms`, "Placement"): nodes of ``per_node`` ranks,
-        each with ``per_node / gpus_per_node`` of the node's NIC bandwidth (the node runs
+    def placed(self, placement: Placement | int) -> Network:
+        """The fabric as a communicator placed as ``placement`` sees it (a
+        :class:`~simddp.models.placement.Placement`, or a bare count of members per node; see
+        :mod:`simddp.models.algorithms`, "Placement"): nodes of ``per_node`` ranks, each with
+        ``per_node / gpus_per_node`` of the node's NIC bandwidth (the node runs
         ``gpus_per_node / per_node`` such communicators at once), NVLS only where a node holds
-        several members. ``per_node >= gpus_per_node`` (contiguous) or a flat fabric: ``self``.
-        Cached per instance.
+        several members, and the oversubscribed tiers it crosses (``crossing``).
+        ``per_node >= gpus_per_node`` (contiguous) crossing no oversubscribed tier, or a flat
+        fabric: ``self``. Cached per instance.
 
         >>> net = Network.preset("dgx-h100")
         >>> one = net.placed(1)                       # one member per node: one NIC each
@@ -197,20 +242,29 @@ class Network:
         True
         """
         G = self.gpus_per_node
-        per_node = integer("per_node", per_node, minimum=1,
-                           hint="how many of the communicator's ranks share one node")
-        if G is None or per_node >= G:
+        p = as_placement(placement)
+        if G is None:
+            return self
+        crossing = p.crossing(self.tiers)
+        per_node = p.per_node
+        if per_node >= G and not crossing:
             return self
         cache = self.__dict__.setdefault("_placed", {})
-        net = cache.get(per_node)
+        key = (per_node, crossing) if crossing else per_node
+        net = cache.get(key)
         if net is None:
-            # per_node "NICs" of the node's per-GPU NIC share: B_node · per_node / G in all
-            nvls = self.nvls_bandwidth_GBps if per_node > 1 else None
-            algorithm = "auto" if self.algorithm == "nvls" and nvls is None else self.algorithm
-            net = cache[per_node] = replace(
-                self, gpus_per_node=per_node, nics_per_node=per_node,
-                bandwidth_GBps=self.node_bandwidth_Bps / G / 1e9, nvls_bandwidth_GBps=nvls,
-                algorithm=algorithm)
+            if per_node >= G:
+                net = replace(self, crossing=crossing)
+            else:
+                # per_node "NICs" of the node's per-GPU NIC share: B_node · per_node / G in all
+                nvls = self.nvls_bandwidth_GBps if per_node > 1 else None
+                algorithm = "auto" if self.algorithm == "nvls" and nvls is None else \
+                    self.algorithm
+                net = replace(self, gpus_per_node=per_node, nics_per_node=per_node,
+                              bandwidth_GBps=self.node_bandwidth_Bps / G / 1e9,
+                              nvls_bandwidth_GBps=nvls, algorithm=algorithm,
+                              tiers=(), crossing=crossing)
+            cache[key] = net
         return net
 
     def chosen_algorithm(self, op: str, nbytes: int, nranks: int) -> str:

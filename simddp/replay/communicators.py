@@ -4,7 +4,7 @@
 of the program's mesh (DDP's groups and node subgroups, FSDP's shard and replicate groups…),
 the collectives enqueued on them in program order with their sequence numbers and durations
 (the network's time for the communicator's size and placement: how many of its members share
-a node, :meth:`~simddp.program.mesh.Mesh.per_node`), and a lane's arrivals at them.
+a node and which fabric tiers it spans, :meth:`~simddp.program.mesh.Mesh.placement`), and a lane's arrivals at them.
 """
 
 from __future__ import annotations
@@ -51,10 +51,9 @@ class _Communicators:
         if c is None:
             members = mesh.members(rank, scope)
             n = len(members)
-            G = self.net.gpus_per_node  # placement: how many members share a node
-            g = None if G is None else mesh.per_node(rank, scope, G)
-            dur = collective_time(self.net, op, nbytes, n, g) * self._net_factor() if n > 1 \
-                else 0.0
+            place = mesh.placement(rank, scope, self.net)  # nodes and tiers it spans
+            dur = collective_time(self.net, op, nbytes, n, place) * self._net_factor() \
+                if n > 1 else 0.0
             seq = self.seq.get(key, 0)
             self.seq[key] = seq + 1
             group = mesh.label(key)
