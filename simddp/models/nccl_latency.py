@@ -48,7 +48,10 @@ Direct 31, Chain 30.
 >>> [net.chosen("all_reduce", s, 8) for s in (1 << 10, 1 << 30)]          # one node
 [('ring', 'LL'), ('nvls', 'Simple')]
 >>> [net.chosen("all_reduce", s, 1024) for s in (1 << 10, 1 << 30)]       # 128 nodes
-[('tree', 'LL'), ('ring', 'Simple')]
+[('tree', 'LL'), ('nvls_tree', 'Simple')]
+>>> ib = ProtocolLatency(Network.preset("ib-ndr", gpus_per_node=8))       # no NVLS
+>>> [ib.chosen("all_reduce", s, 16) for s in (1 << 10, 1 << 20, 1 << 30)]
+[('tree', 'LL'), ('tree', 'LL128'), ('ring', 'Simple')]
 """
 
 from __future__ import annotations
