@@ -61,6 +61,7 @@ from typing import Any
 from fakepg import ops
 
 from . import algorithms as _alg
+from .network import Network
 from .protocols import collective_time, placed
 
 __all__ = ["BASE_LATENCY_US", "HW_LATENCY_US", "PROTOCOL_EFFICIENCY", "ProtocolLatency",
@@ -300,9 +301,7 @@ class ProtocolLatency:
         return net
 
     def _tunes(self) -> bool:
-        from .network import Network  # the class whose formulas the tuner reads
-
-        return isinstance(self.inner, Network)
+        return isinstance(self.inner, Network)  # the class whose formulas the tuner reads
 
     def chosen(self, op: str, nbytes: int, nranks: int) -> tuple[str, str]:
         """(algorithm, protocol) of this call: NCCL's choice on a Network; on another model
