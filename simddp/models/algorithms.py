@@ -87,6 +87,13 @@ contiguous layout, unchanged. Models that do not know placement (a
 :class:`~simddp.models.MeasuredNetwork`) are asked as if contiguous
 (:func:`simddp.models.collective_time`).
 
+Tiers (``Network.tiers``, :mod:`simddp.models.placement`): switch tiers above the node, each
+with the oversubscription of the uplinks that leave one of its domains. A communicator placed
+across D > 1 domains of an oversubscribed tier (``Network.crossing``, set by ``placed``) sends a
+share f of its inter-node bytes out of a domain — D/N for rings, trees and chains (its only
+crossing hops are the D domain boundaries), 1 − 1/D for all_to_all — and, every node being as
+busy as this one, sees B_node / max(1, f · oversubscription) (:func:`node_bandwidth`).
+
 Until this version the hierarchical all_reduce was a sequence intra reduce_scatter → inter
 all_reduce of S/G → intra all_gather (times added, latency 2(G−1)+2(N−1) steps). NCCL does not
 do that for ring/tree: it under-predicted multi-node bus bandwidth (DGX A100, 8×HDR: 153 GB/s

@@ -13,7 +13,10 @@ The formulas — NCCL's own performance model (ring, tree, NVLS; flat and two-le
 byte convention of nccl-tests) — live in :mod:`simddp.models.algorithms`; the named fabrics and
 their sources in :mod:`simddp.models.presets`; how communication slows the rank's compute, and
 what issuing a collective costs it, in :mod:`simddp.models.contention` (a network's
-``contention``).
+``contention``); where a communicator sits on the fabric's tiers in
+:mod:`simddp.models.placement` (:meth:`Network.placed`). A network that runs NCCL (``nccl``,
+every NCCL preset) is costed in replay by NCCL's tuning model on top of these formulas
+(:mod:`simddp.models.nccl_latency`); ``collective_time`` itself is the α–β model.
 """
 
 from __future__ import annotations

@@ -71,7 +71,9 @@ def unsupported(program: Any, checked: CheckedKnobs) -> str | None:
     net = checked.network
     contention = getattr(net, "contention", None)
     if contention is not None and contention.active:
-        return "the network's Contention (compute slowed while communicating)"
+        return ("the network's Contention (compute slowed while communicating; on GPU "
+                "presets by default: gpu_contention='off' / --no-gpu-contention for a study "
+                "without it)")
     mesh = program.mesh
     if getattr(mesh, "shared_nic", False) and mesh.groups > 1 and \
             checked.world > (net.gpus_per_node or checked.world):
