@@ -33,6 +33,7 @@ class _Communicators:
                 key = mesh.key(r, scope)
                 self.lanes_in[key] = self.lanes_in.get(key, 0) + 1
         self.colls: dict[tuple, CollectiveProcess] = {}
+        self.placements: dict[Any, Any] = {}  # per communicator: its Placement (or None)
         self.order: list[CollectiveProcess] = []
         self.seq: dict[Any, int] = {}
 
@@ -51,7 +52,9 @@ class _Communicators:
         if c is None:
             members = mesh.members(rank, scope)
             n = len(members)
-            place = mesh.placement(rank, scope, self.net)  # nodes and tiers it spans
+            place = self.placements.get(key, self)  # nodes and tiers it spans, once per key
+            if place is self:
+                place = self.placements[key] = mesh.placement(rank, scope, self.net)
             dur = collective_time(self.net, op, nbytes, n, place) * self._net_factor() \
                 if n > 1 else 0.0
             seq = self.seq.get(key, 0)
