@@ -199,7 +199,7 @@ class Knobs:
         contention = self.gpu_contention
         if contention is None and getattr(net, "contention", None) is None:
             contention = default_contention(net)  # the network's GPU, where it names one
-        if contention is not None and str(contention).lower() not in ("off", "none"):
+        if contention is not None and str(contention).lower() not in ("off", "none", "false"):
             if not hasattr(net, "with_"):
                 raise TypeError(f"gpu_contention needs a simddp.Network or MeasuredNetwork, "
                                 f"got {net!r}")
