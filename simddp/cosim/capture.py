@@ -12,7 +12,6 @@ is :func:`_train`, the one piece to swap for the zoo's own loop.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
@@ -445,7 +444,7 @@ def capture(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None,
         bucket_indices=parse_indices(logging.get("rebuilt_per_bucket_param_indices", "")),
         bucket_bytes=[c.bytes for c in bucket_recs], profiles=profiles,
         backward_collectives=extra,
-        network=(dataclasses.asdict(timing.network)
+        network=(timing.network.to_dict()
                  if isinstance(timing.network, Network) else None),
         compute=repr(timing.compute), costs=_probe_costs(timing.compute),
         cosim_iteration_time=res.timeline.iteration_times()[last],

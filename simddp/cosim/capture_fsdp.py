@@ -19,7 +19,6 @@ for backward (a ``saved_tensors_hooks`` count of non-parameter storages).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import warnings
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -311,7 +310,7 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
 def cosim_facts(timing: Timing, res: SimResult, it: int) -> dict[str, Any]:
     """What a sharded capture keeps of its co-simulation: the network and compute models,
     and iteration ``it``'s time and exposed communication (to check replay against)."""
-    return dict(network=(dataclasses.asdict(timing.network)
+    return dict(network=(timing.network.to_dict()
                          if isinstance(timing.network, Network) else None),
                 compute=repr(timing.compute), costs=_probe_costs(timing.compute),
                 cosim_iteration_time=res.timeline.iteration_times()[it],

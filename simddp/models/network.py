@@ -22,7 +22,7 @@ every NCCL preset) is costed in replay by NCCL's tuning model on top of these fo
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Iterable
 
 import numpy as np
@@ -110,8 +110,14 @@ class Network:
     crossing: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
-        if not isinstance(self.tiers, tuple):
-            object.__setattr__(self, "tiers", tuple(self.tiers))
+        # a capture's JSON (dataclasses.asdict) gives lists and dicts back: restore them
+        if not isinstance(self.tiers, tuple) or any(isinstance(t, dict) for t in self.tiers):
+            object.__setattr__(self, "tiers", tuple(
+                Tier(**t) if isinstance(t, dict) else t for t in self.tiers))
+        if not isinstance(self.crossing, tuple) or any(
+                not isinstance(c, tuple) for c in self.crossing):
+            object.__setattr__(self, "crossing", tuple(
+                (int(d), float(o)) for d, o in self.crossing))
         self._check_fabric()
         if self.contention is not None and not isinstance(self.contention, Contention):
             object.__setattr__(self, "contention", as_contention(self.contention, "Network"))
@@ -389,6 +395,14 @@ class Network:
         from .presets import preset as _preset
 
         return _preset(preset, **kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as JSON holds them (lists, not tuples), so a capture that stores its
+        network compares equal after a round trip; ``Network(**d)`` rebuilds it."""
+        d = asdict(self)
+        d["tiers"] = [dict(t) for t in d["tiers"]]
+        d["crossing"] = [list(c) for c in d["crossing"]]
+        return d
 
     def with_(self, **changes: Any) -> Network:
         """A copy with some fields changed, e.g. ``net.with_(bandwidth_GBps=net.bandwidth_GBps/2)``

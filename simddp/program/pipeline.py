@@ -47,7 +47,6 @@ waits it is ``1 − (compute + in-stage communication waits) / T``.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any, Sequence
 
@@ -553,7 +552,7 @@ def uniform_pipeline(pp: int, microbatches: int, forward_s: float, backward_s: f
         if not isinstance(network, Network):
             raise TypeError(f"network must be a simddp.Network (stored in the capture), got "
                             f"{network!r}")
-        net = dataclasses.asdict(network)
+        net = network.to_dict()
     return CapturedPipeline(
         name=name or f"uniform pp:{pp} × {v} stages, {m} microbatches",
         schedule=_name(schedule), pp=pp,
