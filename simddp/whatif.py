@@ -438,8 +438,6 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
             raise UsageError(f"--parallel {spec}: {why}")
         _refuse_what_does_not_apply(spec, par, given)
     ac = _ac_policy(activation_checkpointing)
-    if ac not in (None, "full"):
-        raise UsageError(f"activation checkpointing {ac}: not captured yet (full is)")
     # FSDP2's default prefetch (one unit ahead); None above meant "not given"
     forward_prefetch = 1 if forward_prefetch is None else forward_prefetch
     backward_prefetch = 1 if backward_prefetch is None else backward_prefetch

@@ -33,6 +33,7 @@ from ..program.captured import CapturedPipeline
 from ..program.mesh import DeviceMesh
 from ..timing import Timing
 from .capture import _batches, saved_bytes, state_bytes
+from .checkpointing import checkpointed_modules, is_op, policy_name
 from .capture_fsdp import (_dtype, checkpoint_blocks, cosim_facts, fsdp_units,
                            outputs_not_modified_in_place, span_profile)
 from .meta import (DEVICES, fsdp_on_meta, functional_waits_on_meta, in_meta_scope,
@@ -101,7 +102,7 @@ def parallelize_stage(module: torch.nn.Module, mesh: Any, *,
         if sequence_parallel:  # hidden states travel between stages as sequence shards
             module.sequence_shards = mesh["tp"].size()
     if activation_checkpointing:
-        checkpoint_blocks(module.layers, device)
+        checkpoint_blocks(module.layers, device, activation_checkpointing)
     dp = tuple(d for d in ("replicate", "shard") if d in names)
     if dp:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -321,7 +322,7 @@ def _instrument(stage: Any, timed: Callable[..., Any], facts: dict[str, int]) ->
 def _stage_activation_bytes(scenario: Any, num_stages: int, microbatch_size: int,
                             device: str, dtype: torch.dtype | None, tp: int,
                             sequence_parallel: bool, split: Mapping[str, int],
-                            checkpointed: bool) -> list[tuple[int, int]]:
+                            checkpointed: Any) -> list[tuple[int, int]]:
     """Per stage, what autograd keeps for backward in one microbatch's forward (and, on the
     last stage, its loss) on one rank, the stage's input included (the pipeline keeps it for
     the backward): (held, recompute) as :func:`~simddp.cosim.capture.saved_bytes` counts them
@@ -358,8 +359,9 @@ def _stage_activation_bytes(scenario: Any, num_stages: int, microbatch_size: int
                 y.append(stage(x))
                 return loss_fn(y[0], targets[:microbatch_size]) if stage.last else y[0]
             out.append(saved_bytes(forward, device,
-                                   list(stage.layers) if checkpointed else None,
-                                   stage.parameters()))
+                                   checkpointed_modules(list(stage.layers), checkpointed)
+                                   if checkpointed else None,
+                                   stage.parameters(), op_saved=is_op(checkpointed)))
             x = y[0]
         return out
 
@@ -373,7 +375,7 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
                param_dtype: str | None = None, reduce_dtype: str | None = None,
                sequence_parallel: bool = True, losses: list | None = None,
                input_weight: int = 0, output_weight: int = 0,
-               activation_checkpointing: bool = False) -> CapturedPipeline:
+               activation_checkpointing: Any = False) -> CapturedPipeline:
     """Run ``scenario`` (whose model is the zoo's :class:`models.llama.Llama`) pipelined over
     ``pp`` ranks with torch's real ``PipelineStage`` and ``schedule`` (one of
     :data:`SCHEDULES`) under :func:`simddp.simulate`, and record its last step (see the
@@ -447,7 +449,7 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
     cfg = dict(io=io, mesh=mesh_dims, pp=pp, stages_per_rank=spr, microbatches=m, device=device,
                iterations=iterations, schedule=name, param_dtype=param_dtype,
                reduce_dtype=reduce_dtype, sequence_parallel=bool(sequence_parallel), split=split,
-               activation_checkpointing=bool(activation_checkpointing))
+               activation_checkpointing=policy_name(activation_checkpointing) or False)
     try:
         with (fsdp_on_meta() if device == "meta" and fsdp else contextlib.nullcontext()), \
                 (pipelining_on_meta() if device == "meta" else contextlib.nullcontext()), \
@@ -464,7 +466,7 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
     held = _stage_activation_bytes(scenario, num_stages, batch_size // m, device,
                                    _dtype(param_dtype), mesh_dims.get("tp", 1),
                                    bool(sequence_parallel), split,
-                                   bool(activation_checkpointing))
+                                   policy_name(activation_checkpointing) or False)
     stages = []
     for s in range(num_stages):
         rank = placement[s] * per_stage
