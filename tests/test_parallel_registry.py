@@ -131,3 +131,16 @@ def test_megatron_dp_with_tp_and_bf16_runs_as_fsdp2_with_one_shard():
     assert any("on 4 fake ranks" in s and "tp=2" in s for s in said)  # 2 replicas × tp 2
     # Megatron DP all-reduces over replicas: no FSDP2 shard traffic at one shard
     assert set(rows[0]["exposed_comm_by_dim"]) == {"replicate", "tp"}
+
+
+def test_param_dtype_applies_to_ddp_and_no_sequence_parallel_to_tp():
+    from fakepg import zoo
+    from simddp.whatif import whatif
+
+    fp32 = whatif(zoo.get("mlp"), world_size=4, cache=False)
+    bf16 = whatif(zoo.get("mlp"), world_size=4, param_dtype="bf16", cache=False)
+    assert bf16.captured.params[0].dtype == "bfloat16"  # DDP trains the bf16 model
+    assert bf16[0]["comm_bytes_per_iteration"] * 2 == fp32[0]["comm_bytes_per_iteration"]
+    plain = whatif(zoo.get("llama3-tiny"), world_size=4, parallel="fsdp,tp:2",
+                   sequence_parallel=False, cache=False)
+    assert plain.captured.sequence_parallel is False
