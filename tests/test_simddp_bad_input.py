@@ -90,6 +90,8 @@ def test_a_bad_value_is_a_usage_error_naming_the_flag_and_the_range(capsys, argv
     ((*W, "--world-size", "2", "--float8"), "does not model Float8 training yet"),
     ((*W, "--world-size", "8", "--parallel", "zero3", "--reshard-after-forward", "false"),
      "zero3 runs FSDP2 with reshard_after_forward=True"),
+    (("whatif", "llama3-tiny", "--no-progress", "--parallel", "pp:2", "--param-dtype", "bf16"),
+     "--param-dtype applies to pipelines with FSDP2 inside their stages"),
     ((*W, "--world-size", "8", "--parallel", "fsdp:3"), "no world size of [8] fits it (8 "
                                                          "ranks: --parallel 'fsdp:3' lays out 3"),
 ])
