@@ -43,9 +43,10 @@ def cast_scenario(scenario: Any, dtype_name: str) -> Any:
     that dtype), as ``model.to(torch.bfloat16)`` before wrapping does."""
     import torch
 
-    from .cosim.capture_fsdp import _dtype
-
-    dtype = _dtype(dtype_name)
+    names = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    if dtype_name not in names:
+        raise ValueError(f"param_dtype {dtype_name!r}: give one of {', '.join(names)}")
+    dtype = names[dtype_name]
     build, batches = scenario.model, scenario.batches
 
     def cast(x: Any) -> Any:
