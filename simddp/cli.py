@@ -754,6 +754,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"simddp {args.command}: error: {' '.join(str(msg).split())}", file=sys.stderr)
         return 1
+    except Exception as e:  # a bug: one line by default, the traceback when asked for
+        if os.environ.get("SIMDDP_TRACEBACK"):
+            raise
+        print(f"simddp {args.command}: internal error: {type(e).__name__}: "
+              f"{' '.join(str(e).split())} (SIMDDP_TRACEBACK=1 shows where; please report it)",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -330,6 +330,9 @@ def _refuse_what_does_not_apply(spec: Any, par: Any, given: Mapping[str, Any]) -
         raise UsageError(f"--parallel {spec}: {par.flavour} runs FSDP2 with "
                          f"reshard_after_forward={par.reshard_after_forward}; "
                          f"--reshard-after-forward {raf} contradicts it")
+    if given.get("param_dtype") is not None and par.pp > 1 and not fsdp:
+        no("--param-dtype", "pipelines with FSDP2 inside their stages (pp:P,fsdp:N or "
+           "pp:P,dp:N: its MixedPrecisionPolicy)")
     if given.get("sequence_parallel") is False and par.tp == 1:
         no("--no-sequence-parallel", "layouts with tensor parallelism (tp:T)")
     if given.get("async_tp") and par.tp == 1:
@@ -403,15 +406,24 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
     file's measured one), None to drop it, or one for every network.
 
     ``parallel``: layouts (:class:`~simddp.program.parallel.Parallel` specs, e.g. ``"ddp"``,
-    ``"fsdp"``, ``"hsdp:8"``, ``"fsdp:32,tp:8"``; default DDP); with ``tp:T`` the capture
-    runs torchtitan's TP plan over T ranks under FSDP2 (2 × T fake ranks, 4 × T for HSDP).
+    ``"fsdp"``, ``"hsdp:8"``, ``"dp:8,tp:8"``, ``"zero3"``, ``"fsdp:32,tp:8"``; default DDP),
+    each parsed once against the parallelism registry (:mod:`simddp.program.registry`), which
+    names its capture (:mod:`simddp.parallelisms`) and planner; every layout and option is
+    checked before the first capture runs, and an option that does not apply to a layout is
+    refused (:class:`~simddp.program.parallel.UsageError`). With ``tp:T`` the capture
+    runs torchtitan's TP plan over T ranks under FSDP2 (2 × T fake ranks, 4 × T for HSDP;
+    ``sequence_parallel=False``: the plain colwise/rowwise plan).
     Each FSDP2 layout is captured with torch's real ``fully_shard`` once per
     ``reshard_after_forward`` value (and ``param_dtype`` / ``reduce_dtype``, its
     ``MixedPrecisionPolicy``), then replayed at every world size; a world
     size the layout does not divide is left out (``status`` says so). ``gpu_memory_gb``: the
     device memory for each row's OOM verdict (default: the ``gpu`` preset's).
-    ``activation_checkpointing``: FSDP2 (with or without TP) and pipeline layouts run every
-    block (of every stage) under torch's ``checkpoint_wrapper`` (torchtitan's full AC). ``capture_device``: "cpu" or "meta"
+    ``activation_checkpointing``: FSDP2 (with or without TP) and pipeline layouts run their
+    blocks under torchtitan's policy (:mod:`simddp.cosim.checkpointing`: "full" or True,
+    "selective-op", "selective-layer:N"; None/"none": off). ``compile``, ``float8``,
+    ``async_tp``: priced by a compute model with ``with_options``, refused otherwise.
+    ``cache``: reuse captures from the on-disk cache (:mod:`simddp.capture_cache`; None: unless
+    ``$SIMDDP_NO_CACHE`` is set). ``capture_device``: "cpu" or "meta"
     (default: "meta" for the zoo's real-size workloads, whose step would not fit this
     machine's memory, else "cpu").
     Pipeline layouts (``pp:P,...``): ``pp_schedule`` (torch's schedule names, e.g. "1F1B",
@@ -437,6 +449,7 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
     worlds_all = _as_list(world_size)
     layouts = [(spec, *_fitting(spec, worlds_all, say)) for spec in specs]
     given = dict(reshard_after_forward=reshard_after_forward, reduce_dtype=reduce_dtype,
+                 param_dtype=param_dtype,
                  forward_prefetch=forward_prefetch, backward_prefetch=backward_prefetch,
                  pp_schedule=pp_schedule, microbatches=microbatches,
                  stages_per_rank=stages_per_rank, bucket_cap_mb=bucket_cap_mb,

@@ -118,26 +118,30 @@ def _storage(t: torch.Tensor) -> tuple[int, int]:
 
 def activation_bytes(scenario: Any, device: str = "cpu", dtype: torch.dtype | None = None,
                      units: Callable[[torch.nn.Module], list] | None = None,
-                     checkpointed: bool = False) -> tuple[int, int]:
+                     checkpointed: Any = False) -> tuple[int, int]:
     """Bytes autograd saves for backward in one forward (and loss) of ``scenario``'s model on
     rank 0's first batch, run plainly (no ranks, no virtual time; on the meta device for a
     real-size capture; ``dtype``: the parameters' compute dtype, e.g. FSDP2's
     ``MixedPrecisionPolicy.param_dtype``). Returns (held from forward to backward, held only
     while one unit is recomputed in backward): see :func:`saved_bytes`, with ``units(model)``
-    checkpointed when ``checkpointed``."""
+    checkpointed as the policy ``checkpointed`` says (:mod:`simddp.cosim.checkpointing`; True:
+    full)."""
+    from .checkpointing import checkpointed_modules, is_op
+
     with torch.device(device):
         model = scenario.build_model()
     if dtype is not None:
         model = model.to(dtype)
     batch = _batches(scenario, 0, 1, 1, device)[0]
     return saved_bytes(lambda: scenario.step(model, batch), device,
-                       units(model) if checkpointed and units is not None else None,
-                       model.parameters())
+                       checkpointed_modules(units(model), checkpointed)
+                       if checkpointed and units is not None else None,
+                       model.parameters(), op_saved=is_op(checkpointed))
 
 
 def saved_bytes(forward: Callable[[], Any], device: str = "cpu",
                 checkpointed: list[torch.nn.Module] | None = None,
-                params: Iterable[torch.Tensor] = ()) -> tuple[int, int]:
+                params: Iterable[torch.Tensor] = (), op_saved: bool = False) -> tuple[int, int]:
     """What autograd keeps for backward from ``forward()`` (a forward and, where it has one,
     its loss; outside virtual time: see :class:`SavedBytes`): (held from forward to backward,
     held only while one unit is recomputed in backward). Without ``checkpointed``: (all the
@@ -146,7 +150,11 @@ def saved_bytes(forward: Callable[[], Any], device: str = "cpu",
     the first figure is the distinct storages saved outside those modules together with their
     inputs (the hidden states each block receives, the rotary tables and mask they share, once),
     the second the largest module's saved bytes. ``params``: the model's parameters (never
-    activations, whatever views of them autograd saves)."""
+    activations, whatever views of them autograd saves). ``op_saved``: the modules run under
+    torchtitan's op policy (selective-op), which also keeps, until backward, the outputs the
+    policy saves (:class:`~simddp.cosim.checkpointing.OpSaved`)."""
+    from .checkpointing import OpSaved
+
     saved = SavedBytes(params)
     inputs = SavedBytes()  # the checkpointed modules' tensor arguments, counted as saved ones
     inputs.counting = saved.counting = True
@@ -155,13 +163,19 @@ def saved_bytes(forward: Callable[[], Any], device: str = "cpu",
     before: list[set[int]] = [set()]
     handles = []
 
+    ops = OpSaved(inputs.add) if op_saved else None
+
     def pre(mod: Any, args: Any) -> None:
+        if ops is not None:
+            ops.enter()
         before[0] = set(saved.storages)
         for a in args:
             if isinstance(a, torch.Tensor):
                 inputs.add(a)
 
     def post(mod: Any, args: Any, out: Any) -> None:
+        if ops is not None:
+            ops.leave()
         now_saved = saved.storages
         new = set(now_saved) - before[0]
         inside.update(new)
@@ -169,7 +183,7 @@ def saved_bytes(forward: Callable[[], Any], device: str = "cpu",
     for unit in checkpointed or ():
         handles += [unit.register_forward_pre_hook(pre), unit.register_forward_hook(post)]
     try:
-        with saved, fused_attention(device):
+        with saved, fused_attention(device), (ops or contextlib.nullcontext()):
             loss = forward()
         del loss
     finally:
