@@ -202,7 +202,7 @@ def _whatif_epilog() -> str:
         _listing("benchmark workloads (--batch-size applies)", list(zoo.WORKLOADS), width),
         "presets:",
         _listing("networks (--network; or a `simddp calibrate --json` file)", list(PRESETS), width),
-        _listing("compute (--gpu, the roofline model)", list(DEVICES), width),
+        _listing("compute (--gpu, the kernel-efficiency model)", list(DEVICES), width),
         "parallel modes (how the captured step is replicated across ranks):",
         *(_listing(name, [what], width) for name, what in PARALLEL_MODES.items()),
     ])
@@ -262,8 +262,9 @@ def _parser() -> argparse.ArgumentParser:
                        epilog_fn=_whatif_epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     w.add_argument("workload", help="zoo scenario or benchmark workload (listed below), or a "
                                     ".py script defining `scenario`")
-    w.add_argument("--gpu", default="a100", help="compute preset for the roofline model "
-                   "(listed below; default a100)")
+    w.add_argument("--gpu", default="a100", help="PRESET[,field=value...]: the device the "
+                   "compute model costs kernels on (presets listed below; default a100; fields: "
+                   "memory-GiB, hbm-TBps, tdp-W, bf16-TFLOPs, fp8-TFLOPs, sms, ...)")
     w.add_argument("--step-time", type=float, default=None, metavar="SECONDS",
                    help="scale compute so one rank's step without DDP takes this long")
     w.add_argument("--batch-size", type=int, default=None, help="the workload's batch size")

@@ -13,7 +13,7 @@ Steps:
 1. the workload: a zoo scenario name (``fakepg.zoo.get``, ResNet-50/101 included) or a user
    script defining ``scenario`` (a ``fakepg.zoo.Scenario``, or a function returning one and
    taking the overrides, e.g. ``batch_size``), see :func:`load_workload`;
-2. compute: ``Compute.roofline(gpu)``; with ``step_time`` it is scaled so that one rank's
+2. compute: ``Compute.kernels(gpu)``; with ``step_time`` it is scaled so that one rank's
    training step *without DDP* (zero_grad, forward, loss, backward, optimizer step; the last
    of two, so the optimizer's state exists) takes ``step_time`` seconds — the number users
    have from a single-GPU run (:func:`calibrate_compute`), timed on CPU tensors as the capture
@@ -289,7 +289,7 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
            replay_progress: Any = None, contention: Any = "keep",
            ddp_work_at_device_cost: bool = True, **knobs: Any) -> SweepResult:
     """One row per configuration of ``workload`` (see the module docstring). ``compute``
-    overrides ``Compute.roofline(gpu)``; ``status(text)`` hears each stage as it starts.
+    overrides ``Compute.kernels(gpu)``; ``status(text)`` hears each stage as it starts.
     ``contention``: "keep" each network's own :class:`~simddp.models.Contention` (a calibrate
     file's measured one), None to drop it, or one for every network.
 
@@ -319,21 +319,21 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
     further :class:`~simddp.program.knobs.Knobs` fields (single values), e.g. ``overlap=False``.
     The result's ``meta`` dict says what was modelled (compute, calibration factor)."""
     from .cosim.capture_fsdp import capture_fsdp
-    from .models.compute import DEVICES
+    from .models.compute import gpu_spec
     from .program.parallel import Parallel
 
     say = status or (lambda text: None)
     sc = load_workload(workload, batch_size=batch_size)
     # a real-size workload (Llama 3 8B/70B) is captured on the meta device: shapes only
     device = capture_device or ("meta" if "real-size" in getattr(sc, "features", ()) else "cpu")
-    model = Compute.roofline(gpu) if compute is None else compute
+    model = Compute.kernels(gpu) if compute is None else compute  # the default model
     factor = None
     if step_time_s is not None:
         say(f"calibrating compute: one rank's step without DDP = {step_time_s * 1e3:g} ms")
         model, factor, plain = _calibrated(sc, model, step_time_s,
                                            device if device == "meta" else None)
-    if gpu_memory_gb is None and compute is None and gpu in DEVICES:
-        gpu_memory_gb = DEVICES[gpu].memory_GB
+    if gpu_memory_gb is None and compute is None:
+        gpu_memory_gb = gpu_spec(gpu).memory_GB
     first_net = network_for(_as_list(network)[0], gpus_per_node, contention)
     timing = Timing(network=first_net, compute=model)
     title = f"{sc.name}, {gpu if compute is None else 'custom'} compute" + (
