@@ -542,7 +542,8 @@ class RooflineCompute(Compute):
         info = self._kops.get(func)
         if info is None:
             kind = op_kind(func)
-            formula = attention_flops if kind == "attention" else _flop_formula(func)
+            formula = (lambda a, kw, o, f=func: attention_flops(f, a, kw)) \
+                if kind == "attention" else _flop_formula(func)
             info = self._kops[func] = (kind, formula)
         kind, formula = info
         if kind == "view":
