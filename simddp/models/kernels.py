@@ -243,11 +243,10 @@ class Kernels:
         elif flops:
             compute_s = flops / (peak_flops * self.clock)
         device_s = max(compute_s, memory_s)
-        host_s = self.host_s
-        if kind == "pointwise" and self.compile:
-            device_s *= COMPILE_POINTWISE_TRAFFIC
-            return device_s + COMPILE_POINTWISE_TRAFFIC * max(self.launch_s, host_s)
-        return max(device_s + self.launch_s, host_s)
+        seconds = max(device_s + self.launch_s, self.host_s)
+        if kind == "pointwise" and self.compile:  # a third of the traffic and launches remain
+            return seconds * COMPILE_POINTWISE_TRAFFIC
+        return seconds
 
     def _gemm_seconds(self, func: Any, args: tuple, flops: float, dtype: Any,
                       peak_flops: float) -> tuple[float, float]:
