@@ -20,7 +20,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
-VERBOSE = False
+VERBOSE = False  # print every op (debugging)
 
 
 class Tally(TorchDispatchMode):
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         y.backward(torch.empty_like(y))
     kinds = ["gemm", "attention", "pointwise", "other", "view"]
     print(f"Llama 3 8B block, {a.batch} × {a.seq} tokens, bf16, on {device.name} "
-          f"(ms per block; ops in brackets)")
+          f"(ms per block)")
     head = f"{'phase':9} {'kind':10} {'ops':>5} " + " ".join(f"{n:>12}" for n in models)
     print(head)
     for phase in ("forward", "backward"):
