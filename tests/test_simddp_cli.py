@@ -78,7 +78,7 @@ def test_whatif_prints_an_80_column_table_and_writes_csv_plots_json_and_capture(
     assert js[0]["world_size"] == 8 and js[1]["bucket_cap_mb"] == 25.0
     assert js[0]["comm_hook"] is None and js[0]["exposed_comm_s"] >= 0
 
-    assert js[0]["gpu_memory_gb"] == 80.0 and js[0]["oom"] is False  # the a100 preset's memory
+    assert js[0]["gpu_memory_gb"] == 80 * 2 ** 30 / 1e9 and js[0]["oom"] is False  # a100: 80 GiB
     again = run_cli("replay", str(out / "capture.json"), "--world-size", "8,64",
                     "--gpus-per-node", "8", "--bucket-cap-mb", "1,25", "--straggler", "17:0.5",
                     "--gpu-memory", "80", "--json", str(tmp_path / "again.json"),
