@@ -259,7 +259,7 @@ def test_gpu_spec_reads_a_preset_with_overrides():
     assert (d.memory_GiB, d.mem_bandwidth_GBps, d.tdp_W, d.fp16_tflops) == \
         (96.0, 2400.0, 500.0, 900.0)
     assert d.memory_GB == pytest.approx(96 * 2 ** 30 / 1e9)
-    assert d.rated_tdp_W == 700.0 and d.name == "H100,memory-GiB=96,hbm-TBps=2.4,tdp-W=500,BF16-TFLOPs=900"
+    assert d.rated_tdp_W == 700.0 and d.name.startswith("H100,memory-GiB=96,")
     assert gpu_spec("h100") is DEVICES["h100"] and gpu_spec("h100-sxm") is DEVICES["h100"]
     assert gpu_spec(DEVICES["a100"]) is DEVICES["a100"]
 
@@ -289,7 +289,7 @@ def test_existing_preset_names_still_build_rooflines():
         assert math.isfinite(mm_time(Compute.kernels(name), 512, 512, 512))
 
 
-# ---- the 8B Llama block ---------------------------------------------------------------------------
+# ---- the 8B Llama block -------------------------------------------------------------------------
 
 def test_llama3_8b_block_per_op_kind_under_kernels(capsys):
     """The check a real H100 profile is compared with (ci/compute_llama_block.py): GEMMs take
