@@ -50,8 +50,8 @@ GEMM_TILES: tuple[tuple[int, int, float], ...] = (
 
 # Power cap: tensor-core throughput ∝ (power limit / rated TDP) ** POWER_EXPONENT below the
 # rated TDP. From NVIDIA's H100 datasheet: the same GH100 die (132 SMs) is rated 989 dense
-# BF16 TFLOP/s at 700 W (SXM) and 835 at 400 W (NVL): ln(835/989) / ln(400/700) = 0.30
-# (dynamic power ∝ f·V² with V ∝ f gives the cube-root law, 0.33).
+# BF16 TFLOP/s at 700 W (SXM) and 835 at 350-400 W (NVL): ln(835/989) / ln(400/700) = 0.30
+# (0.25 at 350 W; dynamic power ∝ f·V² with V ∝ f gives the cube-root law, 0.33).
 POWER_EXPONENT = 0.30
 
 # torch.compile: a fused pointwise chain reads its inputs and writes its outputs once. Counting
