@@ -224,11 +224,14 @@ def test_kernels_model_is_deterministic_and_reprs_what_it_models():
 
 
 def test_cpu_preset_under_kernels_is_its_roofline():
-    cpu_k, cpu_r = Compute.kernels("cpu"), Compute.roofline("cpu", op_overhead_us=0.0)
-    n = 2048
-    a = meta(n, n, dtype=torch.float32)
-    assert cpu_k.op_time(aten.mm.default, (a, a), {}, a) == \
-        pytest.approx(cpu_r.op_time(aten.mm.default, (a, a), {}, a), rel=1e-9)
+    """A CPU runs an op after dispatching it (no queue to run ahead into): the calibrated CPU
+    path (``--gpu cpu --step-time``) keeps the roofline's costs."""
+    cpu_k, cpu_r = Compute.kernels("cpu"), Compute.roofline("cpu")
+    a, x = meta(2048, 2048, dtype=torch.float32), meta(1 << 20, dtype=torch.float32)
+    for func, args, out in ((aten.mm.default, (a, a), a), (aten.add.Tensor, (x, x), x),
+                            (aten.t.default, (a,), a.t()), (aten.add.Tensor, (x[:1], x[:1]), x[:1])):
+        assert cpu_k.op_time(func, args, {}, out) == \
+            pytest.approx(cpu_r.op_time(func, args, {}, out), rel=1e-12)
 
 
 # ---- presets and gpu_spec ------------------------------------------------------------------------

@@ -243,6 +243,8 @@ class Kernels:
         elif flops:
             compute_s = flops / (peak_flops * self.clock)
         device_s = max(compute_s, memory_s)
+        if self.arch == "cpu":  # no device queue to run ahead into: dispatch, then the work
+            return device_s + self.host_s
         seconds = max(device_s + self.launch_s, self.host_s)
         if kind == "pointwise" and self.compile:  # a third of the traffic and launches remain
             return seconds * COMPILE_POINTWISE_TRAFFIC
