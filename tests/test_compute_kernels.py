@@ -228,8 +228,9 @@ def test_cpu_preset_under_kernels_is_its_roofline():
     path (``--gpu cpu --step-time``) keeps the roofline's costs."""
     cpu_k, cpu_r = Compute.kernels("cpu"), Compute.roofline("cpu")
     a, x = meta(2048, 2048, dtype=torch.float32), meta(1 << 20, dtype=torch.float32)
+    one = x[:1]
     for func, args, out in ((aten.mm.default, (a, a), a), (aten.add.Tensor, (x, x), x),
-                            (aten.t.default, (a,), a.t()), (aten.add.Tensor, (x[:1], x[:1]), x[:1])):
+                            (aten.t.default, (a,), a.t()), (aten.add.Tensor, (one, one), one)):
         assert cpu_k.op_time(func, args, {}, out) == \
             pytest.approx(cpu_r.op_time(func, args, {}, out), rel=1e-12)
 
