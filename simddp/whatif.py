@@ -13,7 +13,7 @@ Steps:
 1. the workload: a zoo scenario name (``fakepg.zoo.get``, ResNet-50/101 included) or a user
    script defining ``scenario`` (a ``fakepg.zoo.Scenario``, or a function returning one and
    taking the overrides, e.g. ``batch_size``), see :func:`load_workload`;
-2. compute: ``Compute.roofline(gpu)``; with ``step_time`` it is scaled so that one rank's
+2. compute: ``Compute.kernels(gpu)``; with ``step_time`` it is scaled so that one rank's
    training step *without DDP* (zero_grad, forward, loss, backward, optimizer step; the last
    of two, so the optimizer's state exists) takes ``step_time`` seconds — the number users
    have from a single-GPU run (:func:`calibrate_compute`), timed on CPU tensors as the capture
@@ -401,7 +401,7 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
            replay_progress: Any = None, contention: Any = "keep",
            ddp_work_at_device_cost: bool = True, **knobs: Any) -> SweepResult:
     """One row per configuration of ``workload`` (see the module docstring). ``compute``
-    overrides ``Compute.roofline(gpu)``; ``status(text)`` hears each stage as it starts.
+    overrides ``Compute.kernels(gpu)``; ``status(text)`` hears each stage as it starts.
     ``contention``: "keep" each network's own :class:`~simddp.models.Contention` (a calibrate
     file's measured one), None to drop it, or one for every network.
 
@@ -439,8 +439,8 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
     compute (:mod:`simddp.models.ddp_overhead`); False scales it too (as before). ``knobs``:
     further :class:`~simddp.program.knobs.Knobs` fields (single values), e.g. ``overlap=False``.
     The result's ``meta`` dict says what was modelled (compute, calibration factor)."""
-    from .models.compute import DEVICES
     from .capture_cache import cached, enabled_by_default
+    from .models.compute import gpu_spec
     from .parallelisms import describe
     from .program.registry import CaptureRequest
 
@@ -467,8 +467,11 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
     sc = load_workload(workload, batch_size=batch_size)
     # a real-size workload (Llama 3 8B/70B) is captured on the meta device: shapes only
     device = capture_device or ("meta" if "real-size" in getattr(sc, "features", ()) else "cpu")
-    model = Compute.roofline(gpu) if compute is None else compute
-    model = _with_options(model, compile=compile, float8=float8, async_tp=async_tp)
+    if compute is None:  # the default model: kernels as they run, torch.compile/Float8 priced
+        model = _with_options(Compute.kernels(gpu, compile=compile, float8=float8),
+                              async_tp=async_tp)
+    else:
+        model = _with_options(compute, compile=compile, float8=float8, async_tp=async_tp)
     # the rows say which compute options were priced (the compute model read them)
     knobs.update({k: True for k, v in (("compile", compile), ("float8", float8),
                                         ("async_tp", async_tp)) if v})
@@ -477,8 +480,8 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
         say(f"calibrating compute: one rank's step without DDP = {step_time_s * 1e3:g} ms")
         model, factor, plain = _calibrated(sc, model, step_time_s,
                                            device if device == "meta" else None)
-    if gpu_memory_gb is None and compute is None and gpu in DEVICES:
-        gpu_memory_gb = DEVICES[gpu].memory_GB
+    if gpu_memory_gb is None and compute is None:
+        gpu_memory_gb = gpu_spec(gpu).memory_GB
     first_net = network_for(_as_list(network)[0], gpus_per_node, contention)
     timing = Timing(network=first_net, compute=model)
     title = f"{sc.name}, {gpu if compute is None else 'custom'} compute" + (
