@@ -86,8 +86,6 @@ def test_a_bad_value_is_a_usage_error_naming_the_flag_and_the_range(capsys, argv
     ((*W, "--world-size", "2", "--no-sequence-parallel"), "applies to layouts with tensor "
                                                           "parallelism"),
     ((*W, "--world-size", "2", "--async-tp"), "--async-tp applies to layouts with tensor"),
-    ((*W, "--world-size", "2", "--compile"), "does not model torch.compile yet"),
-    ((*W, "--world-size", "2", "--float8"), "does not model Float8 training yet"),
     ((*W, "--world-size", "8", "--parallel", "zero3", "--reshard-after-forward", "false"),
      "zero3 runs FSDP2 with reshard_after_forward=True"),
     (("whatif", "llama3-tiny", "--no-progress", "--parallel", "pp:2", "--param-dtype", "bf16"),
@@ -227,3 +225,16 @@ def test_whatever_the_bytes_loading_them_as_a_capture_fails_cleanly(tmp_path_fac
     path.write_bytes(raw)
     with pytest.raises(CaptureFileError, match=str(path).replace("\\", "\\\\")):
         load_capture(path)
+
+
+def test_compile_and_float8_are_priced_by_the_default_model_and_refused_by_one_that_cannot():
+    from simddp import Compute
+    from simddp.program.parallel import UsageError
+    from simddp.whatif import whatif
+
+    plain = whatif("mlp", world_size=2, gpu="h100")
+    fused = whatif("mlp", world_size=2, gpu="h100", compile=True)
+    assert fused[0]["compile"] is True
+    assert fused[0]["iteration_time_s"] < plain[0]["iteration_time_s"]  # fewer launches, less traffic
+    with pytest.raises(UsageError, match="does not model torch.compile yet"):
+        whatif("mlp", world_size=2, compute=Compute.constant(1e-5), compile=True)
