@@ -106,7 +106,10 @@ def test_sharded_memory_shrinks_with_the_shard_size_and_activations_do_not(caps)
     peak8, cats8 = small.memory()
     peak64, cats64 = big.memory()
     assert peak64 < peak8
-    assert cats8["activations"] == cats64["activations"] == cap.activation_bytes
+    # backward frees each unit's activations after its reduce-scatter: at the peak, at most
+    # what autograd saved, the same at any shard size
+    assert cats8["activations"] == cats64["activations"] <= cap.activation_bytes
+    assert cats8["activations"] > 0
 
 
 def test_keeping_parameters_after_forward_costs_memory_at_the_peak():

@@ -14,7 +14,10 @@ it on a world of any size. The program is a list of instructions per rank and it
   j + 1 is issued when stage j's callback ends: PowerSGD);
 * :class:`Wait` (one collective, by tag) and :class:`WaitAll` (everything issued with
   ``pending=True`` since the last WaitAll);
-* :class:`Memory` — bytes allocated (+) or freed (−) in a category; not timed;
+* :class:`Memory` — bytes allocated (+) or freed (−) in a category, as the tensors
+  (``sizes``) torch allocates on a CUDA stream; not timed. :func:`peak_memory` sums them in
+  program order; :func:`allocator_memory` replays them through the caching allocator
+  (:mod:`simddp.models.allocator`) for what torch would report as allocated and reserved;
 * :class:`Pace` — the iteration lasts at least so long (a producer it waits for: the data
   loader), shown as host time.
 
@@ -26,11 +29,14 @@ for that slot. Collectives run on the rank's communicator of their ``scope`` (a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, Sequence, Union
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Iterator, Protocol, Sequence, Union
+
+from ..models.allocator import AllocatorStats, CachingAllocator
 
 __all__ = ["Seconds", "Collective", "Compute", "Segment", "Mark", "Issue", "Wait", "WaitAll",
-           "Memory", "Pace", "Instruction", "StepProgram", "MEMORY_CATEGORIES", "peak_memory"]
+           "Memory", "Pace", "Instruction", "StepProgram", "MEMORY_CATEGORIES", "peak_memory",
+           "MemoryReport", "allocator_memory", "memory_events"]
 
 Seconds = tuple[float, ...]  # per captured profile
 
@@ -101,11 +107,22 @@ class WaitAll:
 
 @dataclass(frozen=True)
 class Memory:
-    """``nbytes`` allocated (> 0) or freed (< 0) in ``category`` (:data:`MEMORY_CATEGORIES`)."""
+    """``nbytes`` allocated (> 0) or freed (< 0) in ``category`` (:data:`MEMORY_CATEGORIES`).
+
+    For the caching allocator (:func:`allocator_memory`): ``sizes`` are the separate tensors an
+    allocation is made of, in order (their sum is ``nbytes``; empty: one tensor of ``nbytes``);
+    ``stream`` the CUDA stream they are allocated on (the allocator's pools are per stream:
+    FSDP2 allocates its all-gather outputs on its all-gather stream); ``key`` names the
+    allocation, and a free with the same key releases exactly its tensors (without a key a
+    free releases the category's latest allocations, newest first, and keeps any excess as a
+    new tensor)."""
 
     category: str
     nbytes: int
     label: str = ""
+    sizes: tuple[int, ...] = ()
+    stream: str = "compute"
+    key: Hashable = None
 
 
 @dataclass(frozen=True)
@@ -191,3 +208,129 @@ def peak_memory(instructions: Sequence[Instruction], start: dict[str, int] | Non
                 if isinstance(mk.do, Memory):
                     apply(mk.do)
     return peak, at_peak, now
+
+
+def memory_events(instructions: Sequence[Instruction]) -> Iterator[Memory]:
+    """The :class:`Memory` instructions of ``instructions`` in program order (segments' marks
+    included)."""
+    for ins in instructions:
+        if isinstance(ins, Memory):
+            yield ins
+        elif isinstance(ins, Segment):
+            for mk in ins.marks:
+                if isinstance(mk.do, Memory):
+                    yield mk.do
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """A rank's memory in a step as torch's caching allocator would see it (bytes).
+
+    ``allocated_peak`` / ``reserved_peak``: ``torch.cuda.max_memory_allocated`` /
+    ``max_memory_reserved`` over the replayed steps; ``by_category``: each category's bytes
+    at the program-order peak (unrounded); ``fragmentation``: the share of the reserved peak
+    not allocated there; ``ooms``: allocations that failed even after the allocator released
+    its cache (torch raises at the first), against ``limit_bytes``."""
+
+    allocated_peak: int
+    reserved_peak: int
+    by_category: dict[str, int]
+    fragmentation: float
+    ooms: int
+    stats: AllocatorStats = field(repr=False, compare=False, default=None)  # type: ignore
+
+
+def allocator_memory(instructions: Sequence[Instruction], start: dict[str, int] | None = None,
+                     *, start_sizes: dict[str, Sequence[int]] | None = None,
+                     lazy: Sequence[str] = ("optimizer",), iterations: int = 2,
+                     expandable_segments: bool = True, limit_bytes: int | None = None,
+                     extra: Sequence[Memory] = ()) -> MemoryReport:
+    """Replay a rank's step ``iterations`` times through the caching allocator model
+    (:class:`~simddp.models.allocator.CachingAllocator`) and report torch's peaks.
+
+    ``start``: bytes per category held before the step (``start_sizes``: as which tensors;
+    default one tensor per category). Categories in ``lazy`` (the optimizer's state: Adam
+    creates it in the first ``step()``) are allocated before the first iteration's optimizer
+    compute instead, into whatever the first backward left cached — as a real run does.
+    ``extra``: allocations held throughout, made first (buffers outside the program's
+    categories). Deterministic: the same program gives the same segments."""
+    alloc = CachingAllocator(expandable_segments=expandable_segments, limit_bytes=limit_bytes)
+    live: dict[str, list[tuple[Hashable, list[int]]]] = {}  # category -> allocations, in order
+    alloc_sizes: dict[int, int] = {}  # handle -> bytes asked for
+    by_key: dict[Hashable, tuple[str, list[int]]] = {}
+    serial = [0]
+
+    def allocate(m: Memory, sizes: Sequence[int]) -> None:
+        handles = []
+        for n in sizes:
+            if n > 0:
+                handles.append(alloc.malloc(int(n), m.stream))
+                alloc_sizes[handles[-1]] = int(n)
+        key = m.key if m.key is not None else ("anon", serial[0])
+        serial[0] += 1
+        if key in by_key:  # the same key again (the next iteration): a new allocation
+            release(key)
+        by_key[key] = (m.category, handles)
+        live.setdefault(m.category, []).append((key, handles))
+
+    def release(key: Hashable) -> int:
+        cat, handles = by_key.pop(key)
+        for h in handles:
+            alloc.free(h)
+        lst = live[cat]
+        for i, (k, _) in enumerate(lst):
+            if k == key:
+                del lst[i]
+                break
+        return sum(alloc_sizes.pop(h) for h in handles)
+
+
+    def apply(m: Memory) -> None:
+        if m.nbytes > 0:
+            sizes = m.sizes or (m.nbytes,)
+            allocate(m, sizes)
+        elif m.nbytes < 0:
+            if m.key is not None and m.key in by_key:
+                freed = release(m.key)
+                excess = freed + m.nbytes
+            else:  # the category's newest allocations, until as many bytes are freed
+                want, freed = -m.nbytes, 0
+                lst = live.get(m.category, [])
+                exact = [k for k, hs in lst if sum(alloc_sizes[h] for h in hs) == want]
+                if exact:
+                    freed = release(exact[-1])
+                while freed < want and lst:
+                    freed += release(lst[-1][0])
+                excess = freed - want
+            if excess > 0:
+                allocate(Memory(m.category, excess, m.label, stream=m.stream), (excess,))
+
+    for m in extra:
+        apply(m)
+    sizes = dict(start_sizes or {})
+    for cat, nbytes in (start or {}).items():
+        if cat in lazy or nbytes <= 0:
+            continue
+        apply(Memory(cat, nbytes, "held before the step", tuple(sizes.get(cat, ()))))
+    pending = [Memory(c, n, "created by the first optimizer step", tuple(sizes.get(c, ())))
+               for c, n in (start or {}).items() if c in lazy and n > 0]
+    for it in range(max(1, iterations)):
+        for ins in instructions:
+            if pending and getattr(ins, "kind", None) == "optimizer" and \
+                    isinstance(ins, (Compute, Segment)):
+                for m in pending:
+                    apply(m)
+                pending = []
+            if isinstance(ins, Memory):
+                apply(ins)
+            elif isinstance(ins, Segment):
+                for mk in ins.marks:
+                    if isinstance(mk.do, Memory):
+                        apply(mk.do)
+        for m in pending:
+            apply(m)
+        pending = []
+    _, at_peak, _ = peak_memory(instructions, start)
+    st = alloc.stats()
+    return MemoryReport(st.max_allocated, st.max_reserved, at_peak, st.fragmentation, st.ooms,
+                        st)
