@@ -123,6 +123,11 @@ class FSDPProgram:
         return {"parameters": int(self.cap.tp_param_bytes / self.parallel.shard),
                 "optimizer": int(self.cap.optimizer_state_bytes * self.shard_ratio)}
 
+    def memory_programs(self) -> list[tuple[Sequence[Instruction], dict[str, int]]]:
+        """Each distinct rank's step and its memory before the step (for
+        :func:`~simddp.program.steps.job_memory`)."""
+        return [(prog, self.static_memory()) for prog in self._by_profile]
+
     def memory(self, rank: int = 0) -> tuple[int, dict[str, int]]:
         """(peak bytes, bytes per category at the peak) of ``rank`` in one step."""
         peak, at_peak, _ = peak_memory(self.iteration(rank, 0), self.static_memory())

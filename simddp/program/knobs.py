@@ -37,6 +37,9 @@ class Knobs:
     deviation of compute and network times), ``seed``, ``iterations``, ``gpu_memory_gb``
     (device memory for the OOM verdict; None: no verdict).
     deviation of compute and network times), ``seed``, ``iterations``.
+    Memory: ``expandable_segments`` (torch's caching allocator with
+    ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, as torchtitan runs; False: its
+    default segments; :mod:`simddp.models.allocator`).
     Cost mechanisms (docs/costs.md; each off by default): ``overlap`` (False: DDP's
     all_reduces after backward), the host (:mod:`simddp.models.host`: ``host_per_sample_us``,
     ``loader_workers``, ``host_cores``, ``ranks_per_host``, ``rank_threads``,
@@ -84,6 +87,7 @@ class Knobs:
     pp_schedule: str | None = None
     microbatches: int | None = None
     stages_per_rank: int | None = None
+    expandable_segments: bool = True  # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 
     @classmethod
     def of(cls, **kw: Any) -> Knobs:
@@ -249,7 +253,8 @@ class CheckedKnobs:
         k, default = self.knobs, Knobs()
         names = ("overlap", "host_per_sample_us", "loader_workers", "host_cores",
                  "ranks_per_host", "rank_threads", "samples_per_rank", "sync_points", "sync_us",
-                 "metric_allreduces", "protocol_latency", "gpu_contention")
+                 "metric_allreduces", "protocol_latency", "gpu_contention",
+                 "expandable_segments")
         return {n: getattr(k, n) for n in names if getattr(k, n) != getattr(default, n)}
 
 

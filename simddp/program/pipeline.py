@@ -230,6 +230,11 @@ class PipelineProgram:
                 "optimizer": sum(int(st["optimizer_state_bytes"] * self.shard_ratio)
                                  for st in mine)}
 
+    def memory_programs(self) -> list[tuple[Sequence[Instruction], dict[str, int]]]:
+        """Each pipeline rank's step and its memory before the step (for
+        :func:`~simddp.program.steps.job_memory`)."""
+        return [(self._by_coord[c], self.static_memory(c)) for c in range(self.cap.pp)]
+
     def memory(self, rank: int | None = None) -> tuple[int, dict[str, int]]:
         """(peak bytes, bytes per category at the peak) of ``rank`` in one step; None: the
         pipeline rank with the highest peak."""

@@ -36,7 +36,7 @@ from ..models.allocator import AllocatorStats, CachingAllocator
 
 __all__ = ["Seconds", "Collective", "Compute", "Segment", "Mark", "Issue", "Wait", "WaitAll",
            "Memory", "Pace", "Instruction", "StepProgram", "MEMORY_CATEGORIES", "peak_memory",
-           "MemoryReport", "allocator_memory", "memory_events"]
+           "MemoryReport", "allocator_memory", "memory_events", "JobMemory", "job_memory"]
 
 Seconds = tuple[float, ...]  # per captured profile
 
@@ -334,3 +334,74 @@ def allocator_memory(instructions: Sequence[Instruction], start: dict[str, int] 
     st = alloc.stats()
     return MemoryReport(st.max_allocated, st.max_reserved, at_peak, st.fragmentation, st.ooms,
                         st)
+
+
+@dataclass(frozen=True)
+class JobMemory:
+    """The largest rank's memory in a step as the job sees it (bytes; see
+    docs/fsdp-and-memory.md). ``reserved_peak`` / ``allocated_peak``: torch's
+    ``max_memory_reserved`` / ``max_memory_allocated`` (the caching allocator model);
+    ``by_category``: at the program-order peak; ``outside``: what the process holds outside
+    torch's allocator (the CUDA context, NCCL's buffers); ``allocatable``: the card's memory
+    less ``outside`` (None: no card given); ``ooms``: allocations the allocator could not
+    serve within ``allocatable`` even after releasing its cache; ``margin``: ``allocatable``
+    less the reserved peak (negative: it does not fit)."""
+
+    reserved_peak: int
+    allocated_peak: int
+    by_category: dict[str, int]
+    fragmentation: float
+    outside: dict[str, int]
+    allocatable: int | None
+    ooms: int | None
+    margin: int | None
+
+
+def _communicators(instructions: Sequence[Instruction]) -> tuple[int, int]:
+    """(collective communicators, pipeline peers) a rank's step uses: the distinct scopes of
+    its collectives, p2p sends/receives apart (a peer per direction)."""
+    coll, p2p = set(), set()
+    for ins in instructions:
+        issues = [mk.do for mk in ins.marks] if isinstance(ins, Segment) else [ins]
+        for x in issues:
+            if isinstance(x, Issue):
+                for c, _ in x.stages:
+                    (p2p if c.op in ("send", "recv") else coll).add(c.scope)
+    return len(coll), len({s.replace("send_", "").replace("recv_", "") for s in p2p})
+
+
+def job_memory(program: Any, *, gpu_memory_bytes: int | None = None,
+               expandable_segments: bool = True) -> JobMemory:
+    """The job's memory per rank for ``program`` (a planner's step program): each distinct
+    rank's step (``program.memory_programs()``: (instructions, bytes per category before the
+    step) pairs) replayed twice through the caching allocator (:func:`allocator_memory`), the
+    largest reserved peak kept; plus the CUDA context and NCCL's buffers
+    (:mod:`simddp.models.allocator`), which lower what the allocator may take of
+    ``gpu_memory_bytes``."""
+    from ..models.allocator import CUDA_CONTEXT_BYTES, nccl_buffer_bytes
+    pairs = program.memory_programs()
+    best: tuple[MemoryReport, dict[str, int]] | None = None
+    for instructions, start in pairs:
+        ncoll, npeers = _communicators(instructions)
+        outside = {"cuda_context": CUDA_CONTEXT_BYTES,
+                   "nccl_buffers": nccl_buffer_bytes(ncoll, npeers)}
+        limit = None if gpu_memory_bytes is None else \
+            max(0, gpu_memory_bytes - sum(outside.values()))
+        rep = allocator_memory(instructions, start, expandable_segments=expandable_segments,
+                               limit_bytes=limit)
+        if rep.ooms:  # the peak it would have needed: the same step without a limit
+            free = allocator_memory(instructions, start,
+                                    expandable_segments=expandable_segments)
+            rep = MemoryReport(free.allocated_peak, free.reserved_peak, free.by_category,
+                               free.fragmentation, rep.ooms, free.stats)
+        key = (rep.reserved_peak + sum(outside.values()), rep.allocated_peak)
+        if best is None or key > (best[0].reserved_peak + sum(best[1].values()),
+                                  best[0].allocated_peak):
+            best = (rep, outside)
+    assert best is not None, "a step program has at least one rank"
+    rep, outside = best
+    allocatable = None if gpu_memory_bytes is None else \
+        gpu_memory_bytes - sum(outside.values())
+    return JobMemory(rep.reserved_peak, rep.allocated_peak, rep.by_category, rep.fragmentation,
+                     outside, allocatable, None if allocatable is None else rep.ooms,
+                     None if allocatable is None else allocatable - rep.reserved_peak)
