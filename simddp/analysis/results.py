@@ -129,6 +129,7 @@ class ReplayResult(RunResult):
     memory_outside_bytes: dict[str, int] = field(default_factory=dict)
     memory_ooms: int | None = None  # allocations the allocator model could not serve
     memory_fragmentation: float = 0.0
+    memory_margin: int | None = None  # the smallest over ranks (job_memory)
     # pipeline parallelism: per pipeline rank, its bubble fraction (docs/pipeline-parallel.md)
     bubble_fraction: list[float] | None = None
     parallel: str | None = None  # the layout replayed ("fsdp:32,tp:8"; None: DDP's groups)
@@ -156,7 +157,10 @@ class ReplayResult(RunResult):
 
     @property
     def memory_margin_bytes(self) -> int | None:
-        """The allocatable memory less the reserved peak (negative: out of memory)."""
+        """The allocatable memory less the reserved peak (negative: out of memory), on the
+        rank closest to running out."""
+        if self.memory_margin is not None:
+            return self.memory_margin
         a = self.memory_allocatable_bytes
         return None if a is None else a - self.peak_memory_bytes
 

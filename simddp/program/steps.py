@@ -344,8 +344,9 @@ class JobMemory:
     ``by_category``: at the program-order peak; ``outside``: what the process holds outside
     torch's allocator (the CUDA context, NCCL's buffers); ``allocatable``: the card's memory
     less ``outside`` (None: no card given); ``ooms``: allocations the allocator could not
-    serve within ``allocatable`` even after releasing its cache; ``margin``: ``allocatable``
-    less the reserved peak (negative: it does not fit)."""
+    serve within ``allocatable`` even after releasing its cache, over all ranks; ``margin``:
+    the smallest over ranks of its allocatable memory less its reserved peak (negative: it
+    does not fit)."""
 
     reserved_peak: int
     allocated_peak: int
@@ -380,7 +381,9 @@ def job_memory(program: Any, *, gpu_memory_bytes: int | None = None,
     ``gpu_memory_bytes``."""
     from ..models.allocator import CUDA_CONTEXT_BYTES, nccl_buffer_bytes
     pairs = program.memory_programs()
-    best: tuple[MemoryReport, dict[str, int]] | None = None
+    best: MemoryReport | None = None  # the largest reserved peak over ranks
+    outside_max: dict[str, int] = {}
+    ooms, margin = 0, None
     for instructions, start in pairs:
         ncoll, npeers = _communicators(instructions)
         outside = {"cuda_context": CUDA_CONTEXT_BYTES,
@@ -394,14 +397,16 @@ def job_memory(program: Any, *, gpu_memory_bytes: int | None = None,
                                     expandable_segments=expandable_segments)
             rep = MemoryReport(free.allocated_peak, free.reserved_peak, free.by_category,
                                free.fragmentation, rep.ooms, free.stats)
-        key = (rep.reserved_peak + sum(outside.values()), rep.allocated_peak)
-        if best is None or key > (best[0].reserved_peak + sum(best[1].values()),
-                                  best[0].allocated_peak):
-            best = (rep, outside)
+        ooms += rep.ooms
+        if limit is not None:  # the rank closest to running out decides the margin
+            m = gpu_memory_bytes - sum(outside.values()) - rep.reserved_peak
+            margin = m if margin is None else min(margin, m)
+        if best is None or (rep.reserved_peak, rep.allocated_peak) > \
+                (best.reserved_peak, best.allocated_peak):
+            best, outside_max = rep, outside
     assert best is not None, "a step program has at least one rank"
-    rep, outside = best
     allocatable = None if gpu_memory_bytes is None else \
-        gpu_memory_bytes - sum(outside.values())
-    return JobMemory(rep.reserved_peak, rep.allocated_peak, rep.by_category, rep.fragmentation,
-                     outside, allocatable, None if allocatable is None else rep.ooms,
-                     None if allocatable is None else allocatable - rep.reserved_peak)
+        gpu_memory_bytes - sum(outside_max.values())
+    return JobMemory(best.reserved_peak, best.allocated_peak, best.by_category,
+                     best.fragmentation, outside_max, allocatable,
+                     None if gpu_memory_bytes is None else ooms, margin)

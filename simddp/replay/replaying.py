@@ -101,7 +101,7 @@ def replay(captured: Any, world_size: int | None = None, *,
                   peak_memory_bytes=mem.reserved_peak, memory=mem.by_category,
                   memory_limit_bytes=limit, peak_memory_allocated_bytes=mem.allocated_peak,
                   memory_outside_bytes=mem.outside, memory_ooms=mem.ooms,
-                  memory_fragmentation=mem.fragmentation,
+                  memory_fragmentation=mem.fragmentation, memory_margin=mem.margin,
                   parallel=str(program.parallel) if getattr(program, "parallel", None)
                   else None)
     why = unsupported(program, checked)
