@@ -101,6 +101,19 @@ class SavedBytes(torch.autograd.graph.saved_tensors_hooks):
         return sum(self._storages.values())
 
 
+class SavedTotals(tuple):
+    """(held, recompute) as :func:`saved_bytes` returns them, with ``sizes``: the bytes of
+    each storage held, in the order autograd saved them (the allocations the caching
+    allocator model replays)."""
+
+    sizes: tuple[int, ...]
+
+    def __new__(cls, held: int, recompute: int, sizes: tuple[int, ...] = ()) -> "SavedTotals":
+        out = super().__new__(cls, (int(held), int(recompute)))
+        out.sizes = tuple(int(n) for n in sizes)
+        return out
+
+
 def _locals(t: torch.Tensor) -> list[torch.Tensor]:
     """``t``, or for a DTensor its rank's shard (its inner tensors)."""
     if not is_traceable_wrapper_subclass(t):
@@ -119,7 +132,7 @@ def _storage(t: torch.Tensor) -> tuple[int, int]:
 
 def activation_bytes(scenario: Any, device: str = "cpu", dtype: torch.dtype | None = None,
                      units: Callable[[torch.nn.Module], list] | None = None,
-                     checkpointed: bool = False) -> tuple[int, int]:
+                     checkpointed: bool = False) -> SavedTotals:
     """Bytes autograd saves for backward in one forward (and loss) of ``scenario``'s model on
     rank 0's first batch, run plainly (no ranks, no virtual time; on the meta device for a
     real-size capture; ``dtype``: the parameters' compute dtype, e.g. FSDP2's
@@ -138,7 +151,7 @@ def activation_bytes(scenario: Any, device: str = "cpu", dtype: torch.dtype | No
 
 def saved_bytes(forward: Callable[[], Any], device: str = "cpu",
                 checkpointed: list[torch.nn.Module] | None = None,
-                params: Iterable[torch.Tensor] = ()) -> tuple[int, int]:
+                params: Iterable[torch.Tensor] = ()) -> SavedTotals:
     """What autograd keeps for backward from ``forward()`` (a forward and, where it has one,
     its loss; outside virtual time: see :class:`SavedBytes`): (held from forward to backward,
     held only while one unit is recomputed in backward). Without ``checkpointed``: (all the
@@ -177,10 +190,10 @@ def saved_bytes(forward: Callable[[], Any], device: str = "cpu",
         for h in handles:
             h.remove()
     if not checkpointed:
-        return saved.total, 0
+        return SavedTotals(saved.total, 0, tuple(saved.storages.values()))
     held = {k: v for k, v in saved.storages.items() if k not in inside}
     held.update(inputs.storages)
-    return sum(held.values()), max(per_unit, default=0)
+    return SavedTotals(sum(held.values()), max(per_unit, default=0), tuple(held.values()))
 
 
 def _batches(scenario: Any, rank: int, world_size: int, iterations: int,

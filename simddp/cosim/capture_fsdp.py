@@ -31,8 +31,8 @@ from ..models import Network
 from ..program.captured import CapturedStep
 from ..program.mesh import DeviceMesh
 from ..timing import Timing
-from .capture import (_batches, _probe_costs, _train, activation_bytes, saved_bytes,
-                      state_bytes)
+from .capture import (SavedTotals, _batches, _probe_costs, _train, activation_bytes,
+                      saved_bytes, state_bytes)
 from .meta import (DEVICES, fsdp_on_meta, functional_waits_on_meta, fused_attention,
                    in_meta_scope)
 from .simulate import SimResult, now, simulate
@@ -214,7 +214,7 @@ def _phase_profile(res: SimResult, rank: int, marks: Mapping[str, float],
 
 
 def _tp_activation_bytes(scenario: Any, tp: int, device: str, dtype: torch.dtype | None,
-                         sequence_parallel: bool, checkpointed: bool) -> tuple[int, int]:
+                         sequence_parallel: bool, checkpointed: bool) -> SavedTotals:
     """What autograd keeps for backward in one forward (and loss) of rank 0 of a TP group of
     ``tp`` ranks (torchtitan's plan applied), on rank 0's first batch: (held, recompute) per
     rank as :func:`~simddp.cosim.capture.saved_bytes` counts them — with ``checkpointed`` the
@@ -237,8 +237,8 @@ def _tp_activation_bytes(scenario: Any, tp: int, device: str, dtype: torch.dtype
         return saved_bytes(lambda: scenario.step(model, batch), device,
                            fsdp_units(model) if checkpointed else None, model.parameters())
 
-    held, recompute = fakepg.spawn(run, nprocs=tp).returns[0]
-    return int(held), int(recompute)
+    saved = fakepg.spawn(run, nprocs=tp).returns[0]
+    return SavedTotals(*saved, getattr(saved, "sizes", ()))
 
 
 def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None,
@@ -284,12 +284,13 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
                                  bool(activation_checkpointing), bool(sequence_parallel)),
                        (), nprocs, timing=timing, seed=seed)
         if tp > 1:
-            held, recompute = _tp_activation_bytes(scenario, tp, device, _dtype(param_dtype),
-                                                   bool(sequence_parallel),
-                                                   bool(activation_checkpointing))
+            saved = _tp_activation_bytes(scenario, tp, device, _dtype(param_dtype),
+                                         bool(sequence_parallel),
+                                         bool(activation_checkpointing))
     if tp == 1:
-        held, recompute = activation_bytes(scenario, device, _dtype(param_dtype), fsdp_units,
-                                           bool(activation_checkpointing))
+        saved = activation_bytes(scenario, device, _dtype(param_dtype), fsdp_units,
+                                 bool(activation_checkpointing))
+    held, recompute = saved
     r0 = res.returns[0]
     last = iterations - 1
     return CapturedStep(
@@ -304,6 +305,7 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
         sequence_parallel=bool(sequence_parallel) if tp > 1 else False,
         optimizer_state_bytes=int(r0["optimizer_state_bytes"]),
         activation_bytes=held, recompute_bytes=recompute,
+        activation_sizes=list(saved.sizes),
         activation_checkpointing=bool(activation_checkpointing),
         **cosim_facts(timing, res, last))
 

@@ -60,7 +60,7 @@ __all__ = ["CUDA_CONTEXT_BYTES", "NCCL_BUFFSIZE", "NCCL_LL128_BUFFSIZE", "NCCL_L
 K_MIN_BLOCK_SIZE = 512  # kMinBlockSize: all sizes are rounded to at least 512 bytes
 K_SMALL_SIZE = 1 << 20  # kSmallSize: largest "small" allocation is 1 MiB
 K_SMALL_BUFFER = 2 << 20  # kSmallBuffer: "small" allocations are packed in 2 MiB blocks
-K_MIN_LARGE_ALLOC = 10 << 20  # kMinLargeAlloc: allocations between 1 and 10 MiB may use kLargeBuffer
+K_MIN_LARGE_ALLOC = 10 << 20  # kMinLargeAlloc: 1 to 10 MiB requests may use kLargeBuffer
 K_LARGE_BUFFER = 20 << 20  # kLargeBuffer: "large" allocations may be packed in 20 MiB blocks
 K_ROUND_LARGE = 2 << 20  # kRoundLarge: round up large allocations to 2 MiB
 
