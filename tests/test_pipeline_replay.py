@@ -278,10 +278,11 @@ def test_activations_per_microbatch_in_flight(schedule, in_flight):
     for rank, n in enumerate(in_flight):
         peak, cats = prog.memory(rank)
         assert cats["activations"] == n * act
-        assert peak == n * act + (1 << 24)
+        # the parameters, and their gradients from the first backward on (no FSDP: kept)
+        assert peak == n * act + 2 * (1 << 24)
     r = replay(cap, network=FREE, progress=False)
     # torch's max_memory_allocated: 512-byte multiples, expandable segments split exactly
-    assert r.peak_memory_allocated_bytes == max(in_flight) * act + (1 << 24)
+    assert r.peak_memory_allocated_bytes == max(in_flight) * act + 2 * (1 << 24)
     assert r.peak_memory_bytes >= r.peak_memory_allocated_bytes  # reserved
 
 
