@@ -187,3 +187,65 @@ def test_the_same_trace_gives_the_same_segments() -> None:
         a = replay_trace(trace, expandable_segments=expandable)
         b = replay_trace(trace, expandable_segments=expandable)
         assert a == b
+
+
+# -- a step program through the allocator (simddp.program.steps) ------------------------------
+
+from simddp.models.allocator import (CUDA_CONTEXT_BYTES, NCCL_BUFFSIZE, NCCL_LL128_BUFFSIZE,  # noqa: E402
+                                     NCCL_LL_BUFFSIZE, nccl_buffer_bytes)
+from simddp.program.steps import (Collective, Compute, Issue, Memory, allocator_memory,  # noqa: E402
+                                  job_memory)
+
+
+def test_the_optimizer_state_is_created_in_what_the_first_backward_left_cached() -> None:
+    step = [Memory("activations", 100 * MiB, key="act"), Memory("activations", -100 * MiB,
+                                                                 key="act"),
+            Compute("optimizer", (0.1,))]
+    r = allocator_memory(step, {"parameters": 50 * MiB, "optimizer": 60 * MiB},
+                         expandable_segments=False)
+    # step 1: Adam's 60 MiB state splits the freed 100 MiB activation segment; step 2's
+    # activations then need a new segment, 40 MiB stay stranded
+    assert (r.allocated_peak, r.reserved_peak) == (210 * MiB, 250 * MiB)
+    assert r.fragmentation == pytest.approx(40 / 250)
+
+
+def test_a_free_without_a_key_releases_the_categorys_newest_allocation_and_keeps_the_excess(
+        ) -> None:
+    step = [Memory("gradients", 64 * MiB, "unsharded"),
+            Memory("gradients", -48 * MiB, "sharded kept")]  # frees 64, keeps 16 MiB
+    r = allocator_memory(step, iterations=1, expandable_segments=False)
+    s = r.stats
+    assert (s.max_allocated, s.allocated) == (64 * MiB, 16 * MiB)
+
+
+def test_tensors_of_one_allocation_are_rounded_each() -> None:
+    r = allocator_memory([Memory("activations", 3000, sizes=(1000, 1000, 1000))], iterations=1)
+    assert r.allocated_peak == 3 * 1024  # 512-byte multiples, one block each
+
+
+def test_nccl_buffers_follow_the_per_connection_formula() -> None:
+    per = NCCL_BUFFSIZE + NCCL_LL128_BUFFSIZE + NCCL_LL_BUFFSIZE
+    assert per == 4 * MiB + 4_915_200 + 524_288
+    assert nccl_buffer_bytes(2, 1) == 2 * 32 * per + 1 * 2 * 2 * NCCL_BUFFSIZE
+
+
+class _Program:
+    def __init__(self, steps):
+        self._steps = steps
+
+    def memory_programs(self):
+        return self._steps
+
+
+def test_the_oom_verdict_compares_the_reserved_peak_with_the_card_less_context_and_nccl() -> None:
+    coll = Issue(((Collective(("ag",), "shard", "all_gather_into_tensor", 1), 0.0),))
+    step = [coll, Memory("activations", 1000 * MiB), Memory("activations", -1000 * MiB)]
+    prog = _Program([(step, {"parameters": 200 * MiB})])
+    outside = CUDA_CONTEXT_BYTES + nccl_buffer_bytes(1)
+    fits = job_memory(prog, gpu_memory_bytes=outside + 1300 * MiB)
+    assert fits.ooms == 0 and fits.margin == 1300 * MiB - fits.reserved_peak > 0
+    assert fits.outside == {"cuda_context": CUDA_CONTEXT_BYTES,
+                            "nccl_buffers": nccl_buffer_bytes(1)}
+    short = job_memory(prog, gpu_memory_bytes=outside + 1100 * MiB)
+    assert short.ooms > 0 and short.margin < 0
+    assert short.reserved_peak == fits.reserved_peak  # the peak it would have needed
