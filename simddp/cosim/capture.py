@@ -23,6 +23,7 @@ from fakepg.arguments import integer
 from ..models import Network
 from ..timing import Timing
 from ..program.captured import CapturedIteration, ParamInfo, RankProfile, parse_indices
+from .memtrace import LiveBytes
 from .meta import DEVICES, fsdp_on_meta, fused_attention, meta_scope
 from .simulate import Observer, SimResult, now, simulate
 
@@ -104,13 +105,18 @@ class SavedBytes(torch.autograd.graph.saved_tensors_hooks):
 class SavedTotals(tuple):
     """(held, recompute) as :func:`saved_bytes` returns them, with ``sizes``: the bytes of
     each storage held, in the order autograd saved them (the allocations the caching
-    allocator model replays)."""
+    allocator model replays), and ``temporary``: the most bytes live at once in the forward,
+    loss and backward that are neither saved, nor parameters, nor their gradients (measured
+    when asked for: :class:`~simddp.cosim.memtrace.LiveBytes`)."""
 
     sizes: tuple[int, ...]
+    temporary: int
 
-    def __new__(cls, held: int, recompute: int, sizes: tuple[int, ...] = ()) -> "SavedTotals":
+    def __new__(cls, held: int, recompute: int, sizes: tuple[int, ...] = (),
+                temporary: int = 0) -> "SavedTotals":
         out = super().__new__(cls, (int(held), int(recompute)))
         out.sizes = tuple(int(n) for n in sizes)
+        out.temporary = int(temporary)
         return out
 
 
@@ -132,13 +138,14 @@ def _storage(t: torch.Tensor) -> tuple[int, int]:
 
 def activation_bytes(scenario: Any, device: str = "cpu", dtype: torch.dtype | None = None,
                      units: Callable[[torch.nn.Module], list] | None = None,
-                     checkpointed: bool = False) -> SavedTotals:
+                     checkpointed: bool = False, temporaries: bool = False) -> SavedTotals:
     """Bytes autograd saves for backward in one forward (and loss) of ``scenario``'s model on
     rank 0's first batch, run plainly (no ranks, no virtual time; on the meta device for a
     real-size capture; ``dtype``: the parameters' compute dtype, e.g. FSDP2's
     ``MixedPrecisionPolicy.param_dtype``). Returns (held from forward to backward, held only
     while one unit is recomputed in backward): see :func:`saved_bytes`, with ``units(model)``
-    checkpointed when ``checkpointed``."""
+    checkpointed when ``checkpointed``; ``temporaries``: measure the step's temporaries too
+    (a backward is run)."""
     with torch.device(device):
         model = scenario.build_model()
     if dtype is not None:
@@ -146,12 +153,13 @@ def activation_bytes(scenario: Any, device: str = "cpu", dtype: torch.dtype | No
     batch = _batches(scenario, 0, 1, 1, device)[0]
     return saved_bytes(lambda: scenario.step(model, batch), device,
                        units(model) if checkpointed and units is not None else None,
-                       model.parameters())
+                       model.parameters(), temporaries)
 
 
 def saved_bytes(forward: Callable[[], Any], device: str = "cpu",
                 checkpointed: list[torch.nn.Module] | None = None,
-                params: Iterable[torch.Tensor] = ()) -> SavedTotals:
+                params: Iterable[torch.Tensor] = (), temporaries: bool = False
+                ) -> SavedTotals:
     """What autograd keeps for backward from ``forward()`` (a forward and, where it has one,
     its loss; outside virtual time: see :class:`SavedBytes`): (held from forward to backward,
     held only while one unit is recomputed in backward). Without ``checkpointed``: (all the
@@ -160,7 +168,9 @@ def saved_bytes(forward: Callable[[], Any], device: str = "cpu",
     the first figure is the distinct storages saved outside those modules together with their
     inputs (the hidden states each block receives, the rotary tables and mask they share, once),
     the second the largest module's saved bytes. ``params``: the model's parameters (never
-    activations, whatever views of them autograd saves)."""
+    activations, whatever views of them autograd saves). ``temporaries``: also run the
+    backward and measure the step's temporaries (``SavedTotals.temporary``)."""
+    params = list(params)
     saved = SavedBytes(params)
     inputs = SavedBytes()  # the checkpointed modules' tensor arguments, counted as saved ones
     inputs.counting = saved.counting = True
@@ -182,18 +192,30 @@ def saved_bytes(forward: Callable[[], Any], device: str = "cpu",
         per_unit.append(sum(now_saved[k] for k in new))
     for unit in checkpointed or ():
         handles += [unit.register_forward_pre_hook(pre), unit.register_forward_hook(post)]
+    live = LiveBytes(params) if temporaries else None
+    temporary = 0
     try:
-        with saved, fused_attention(device):
+        with saved, fused_attention(device), (live or contextlib.nullcontext()):
             loss = forward()
+            if live is not None and isinstance(loss, torch.Tensor) and loss.requires_grad:
+                saved.counting = inputs.counting = False
+                loss.backward()
         del loss
     finally:
         for h in handles:
             h.remove()
+    if live is not None:
+        keep = set(saved.storages) | set(inputs.storages) | \
+            {_storage(g)[0] for p in params for g in _locals(p.grad) if p.grad is not None}
+        temporary = live.peak_beyond(keep)
+        for p in params:
+            p.grad = None
     if not checkpointed:
-        return SavedTotals(saved.total, 0, tuple(saved.storages.values()))
+        return SavedTotals(saved.total, 0, tuple(saved.storages.values()), temporary)
     held = {k: v for k, v in saved.storages.items() if k not in inside}
     held.update(inputs.storages)
-    return SavedTotals(sum(held.values()), max(per_unit, default=0), tuple(held.values()))
+    return SavedTotals(sum(held.values()), max(per_unit, default=0), tuple(held.values()),
+                       temporary)
 
 
 def _batches(scenario: Any, rank: int, world_size: int, iterations: int,

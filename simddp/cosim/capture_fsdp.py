@@ -235,10 +235,11 @@ def _tp_activation_bytes(scenario: Any, tp: int, device: str, dtype: torch.dtype
         apply_tensor_parallel(model, mesh["tp"], sequence_parallel=sequence_parallel)
         batch = _batches(scenario, 0, 1, 1, device)[0]
         return saved_bytes(lambda: scenario.step(model, batch), device,
-                           fsdp_units(model) if checkpointed else None, model.parameters())
+                           fsdp_units(model) if checkpointed else None, model.parameters(),
+                           temporaries=True)
 
     saved = fakepg.spawn(run, nprocs=tp).returns[0]
-    return SavedTotals(*saved, getattr(saved, "sizes", ()))
+    return SavedTotals(*saved, getattr(saved, "sizes", ()), getattr(saved, "temporary", 0))
 
 
 def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None,
@@ -289,7 +290,7 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
                                          bool(activation_checkpointing))
     if tp == 1:
         saved = activation_bytes(scenario, device, _dtype(param_dtype), fsdp_units,
-                                 bool(activation_checkpointing))
+                                 bool(activation_checkpointing), temporaries=True)
     held, recompute = saved
     r0 = res.returns[0]
     last = iterations - 1
@@ -305,7 +306,7 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
         sequence_parallel=bool(sequence_parallel) if tp > 1 else False,
         optimizer_state_bytes=int(r0["optimizer_state_bytes"]),
         activation_bytes=held, recompute_bytes=recompute,
-        activation_sizes=list(saved.sizes),
+        activation_sizes=list(saved.sizes), temporary_bytes=saved.temporary,
         activation_checkpointing=bool(activation_checkpointing),
         **cosim_facts(timing, res, last))
 

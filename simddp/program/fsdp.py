@@ -167,6 +167,11 @@ class FSDPProgram:
             if phase == "forward" and act and not units:
                 out.append(Memory("activations", act, "saved for backward",
                                   key=("activations", 0)))
+            tmp = int(getattr(cap, "temporary_bytes", 0) or 0)
+            if phase == "forward" and tmp:  # the loss's backward, all activations still held
+                out.append(Memory("temporary", tmp, "temporaries (loss and its backward)",
+                                  key=("temporary",)))
+                out.append(Memory("temporary", -tmp, "temporaries freed", key=("temporary",)))
             if phase == "forward" and cap.recompute_bytes:
                 out.append(Memory("activations", cap.recompute_bytes, "one block recomputed",
                                   key=("recomputed",)))
