@@ -30,14 +30,17 @@ nccl-tests counts); an HSDP all-reduce carries one shard, so it scales with 1 / 
 Compute: forward and backward are the capture's (the local batch is the same at any world
 size); the optimizer updates the local shard, so its time scales with 1 / shard size.
 
-Memory per rank (program order; the caching allocator's reuse is not modelled; under TP the
+Memory per rank (program order, as FSDP2 allocates it: see :func:`event_marks`; replayed
+through the caching allocator model by :func:`~simddp.program.steps.job_memory`; under TP the
 parameters are the TP rank's, the capture's ``tp_param_bytes``, before FSDP2 shards them): sharded
 parameters and optimizer state from the start; each unit's unsharded parameters from its
 all-gather until FSDP2 reshards them (after its forward when ``reshard_after_forward`` — the
-units the capture all-gathers again in backward — else after its backward); activations (what
-autograd saved in the captured forward) from the end of forward to the end of backward; each
-unit's unsharded gradient around its reduce-scatter, then its sharded gradient until the next
-step's ``zero_grad``.
+units the capture all-gathers again in backward — else after its backward), with the
+all-gather output buffers; each unit's share of the activations (what autograd saved in the
+captured forward, tensor by tensor) from the end of its forward to its reduce-scatter; the
+step's temporaries (the capture's ``temporary_bytes``) at the start of backward; each unit's
+unsharded gradient and reduce-scatter input around its reduce-scatter, then its sharded
+gradient until the next step's ``zero_grad``.
 """
 
 from __future__ import annotations

@@ -187,8 +187,8 @@ def peak_memory(instructions: Sequence[Instruction], start: dict[str, int] | Non
                 ) -> tuple[int, dict[str, int], dict[str, int]]:
     """Walk ``instructions`` (segments' marks included) in program order from ``start`` bytes
     per category: (peak total bytes, bytes per category at the peak, bytes per category at
-    the end). Frees take effect where they stand: the caching allocator's reuse and
-    fragmentation are not modelled."""
+    the end). Frees take effect where they stand, bytes unrounded: what torch's caching
+    allocator makes of them is :func:`allocator_memory`'s."""
     now = dict(start or {})
     total = sum(now.values())
     peak, at_peak = total, dict(now)
