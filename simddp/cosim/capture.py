@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
@@ -194,6 +195,11 @@ def saved_bytes(forward: Callable[[], Any], device: str = "cpu",
         handles += [unit.register_forward_pre_hook(pre), unit.register_forward_hook(post)]
     live = LiveBytes(params) if temporaries else None
     temporary = 0
+    # frees by reference count only: a cyclic collection at a moment that depends on what ran
+    # before would move them (and the measured peak) from run to run
+    gc_was_enabled = gc.isenabled()
+    if live is not None:
+        gc.disable()
     try:
         with saved, fused_attention(device), (live or contextlib.nullcontext()):
             loss = forward()
@@ -204,6 +210,8 @@ def saved_bytes(forward: Callable[[], Any], device: str = "cpu",
     finally:
         for h in handles:
             h.remove()
+        if gc_was_enabled:
+            gc.enable()
     if live is not None:
         keep = set(saved.storages) | set(inputs.storages) | \
             {_storage(g)[0] for p in params for g in _locals(p.grad) if p.grad is not None}
