@@ -338,10 +338,10 @@ def allocator_memory(instructions: Sequence[Instruction], start: dict[str, int] 
 
 @dataclass(frozen=True)
 class JobMemory:
-    """The largest rank's memory in a step as the job sees it (bytes; see
-    docs/fsdp-and-memory.md). ``reserved_peak`` / ``allocated_peak``: torch's
-    ``max_memory_reserved`` / ``max_memory_allocated`` (the caching allocator model);
-    ``by_category``: at the program-order peak; ``outside``: what the process holds outside
+    """The job's memory per rank in a step (bytes; see docs/fsdp-and-memory.md).
+    ``reserved_peak`` / ``allocated_peak``: torch's ``max_memory_reserved`` /
+    ``max_memory_allocated`` (the caching allocator model), each the largest over ranks;
+    ``by_category``: at the program-order peak of the rank with the largest reserved peak; ``outside``: what the process holds outside
     torch's allocator (the CUDA context, NCCL's buffers); ``allocatable``: the card's memory
     less ``outside`` (None: no card given); ``ooms``: allocations the allocator could not
     serve within ``allocatable`` even after releasing its cache, over all ranks; ``margin``:
@@ -383,7 +383,7 @@ def job_memory(program: Any, *, gpu_memory_bytes: int | None = None,
     pairs = program.memory_programs()
     best: MemoryReport | None = None  # the largest reserved peak over ranks
     outside_max: dict[str, int] = {}
-    ooms, margin = 0, None
+    ooms, margin, allocated = 0, None, 0
     for instructions, start in pairs:
         ncoll, npeers = _communicators(instructions)
         outside = {"cuda_context": CUDA_CONTEXT_BYTES,
@@ -404,9 +404,10 @@ def job_memory(program: Any, *, gpu_memory_bytes: int | None = None,
         if best is None or (rep.reserved_peak, rep.allocated_peak) > \
                 (best.reserved_peak, best.allocated_peak):
             best, outside_max = rep, outside
+        allocated = max(allocated, rep.allocated_peak)
     assert best is not None, "a step program has at least one rank"
     allocatable = None if gpu_memory_bytes is None else \
         gpu_memory_bytes - sum(outside_max.values())
-    return JobMemory(best.reserved_peak, best.allocated_peak, best.by_category,
+    return JobMemory(best.reserved_peak, allocated, best.by_category,
                      best.fragmentation, outside_max, allocatable,
                      None if gpu_memory_bytes is None else ooms, margin)
