@@ -7,8 +7,12 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from simddp.models.allocator import (K_LARGE_BUFFER, K_SMALL_BUFFER, CachingAllocator,
-                                     allocation_size, replay_trace, round_size)
+from simddp.models.allocator import (CUDA_CONTEXT_BYTES, K_LARGE_BUFFER, K_SMALL_BUFFER,
+                                     NCCL_BUFFSIZE, NCCL_LL128_BUFFSIZE, NCCL_LL_BUFFSIZE,
+                                     CachingAllocator, allocation_size, nccl_buffer_bytes,
+                                     replay_trace, round_size)
+from simddp.program.steps import (Collective, Compute, Issue, Memory, allocator_memory,
+                                  job_memory)
 
 MiB = 1 << 20
 
@@ -190,11 +194,6 @@ def test_the_same_trace_gives_the_same_segments() -> None:
 
 
 # -- a step program through the allocator (simddp.program.steps) ------------------------------
-
-from simddp.models.allocator import (CUDA_CONTEXT_BYTES, NCCL_BUFFSIZE, NCCL_LL128_BUFFSIZE,  # noqa: E402
-                                     NCCL_LL_BUFFSIZE, nccl_buffer_bytes)
-from simddp.program.steps import (Collective, Compute, Issue, Memory, allocator_memory,  # noqa: E402
-                                  job_memory)
 
 
 def test_the_optimizer_state_is_created_in_what_the_first_backward_left_cached() -> None:

@@ -341,7 +341,8 @@ class JobMemory:
     """The job's memory per rank in a step (bytes; see docs/fsdp-and-memory.md).
     ``reserved_peak`` / ``allocated_peak``: torch's ``max_memory_reserved`` /
     ``max_memory_allocated`` (the caching allocator model), each the largest over ranks;
-    ``by_category``: at the program-order peak of the rank with the largest reserved peak; ``outside``: what the process holds outside
+    ``by_category``: at the program-order peak of the rank with the largest reserved peak;
+    ``outside``: what the process holds outside
     torch's allocator (the CUDA context, NCCL's buffers); ``allocatable``: the card's memory
     less ``outside`` (None: no card given); ``ooms``: allocations the allocator could not
     serve within ``allocatable`` even after releasing its cache, over all ranks; ``margin``:
