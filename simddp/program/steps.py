@@ -376,11 +376,16 @@ def job_memory(program: Any, *, gpu_memory_bytes: int | None = None,
                expandable_segments: bool = True) -> JobMemory:
     """The job's memory per rank for ``program`` (a planner's step program): each distinct
     rank's step (``program.memory_programs()``: (instructions, bytes per category before the
-    step) pairs) replayed twice through the caching allocator (:func:`allocator_memory`), the
+    step) pairs; a planner without it gives its program-order ``memory()``) replayed twice through the caching allocator (:func:`allocator_memory`), the
     largest reserved peak kept; plus the CUDA context and NCCL's buffers
     (:mod:`simddp.models.allocator`), which lower what the allocator may take of
     ``gpu_memory_bytes``."""
     from ..models.allocator import CUDA_CONTEXT_BYTES, nccl_buffer_bytes
+    if not hasattr(program, "memory_programs"):  # a planner without per-rank memory programs:
+        peak, at_peak = program.memory()  # its program-order peak, nothing outside
+        return JobMemory(peak, peak, at_peak, 0.0, {}, gpu_memory_bytes,
+                         None if gpu_memory_bytes is None else int(peak > gpu_memory_bytes),
+                         None if gpu_memory_bytes is None else gpu_memory_bytes - peak)
     pairs = program.memory_programs()
     best: MemoryReport | None = None  # the largest reserved peak over ranks
     outside_max: dict[str, int] = {}
