@@ -248,3 +248,13 @@ def test_the_oom_verdict_compares_the_reserved_peak_with_the_card_less_context_a
     short = job_memory(prog, gpu_memory_bytes=outside + 1100 * MiB)
     assert short.ooms > 0 and short.margin < 0
     assert short.reserved_peak == fits.reserved_peak  # the peak it would have needed
+
+
+def test_a_planner_without_memory_programs_keeps_its_program_order_peak() -> None:
+    class Old:
+        def memory(self):
+            return 3 * MiB, {"parameters": 3 * MiB}
+
+    got = job_memory(Old(), gpu_memory_bytes=2 * MiB)
+    assert (got.reserved_peak, got.allocated_peak, got.ooms, got.margin) == \
+        (3 * MiB, 3 * MiB, 1, -MiB)
