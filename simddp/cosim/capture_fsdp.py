@@ -31,11 +31,12 @@ from ..program.captured import CapturedStep
 from ..program.mesh import DeviceMesh
 from ..timing import Timing
 from .blocks import fsdp_units
-from .capture import (_batches, _probe_costs, _train, activation_bytes, saved_bytes,
-                      state_bytes)
+from .capture import (SavedTotals, _batches, _probe_costs, _train, activation_bytes,
+                      saved_bytes, state_bytes)
 from .checkpointing import apply as checkpoint_apply
 from .checkpointing import checkpointed_modules, is_op, policy_name
-from .meta import DEVICES, fsdp_on_meta, functional_waits_on_meta, in_meta_scope
+from .meta import (DEVICES, fsdp_on_meta, functional_waits_on_meta, fused_attention,
+                   in_meta_scope)
 from .represent import choose, fill, represented, stand_ins
 from .simulate import SimResult, now, simulate
 from .tensor_parallel import apply_tensor_parallel
@@ -197,7 +198,7 @@ def _phase_profile(res: SimResult, rank: int, marks: Mapping[str, float],
 
 def _tp_activation_bytes(scenario: Any, tp: int, device: str, dtype: torch.dtype | None,
                          sequence_parallel: bool, checkpointed: Any,
-                         represent: bool = False) -> tuple[int, int]:
+                         represent: bool = False) -> SavedTotals:
     """What autograd keeps for backward in one forward (and loss) of rank 0 of a TP group of
     ``tp`` ranks (torchtitan's plan applied), on rank 0's first batch: (held, recompute) per
     rank as :func:`~simddp.cosim.capture.saved_bytes` counts them — with ``checkpointed`` the
@@ -221,12 +222,12 @@ def _tp_activation_bytes(scenario: Any, tp: int, device: str, dtype: torch.dtype
         return saved_bytes(lambda: scenario.step(model, batch), device,
                            checkpointed_modules(fsdp_units(model), checkpointed)
                            if checkpointed else None, model.parameters(),
-                           op_saved=is_op(checkpointed))
+                           temporaries=True, op_saved=is_op(checkpointed))
 
     # on meta the TP ranks are symmetric: rank 0 runs, its collectives answered for the rest
     fn = represented(run, stand_ins({"tp": tp}) if represent else {})
-    held, recompute = fakepg.spawn(fn, nprocs=tp).returns[0]
-    return int(held), int(recompute)
+    saved = fakepg.spawn(fn, nprocs=tp).returns[0]
+    return SavedTotals(*saved, getattr(saved, "sizes", ()), getattr(saved, "temporary", 0))
 
 
 def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None,
@@ -281,12 +282,13 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
         res = simulate(represented(run, stand), (), nprocs, timing=timing,
                        seed=seed)
         if tp > 1:
-            held, recompute = _tp_activation_bytes(
+            saved = _tp_activation_bytes(
                 scenario, tp, device, _dtype(param_dtype), bool(sequence_parallel), ac,
                 represent=device == "meta" and representatives is not False)
     if tp == 1:
-        held, recompute = activation_bytes(scenario, device, _dtype(param_dtype), fsdp_units,
-                                           ac)
+        saved = activation_bytes(scenario, device, _dtype(param_dtype), fsdp_units, ac,
+                                 temporaries=True)
+    held, recompute = saved
     r0 = res.returns[0]
     last = iterations - 1
     dmesh = DeviceMesh(nprocs, mesh_dims)
@@ -303,6 +305,7 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
         sequence_parallel=bool(sequence_parallel) if tp > 1 else False,
         optimizer_state_bytes=int(r0["optimizer_state_bytes"]),
         activation_bytes=held, recompute_bytes=recompute,
+        activation_sizes=list(saved.sizes), temporary_bytes=saved.temporary,
         activation_checkpointing=bool(activation_checkpointing),
         **cosim_facts(timing, res, last))
 
