@@ -200,6 +200,13 @@ def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backe
     returns: list[Any] = [None] * nprocs
     failures: dict[int, BaseException] = {}
 
+    def rank_thread(rank: int) -> None:
+        sched.clocks.register(rank)  # its CPU clock is read only until it retires (cpu_clocks)
+        try:
+            rank_main(rank)
+        finally:
+            sched.clocks.retire(rank)
+
     def rank_main(rank: int) -> None:
         bind_thread(cluster, rank)
         sched.enter(rank)
@@ -241,7 +248,7 @@ def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backe
                 bind_thread(None)
                 sched.finish(rank, outcome)
 
-    threads = [threading.Thread(target=rank_main, args=(r,), name=f"fakepg-rank{r}", daemon=True)
+    threads = [threading.Thread(target=rank_thread, args=(r,), name=f"fakepg-rank{r}", daemon=True)
                for r in range(nprocs)]
     for r, t in enumerate(threads):
         sched.slots[r].thread = t

@@ -26,6 +26,7 @@ import time
 from typing import Any, Callable
 
 from ..errors import CollectiveHangError, FakePGError
+from .cpu_clocks import ThreadClocks
 from .isolation import ProcessState
 from ..choices.schedule import Schedule
 
@@ -68,19 +69,12 @@ class ThreadActivity:
     """Whether threads other than the ranks' used CPU since the last call (they may yet
     release a rank that waits in Python's own synchronisation)."""
 
-    def __init__(self, slots: list["RankSlot"]) -> None:
-        self.slots = slots
+    def __init__(self, clocks: ThreadClocks) -> None:
+        self.clocks = clocks  # read only while a rank thread is alive (see cpu_clocks)
         self.last = self._others()
 
     def _others(self) -> float:
-        ranks = 0.0
-        for slot in self.slots:
-            t = slot.thread
-            try:
-                ranks += time.clock_gettime(time.pthread_getcpuclockid(t.ident))  # type: ignore[union-attr]
-            except (AttributeError, OSError, TypeError):
-                pass
-        return time.process_time() - ranks
+        return time.process_time() - self.clocks.total()
 
     def busy(self, threshold: float = 0.002) -> bool:
         now = self._others()
@@ -128,6 +122,7 @@ class Scheduler:
         self._mu = threading.Lock()
         self._wake = _Wake()  # set by abort: ends a real sleep until a deadline
         self.schedule = Schedule()  # the controlled choices (fakepg.choices.schedule); default: none
+        self.clocks = ThreadClocks()  # the rank threads' CPU clocks, while they live
 
     # -- called on rank threads, by the baton holder ------------------------------
     def enter(self, rank: int) -> None:
@@ -297,7 +292,7 @@ class Scheduler:
                              if s.state == BLOCKED and s.deadline is not None), default=_INF) - now
                 if python:
                     if activity is None or activity.busy():
-                        activity = activity or ThreadActivity(self.slots)
+                        activity = activity or ThreadActivity(self.clocks)
                         idle_since = now
                     elif not sleepers and now - idle_since >= self.inactivity:
                         self.python_verdict = True

@@ -81,7 +81,7 @@ def _watch(sched: "Scheduler", cluster: "Cluster", hang_timeout: float, deadline
         # an import, a long kernel) is working; one blocked in a wait inside C++ (on its
         # outstanding Works) or on a lock burns none.
         thread = sched.slots[holder].thread
-        cpu = _cpu_seconds(thread)
+        cpu = _cpu_seconds(sched, holder)
         if seen is None or seen[0] != holder or cpu - seen[1] > 0.002 or not _asleep(thread):
             if seen is not None:
                 sched.last_progress_time = time.monotonic()
@@ -91,7 +91,7 @@ def _watch(sched: "Scheduler", cluster: "Cluster", hang_timeout: float, deadline
             continue
         if not hidden:
             if activity is None:  # measure the other threads over the next poll first
-                activity = ThreadActivity(sched.slots)
+                activity = ThreadActivity(sched.clocks)
                 continue
             if activity.busy():  # another thread works: it may release the holder
                 sched.last_progress_time = time.monotonic()
@@ -114,16 +114,12 @@ def _watch(sched: "Scheduler", cluster: "Cluster", hang_timeout: float, deadline
     return True
 
 
-def _cpu_seconds(thread: threading.Thread | None) -> float:
-    """CPU time ``thread`` has used; without per-thread clocks, a value that keeps moving
-    (so the fallback never mistakes work for a wait where it cannot tell)."""
-    clock = getattr(thread, "fakepg_cpu_clock", None)  # a proxy thread: its child's CPU time
-    if clock is not None:
-        return clock()
-    try:
-        return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))  # type: ignore[union-attr]
-    except (AttributeError, OSError, TypeError):
-        return time.monotonic()
+def _cpu_seconds(sched: "Scheduler", rank: int) -> float:
+    """CPU time rank ``rank``'s thread has used (its child's, in process mode), read only while
+    that thread is alive (see fakepg.world.cpu_clocks); where it cannot be read, a value that
+    keeps moving (so the fallback never mistakes work for a wait where it cannot tell)."""
+    cpu = sched.clocks.read(rank)
+    return time.monotonic() if cpu is None else cpu
 
 
 def _asleep(thread: threading.Thread | None) -> bool:
