@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ..ops import trace as _trace
 from ..errors import (CollectiveHangError, CollectiveMismatchError, RankFailedError,
                       WorldAbortedError)
-from ..sites import short_path
+from ..sites import traceback_site
 from ..ops.trace import CollectiveRecord
 
 if TYPE_CHECKING:
@@ -106,8 +106,8 @@ def exception_site(e: BaseException) -> str:
     remote = getattr(e, "_fakepg_site", None)  # raised in a rank's process (isolation="process")
     if remote is not None:
         return remote
+    site = traceback_site(e.__traceback__)
+    if site is not None:
+        return site
     frames = traceback.extract_tb(e.__traceback__)
-    for fr in reversed(frames):
-        if "/torch/" not in fr.filename and "/fakepg/" not in fr.filename:
-            return f"{short_path(fr.filename)}:{fr.lineno}"
     return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "<unknown>"
