@@ -59,10 +59,15 @@ from typing import Iterator, Sequence, TextIO
 
 from ..world.binding import current_cluster
 from ..process.remote import child_rank
-from ..errors import FakePGError, RankFailedError
+from ..errors import (CollectiveHangError, CollectiveMismatchError, FakePGError, RankExited,
+                      RankFailedError, RankOsExit, SpawnTimeoutError, WorldAbortedError)
 from .spawn import spawn
 
 __all__ = ["main"]
+
+
+# What a rank raises because of the world, not of its own doing: the closing report says it once.
+_CONSEQUENCES = (CollectiveHangError, CollectiveMismatchError, WorldAbortedError, SpawnTimeoutError)
 
 
 class _UsageError(Exception):
@@ -438,7 +443,22 @@ def _run(plan: _Plan) -> None:
                 runpy.run_path(plan.target, run_name="__main__")
         except SystemExit as e:
             if e.code not in (0, None):
-                raise RuntimeError(f"the script exited with status {e.code}") from e
+                code = e.code if isinstance(e.code, int) else 1  # sys.exit("message"): 1
+                if not isinstance(e.code, int):
+                    print(e.code, file=sys.stderr)  # as Python prints it on its way out
+                exited = RankExited(f"the script exited with status {e.code}", code)
+                exited._fakepg_printed = True  # type: ignore[attr-defined]  # Python prints none
+                raise exited from e
+        except RankOsExit as e:
+            e._fakepg_printed = True  # type: ignore[attr-defined]  # os._exit prints nothing
+            raise
+        except Exception as e:
+            if not isinstance(e, _CONSEQUENCES):
+                # as the worker's Python prints it as it exits, in the rank's stream, when it
+                # fails (the other ranks may run on): the closing report need not repeat it
+                traceback.print_exc()
+                e._fakepg_printed = True  # type: ignore[attr-defined]
+            raise
 
     # Set for the run and put back after it (sys.path[0] is shared by the ranks; runpy's own
     # swaps of __main__ interleave across rank threads, so the host's is restored here too).
@@ -461,6 +481,16 @@ def _run(plan: _Plan) -> None:
             sys.modules["__main__"] = saved_main
 
 
+def _failures(plan: _Plan, e: RankFailedError) -> str:
+    """torchrun's closing summary: every failed rank with its exit code, then the root cause
+    (the first rank that failed)."""
+    codes = e.exit_codes or {e.rank: 1}
+    lines = [f"fakerun: {os.path.basename(plan.argv[0])} FAILED", "Failures:"]
+    lines += [f"  rank {r}: exitcode {c}" for r, c in sorted(codes.items()) if r != e.rank] or ["  <NO_OTHER_FAILURES>"]
+    lines += ["Root Cause (first observed failure):", f"  rank {e.rank}: exitcode {codes.get(e.rank, 1)}"]
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``fakerun`` with ``argv`` (default: the command line); returns the exit status."""
     try:
@@ -476,11 +506,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         _run(plan)
     except RankFailedError as e:
         print(f"fakerun: {e}", file=sys.stderr)
-        if e.__cause__ is not None:
+        if e.__cause__ is not None and not getattr(e.__cause__, "_fakepg_printed", False):
             prefix = plan.prefixes[e.rank] if 0 <= e.rank < plan.nproc else ""
             for chunk in traceback.format_exception(e.__cause__):
                 for line in chunk.splitlines():
                     print(f"{prefix}{line}", file=sys.stderr)
+        print(_failures(plan, e), file=sys.stderr)
         return 1
     except FakePGError as e:
         print(f"fakerun: {type(e).__name__}: {e}", file=sys.stderr)

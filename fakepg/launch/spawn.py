@@ -28,7 +28,7 @@ from ..fidelity.gloo_checks import ArgumentChecks
 from ..fidelity.gloo_hazards import GlooHazards
 from ..fidelity.nccl_hazards import NcclHazards, parse_modes
 from ..world.isolation import ProcessState
-from ..world.outcome import SpawnResult, during_hang, exception_site, raise_outcome
+from ..world.outcome import SpawnResult, during_hang, ended_how, raise_outcome
 from ..fidelity.originals import PG_TIMEOUT, TORCH_INIT_PROCESS_GROUP
 from ..fidelity.patches import world_patches
 from ..process import mp_spawn
@@ -235,10 +235,13 @@ def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backe
             # raised while unwinding from the hang verdict (a `with lock:` whose lock the
             # verdict released): a consequence of the hang, which stays the reported cause
             ends_world = ends_world and not (sched.hang is not None and during_hang(e))
-            if ends_world and cluster.failed_rank is None:
-                cluster.failed_rank = rank
-                site = exception_site(e)
-                sched.abort(RankFailedError(rank, f"rank {rank} raised {type(e).__name__}: {e} (at {site})"))
+            if ends_world:
+                # as a worker process that exits: the others run on until they need this rank
+                # (their collective with it fails as gloo's does) or finish; the first rank to
+                # fail is the root cause spawn reports, as torchrun's "first observed failure"
+                if cluster.failed_rank is None:
+                    cluster.failed_rank = rank
+                cluster.rank_failed(rank, f"{ended_how(e)}")
         finally:
             try:
                 cluster.hooks.rank_finished(rank)
