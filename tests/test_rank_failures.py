@@ -137,6 +137,9 @@ def test_fakerun_names_the_root_cause_and_keeps_the_files_as_torchrun_and_gloo_d
     assert fake_codes == {0: 1, 1: 3, 2: 1, 3: 5}
     # torchrun stops the workers still running once it sees a failure (SIGTERM, -15): every
     # worker that ended by itself ended with the code fakerun names
-    assert torchrun[1] == 3 and {r: c for r, c in torchrun.items() if c != -15}.items() <= fake_codes.items()
+    # (which ones it stops depends on timing: even rank 1, still shutting down after
+    # sys.exit, can be)
+    ended_alone = {r: c for r, c in torchrun.items() if c != -15}
+    assert ended_alone and ended_alone.items() <= fake_codes.items(), (torchrun, fake_codes)
     assert "Root Cause (first observed failure):\n  rank 1: exitcode 3" in fake.stderr
     assert "[rank0]:rank 0 wrote its file" in fake.stdout

@@ -223,6 +223,11 @@ def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backe
         except _faults.RankCrashed:
             outcome = "crashed (fakepg.faults.crash)"
         except BaseException as e:  # noqa: BLE001 - every rank failure is reported by spawn
+            if sched.hang is not None and rank in sched.stuck:
+                # freed from a lock after the hang verdict, it ran on without its process
+                # state: whatever it raised then is the verdict's doing, not its own
+                outcome = f"raised {type(e).__name__} after the hang verdict freed it"
+                return
             failures[rank] = e
             # the world's own abort error is one object raised in every rank: its traceback
             # holds the other ranks' frames (and groups), so it says nothing about this rank's
@@ -249,6 +254,7 @@ def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backe
                     _destroy_quietly()
             finally:
                 bind_thread(None)
+                _free_stuck_locks(sched.stuck_locks)
                 sched.finish(rank, outcome)
 
     threads = [threading.Thread(target=rank_thread, args=(r,), name=f"fakepg-rank{r}", daemon=True)
@@ -322,6 +328,15 @@ def _str_env(env: Mapping[str, str]) -> dict[str, str]:
     return dict(env)
 
 
+
+
+def _free_stuck_locks(locks: list[Any]) -> None:
+    """A hang verdict found a rank blocked on an RLock (only its owner can release it): the
+    owner, ending, releases it, so that the blocked rank goes on to its next wait and ends."""
+    for lock in locks:
+        with contextlib.suppress(Exception):
+            while lock._is_owned():
+                lock.release()
 
 
 def _destroy_quietly() -> None:
