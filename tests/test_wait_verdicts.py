@@ -157,3 +157,25 @@ def test_spawn_timeout_fires_at_its_deadline_and_names_a_rank_blocked_in_c():
     assert _ranks_alive() == []
     a.close()
     b.close()
+
+
+def test_a_rank_process_waiting_on_its_own_thread_lets_the_other_ranks_run(tmp_path):
+    """Process mode: rank 0 waits on an event its helper thread sets once rank 1 has written
+    a file. Before, rank 0's process kept the baton through the wait, so rank 1 never ran."""
+    flag = tmp_path / "rank1-was-here"
+
+    def train(rank):
+        if rank == 1:
+            flag.write_text("1")
+            return "wrote"
+        seen = threading.Event()
+
+        def watch():
+            while not flag.exists():
+                time.sleep(0.005)
+            seen.set()
+
+        threading.Thread(target=watch, daemon=True).start()
+        return seen.wait(timeout=30)
+
+    assert fakepg.spawn(train, nprocs=2, isolation="process", timeout=60).returns == [True, "wrote"]

@@ -202,12 +202,25 @@ def _describe(frame: Any, primitive: str) -> Callable[[], str]:
     return lambda: text
 
 
+def _starting_a_thread() -> bool:
+    """Whether this wait is ``Thread.start`` waiting for its new thread to run (a moment; it is
+    often called under a module-wide lock, such as ThreadPoolExecutor.submit's, where handing
+    over would let another rank block on that lock in C)."""
+    f = sys._getframe(3)  # _cooperative_wait <- Event.wait <- Thread.start
+    return f is not None and f.f_code is _THREAD_START
+
+
+_THREAD_START = threading.Thread.start.__code__
+
+
 def _cooperative_wait(self: threading.Condition, timeout: float | None = None) -> bool:
     """``Condition.wait`` on a rank thread (and so ``Event.wait``, ``Queue.get``/``put``,
     ``Semaphore``, ``Barrier``, futures' ``result``): the others run while it waits."""
     from .binding import current_cluster
     binding = current_cluster()
-    if binding is None:
+    if binding is None or (timeout is not None and timeout <= 0) or _starting_a_thread():
+        # a zero timeout only looks (Semaphore.acquire(timeout=0) in ThreadPoolExecutor.submit,
+        # under a module-wide lock): handing over there would let a rank block on that lock
         return _REAL_COND_WAIT(self, timeout)
     if not self._is_owned():  # type: ignore[attr-defined]
         raise RuntimeError("cannot wait on un-acquired lock")
@@ -240,7 +253,8 @@ def _cooperative_join(self: threading.Thread, timeout: float | None = None) -> N
     """``Thread.join`` on a rank thread: the others run while the thread finishes."""
     from .binding import current_cluster
     binding = current_cluster()
-    if binding is None or not self._started.is_set() or self is threading.current_thread():  # type: ignore[attr-defined]
+    if binding is None or not self._started.is_set() or self is threading.current_thread() \
+            or (timeout is not None and timeout <= 0):  # type: ignore[attr-defined]
         return _REAL_JOIN(self, timeout)
     cluster, rank = binding
     module = import_waits.importing_module()

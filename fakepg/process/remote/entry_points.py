@@ -27,6 +27,7 @@ from ...fidelity.originals import (TORCH_GET_BACKEND, TORCH_INIT_PROCESS_GROUP, 
                                    TORCH_NEW_GROUP_HELPER)
 from ...fidelity.patches import monitored_barrier_arguments, world_group
 from ...fidelity.store import native_store_guard
+from . import waits
 from ...world.python_group import BACKEND_NAME, marking_join_shadow
 from .. import mp_spawn
 from ..mp_spawn import StartWorld
@@ -175,6 +176,7 @@ def install(rank: int, nprocs: int, channel: Channel, seed: int,
     for name in ("wait_all", "collect_all"):
         patch(torch.futures, name, _settling(getattr(torch.futures, name)))
     patch(time, "sleep", _sleep)
+    waits.install(patch)  # Python's own waits on the rank's thread let the other ranks run
     stack.enter_context(native_store_guard(_rank.in_rank_process))
     mp_spawn.patch(stack, "process", start_world)
     patch(torch, "set_num_threads", _set_num_threads)
