@@ -16,7 +16,7 @@ import torch
 import torch.distributed.distributed_c10d as c10d
 
 from ..fidelity import backends
-from ..world import isolation, liveness
+from ..world import isolation, liveness, module_hooks
 from ..choices import faults as _faults
 from ..arguments import function, integer, number, of_type
 from ..world.binding import bind_thread, current_cluster
@@ -165,6 +165,7 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_e
                isolation="thread", gloo_hazards=None, init=True) -> SpawnResult:
     __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
     register_backend()
+    module_hooks.declare()  # torch.nn's global module hooks: one set per rank, as per process
     t0 = time.perf_counter()
     cluster = Cluster(nprocs, seed, hooks)
     cluster.backend = backend
