@@ -221,6 +221,8 @@ def _fake_get_backend(group=None):
     if current_cluster() is None:
         return name
     pg = c10d._get_default_group() if group is None else group
+    if str(name) not in backends.PERSONALITIES and str(name) != BACKEND_NAME:
+        return name  # a backend the program registered (its creator may build a gloo group)
     return dist.Backend(pg.personality.name) if isinstance(pg, FakeProcessGroup) else name
 
 

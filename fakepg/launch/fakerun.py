@@ -328,7 +328,13 @@ def _plan_logs(args: argparse.Namespace, plan: _Plan) -> None:
     attempt = None
     if args.log_dir or any(to_file):
         base = args.log_dir or tempfile.mkdtemp(prefix="torchelastic_")
-        os.makedirs(base, exist_ok=True)
+        if os.path.exists(base) and not os.path.isdir(base):
+            raise _UsageError(f"--log-dir {base}: exists and is not a directory; name a "
+                              f"directory (it is created if missing)")
+        try:
+            os.makedirs(base, exist_ok=True)
+        except OSError as e:
+            raise _UsageError(f"--log-dir {base}: cannot create it ({e.strerror})") from None
         attempt = os.path.join(tempfile.mkdtemp(prefix=f"{args.rdzv_id}_", dir=base), "attempt_0")
     for r in range(plan.nproc):
         visible = shown is None or r in shown  # one node: local rank r is global rank r

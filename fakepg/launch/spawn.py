@@ -101,6 +101,11 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
     """
     __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
     function("fakepg.spawn: fn", fn, what="callable")
+    if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
+        hint = (f"; to run {args} ranks, write fakepg.spawn(fn, nprocs={args})"
+                if isinstance(args, int) and not isinstance(args, bool) else "")
+        raise TypeError(f"fakepg.spawn: args must be a tuple of fn's arguments after the rank, "
+                        f"got {args!r} ({type(args).__name__}){hint}")
     nprocs = integer("fakepg.spawn: nprocs", nprocs, minimum=1)
     if env is not None and not callable(env):
         of_type("fakepg.spawn: env", env, Mapping, "a mapping of variable names to strings, a "

@@ -94,6 +94,8 @@ def _pg_helper(group_size, group_rank, global_ranks_in_group, backend, *args, **
 def _get_backend(group=None):
     name = TORCH_GET_BACKEND(group)
     pg = c10d._get_default_group() if group is None else group
+    if str(name) not in backends.PERSONALITIES and str(name) != BACKEND_NAME:
+        return name  # a backend the program registered (its creator may build a gloo group)
     return dist.Backend(pg.personality.name) if isinstance(pg, RemoteProcessGroup) else name
 
 
