@@ -179,3 +179,25 @@ def test_a_rank_process_waiting_on_its_own_thread_lets_the_other_ranks_run(tmp_p
         return seen.wait(timeout=30)
 
     assert fakepg.spawn(train, nprocs=2, isolation="process", timeout=60).returns == [True, "wrote"]
+
+
+@pytest.mark.parametrize("how", ["wait", "run"])
+def test_a_rank_waiting_on_its_own_subprocess_lets_the_other_ranks_run(tmp_path, how):
+    """Rank 0's child waits for a file rank 1 writes: before, rank 0 held the baton in
+    waitpid/select and rank 1 never ran (the child gave up after its 20 s)."""
+    import subprocess
+
+    flag = tmp_path / "from-rank-1"
+    child = [sys.executable, "-c", "import os, sys, time\nend = time.time() + 20\n"
+             f"while not os.path.exists({str(flag)!r}):\n"
+             "    if time.time() > end: sys.exit(1)\n    time.sleep(0.005)\nprint('seen')"]
+
+    def train(rank):
+        if rank == 1:
+            flag.write_text("1")
+            return None
+        if how == "wait":
+            return subprocess.Popen(child).wait()
+        return subprocess.run(child, capture_output=True, text=True).stdout.strip()
+
+    assert fakepg.spawn(train, nprocs=2, timeout=60).returns[0] == (0 if how == "wait" else "seen")

@@ -16,7 +16,7 @@ import torch
 import torch.distributed.distributed_c10d as c10d
 
 from ..fidelity import backends
-from ..world import isolation, liveness, module_hooks
+from ..world import isolation, liveness, module_hooks, subprocess_waits
 from ..choices import faults as _faults
 from ..arguments import function, integer, number, of_type
 from ..world.binding import bind_thread, current_cluster
@@ -311,6 +311,7 @@ def _run_threads(threads: list[threading.Thread], sched: Scheduler, cluster: Clu
     excepthook = sys.excepthook
     with world_patches(len(threads)) as patched, world_profilers(), \
             world_stores("127.0.0.1", master_port), liveness.cooperative_sleep(), \
+            subprocess_waits.cooperative_subprocesses(), \
             isolation.import_snapshots(), native_store_guard(lambda: True):
         # (every thread: one a rank started, such as torchft's quorum thread, too)
         mp_spawn.warn_in_threads(patched)  # a rank's torch.multiprocessing launch: real processes
