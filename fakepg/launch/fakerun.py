@@ -46,7 +46,6 @@ accepted and have nothing to act on; ``fakerun --help`` lists each group.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import os
 import runpy
@@ -55,12 +54,11 @@ import tempfile
 import traceback
 from dataclasses import dataclass, field
 from string import Template
-from typing import Iterator, Sequence, TextIO
+from typing import Sequence
 
-from ..world.binding import current_cluster
-from ..process.remote import child_rank
 from ..errors import (CollectiveHangError, CollectiveMismatchError, FakePGError, RankExited,
                       RankFailedError, RankOsExit, SpawnTimeoutError, WorldAbortedError)
+from .rank_output import rank_output
 from .spawn import spawn
 
 __all__ = ["main"]
@@ -351,93 +349,6 @@ def _plan_logs(args: argparse.Namespace, plan: _Plan) -> None:
         plan.files.append((paths[0], paths[1]))
 
 
-class _Sink:
-    """One rank's stdout or stderr: whole lines to the console with the rank's prefix, and
-    everything as written to its log file."""
-
-    def __init__(self, console: TextIO | None, prefix: str, path: str | None):
-        self.console, self.prefix, self.partial = console, prefix, ""
-        self.file = open(path, "w", buffering=1) if path else None  # noqa: SIM115 - closed by close()
-
-    def write(self, s: str) -> None:
-        if self.file is not None:
-            self.file.write(s)
-        if self.console is None:
-            return
-        head, newline, self.partial = (self.partial + s).rpartition("\n")
-        if newline:
-            p = self.prefix
-            self.console.write("".join(f"{p}{line}\n" for line in head.split("\n")))
-            self.console.flush()  # torchrun runs workers unbuffered (python -u)
-
-    def close(self) -> None:
-        if self.partial and self.console is not None:
-            self.console.write(f"{self.prefix}{self.partial}\n")
-            self.console.flush()
-        self.partial = ""
-        if self.file is not None:
-            self.file.close()
-
-
-def _rank_of_this_run() -> int | None:
-    """The rank of fakerun's world writing here (a rank thread or rank process); None for any
-    other thread, and for the ranks of worlds a rank started (torch.multiprocessing.spawn),
-    whose output goes, unprefixed, where their launching rank's would."""
-    me = child_rank()
-    if me is not None:
-        return me if current_cluster() is None else None
-    binding = current_cluster()
-    if binding is None:
-        return None
-    from .spawn import outermost_cluster
-    return binding[1] if binding[0] is outermost_cluster() else None
-
-
-class _RankStream:
-    """Stands in for sys.stdout/sys.stderr during the run: a rank thread's writes go to its
-    sink, any other thread's straight to the original stream."""
-
-    def __init__(self, original: TextIO, sinks: list[_Sink]):
-        self._original, self._sinks = original, sinks
-
-    def write(self, s: str) -> int:
-        rank = _rank_of_this_run()
-        if rank is None:
-            return self._original.write(s)
-        self._sinks[rank].write(s)
-        return len(s)
-
-    def close_rank(self, rank: int) -> None:
-        """A rank process ends: write out its last partial line and close its log."""
-        self._sinks[rank].close()
-
-    def writelines(self, lines: Sequence[str]) -> None:
-        for line in lines:
-            self.write(line)
-
-    def flush(self) -> None:
-        self._original.flush()
-
-    def __getattr__(self, name: str):
-        return getattr(self._original, name)
-
-
-@contextlib.contextmanager
-def _rank_output(plan: _Plan) -> Iterator[None]:
-    out, err = sys.stdout, sys.stderr
-    sinks_out = [_Sink(out if plan.show_out[r] else None, plan.prefixes[r], plan.files[r][0])
-                 for r in range(plan.nproc)]
-    sinks_err = [_Sink(err if plan.show_err[r] else None, plan.prefixes[r], plan.files[r][1])
-                 for r in range(plan.nproc)]
-    sys.stdout, sys.stderr = _RankStream(out, sinks_out), _RankStream(err, sinks_err)
-    try:
-        yield
-    finally:
-        sys.stdout, sys.stderr = out, err
-        for sink in sinks_out + sinks_err:
-            sink.close()
-
-
 def _run(plan: _Plan) -> None:
     def rank_main(rank: int) -> None:
         # Each rank owns its sys.argv (fakepg.world.isolation), with torchrun's ${local_rank} macro.
@@ -471,7 +382,7 @@ def _run(plan: _Plan) -> None:
     saved_argv, saved_path0, saved_main = sys.argv, sys.path[0], sys.modules.get("__main__")
     sys.argv, sys.path[0] = list(plan.argv), plan.path0
     try:
-        with _rank_output(plan):
+        with rank_output(plan.prefixes, plan.show_out, plan.show_err, plan.files):
             # A torchrun worker starts with nothing initialised: the script's own
             # init_process_group sets the world up, with its timeout. On a CPU that is gloo
             # (init_process_group() with no backend): the world starts with gloo's personality;

@@ -22,7 +22,7 @@ from ..arguments import function, integer, number, of_type
 from ..world.binding import bind_thread, current_cluster
 from ..world.checks import Checkers
 from ..world.cluster import Cluster
-from ..errors import FakePGError, RankFailedError, SpawnTimeoutError
+from ..errors import FakePGError, SpawnTimeoutError
 from ..world.hooks import WorldHooks
 from ..fidelity.gloo_checks import ArgumentChecks
 from ..fidelity.gloo_hazards import GlooHazards
