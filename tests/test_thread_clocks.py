@@ -99,3 +99,47 @@ def test_worlds_whose_ranks_end_while_the_scheduler_samples_their_clocks_do_not_
                           timeout=300)
     assert proc.returncode == 0, f"exit status {proc.returncode}\n{proc.stderr[-3000:]}"
     assert proc.stdout.strip().endswith("ok")
+
+
+def test_a_thread_starved_of_a_core_counts_as_working_not_asleep():
+    """The watchdog's inactivity fallback asks whether a rank is asleep; a runnable thread
+    (state R) that gets no core on a loaded machine is not, nor is a process whose thread is."""
+    clocks = ThreadClocks()
+    stop = threading.Event()
+    states = []
+
+    def spinning() -> None:
+        clocks.register(0)
+        try:
+            while not stop.is_set():
+                pass
+        finally:
+            clocks.retire(0)
+
+    def sleeping() -> None:
+        clocks.register(1)
+        try:
+            stop.wait()
+        finally:
+            clocks.retire(1)
+
+    threads = [threading.Thread(target=spinning), threading.Thread(target=sleeping)]
+    for t in threads:
+        t.start()
+    time.sleep(0.05)
+    try:
+        states = [clocks.asleep(0), clocks.asleep(1)]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert states == [False, True]
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        clocks.register(2, pid=child.pid)  # process mode: the rank's work is another process
+        assert clocks.asleep(2) is False
+    finally:
+        child.kill()
+        child.wait()
+        clocks.retire(2)

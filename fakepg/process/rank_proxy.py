@@ -63,7 +63,8 @@ class Proxy:
         self._poller = select.poll()
         self._poller.register(self.channel.conn.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
         # the world's inactivity fallback judges the child's CPU use, not this thread's
-        self.sched.clocks.register(rank, lambda: _child_cpu_seconds(pid))
+        # (and the child's threads' states: one starved of a core on a loaded machine works)
+        self.sched.clocks.register(rank, lambda: _child_cpu_seconds(pid), pid)
 
     def run(self) -> Any:
         try:

@@ -16,6 +16,7 @@ So no clock here is read through a thread descriptor, and none after its thread 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Callable
@@ -35,15 +36,20 @@ class ThreadClocks:
         self._mu = threading.Lock()
         self._tids: dict[int, int] = {}  # rank -> kernel thread id, while the thread is alive
         self._custom: dict[int, Callable[[], float]] = {}  # rank -> a clock it named itself
+        self._pids: dict[int, int] = {}  # rank -> the process that does its work (process mode)
         self.retired = 0.0  # CPU seconds of rank threads that have retired
 
-    def register(self, rank: int, clock: Callable[[], float] | None = None) -> None:
+    def register(self, rank: int, clock: Callable[[], float] | None = None,
+                 pid: int | None = None) -> None:
         """Called on the rank's own thread as it starts (``clock``: read instead of the
-        thread's own, e.g. a process-mode proxy reports its child process's CPU time)."""
+        thread's own, e.g. a process-mode proxy reports its child process's CPU time; ``pid``:
+        the process whose threads' states say whether the rank works)."""
         with self._mu:
             self._tids[rank] = threading.get_native_id()
             if clock is not None:
                 self._custom[rank] = clock
+            if pid is not None:
+                self._pids[rank] = pid
 
     def retire(self, rank: int) -> None:
         """Called on the rank's own thread before it ends: no read of its clock after this."""
@@ -51,6 +57,7 @@ class ThreadClocks:
             if self._tids.pop(rank, None) is not None:
                 self.retired += time.thread_time()
             self._custom.pop(rank, None)
+            self._pids.pop(rank, None)
 
     def read(self, rank: int) -> float | None:
         """The CPU seconds rank ``rank`` used (its own clock if it named one); None when its
@@ -78,3 +85,34 @@ class ThreadClocks:
                 except OSError:
                     pass
             return total
+
+    def asleep(self, rank: int) -> bool:
+        """Whether the kernel has the rank's thread (in process mode: every thread of its
+        process) asleep in a wait (Linux state S). A thread that is runnable but starved of a
+        core (R) -- as a rank process is on a loaded machine -- or in disk I/O such as a cold
+        import (D) burns no CPU either, yet works. Where the state cannot be read: True (CPU
+        time decides)."""
+        with self._mu:
+            pid = self._pids.get(rank)
+            tid = self._tids.get(rank)
+        if pid is None and tid is None:
+            return True
+        paths = ([f"/proc/self/task/{tid}/stat"] if pid is None else
+                 [f"/proc/{pid}/task/{t}/stat" for t in _tasks(pid)])
+        for path in paths:
+            try:
+                with open(path, "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            state = stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3]
+            if state != b"S":
+                return False
+        return True
+
+
+def _tasks(pid: int) -> list[str]:
+    try:
+        return os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []

@@ -91,7 +91,7 @@ def _watch(sched: "Scheduler", cluster: "Cluster", hang_timeout: float, deadline
         # outstanding Works) or on a lock burns none.
         thread = sched.slots[holder].thread
         cpu = _cpu_seconds(sched, holder)
-        if seen is None or seen[0] != holder or cpu - seen[1] > 0.002 or not _asleep(thread):
+        if seen is None or seen[0] != holder or cpu - seen[1] > 0.002 or not sched.clocks.asleep(holder):
             if seen is not None:
                 sched.last_progress_time = time.monotonic()
             seen, activity, lock = (holder, cpu), None, _UNKNOWN
@@ -136,18 +136,6 @@ def _cpu_seconds(sched: "Scheduler", rank: int) -> float:
     keeps moving (so the fallback never mistakes work for a wait where it cannot tell)."""
     cpu = sched.clocks.read(rank)
     return time.monotonic() if cpu is None else cpu
-
-
-def _asleep(thread: threading.Thread | None) -> bool:
-    """Whether the kernel has ``thread`` asleep in a wait (Linux state S). A thread that is
-    runnable but starved of a core (R), or in disk I/O such as a cold import (D), burns no
-    CPU either, yet is working. Where the state cannot be read: True (CPU time decides)."""
-    try:
-        with open(f"/proc/self/task/{thread.native_id}/stat", "rb") as f:  # type: ignore[union-attr]
-            stat = f.read()
-        return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3] == b"S"
-    except (AttributeError, OSError, ValueError, TypeError):
-        return True
 
 
 # -- a rank blocked on a lock ---------------------------------------------------------------
