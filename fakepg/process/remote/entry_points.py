@@ -12,6 +12,7 @@ import contextlib
 import datetime
 import functools
 import sys
+import threading
 import time
 from typing import Any, Callable
 from unittest import mock
@@ -123,7 +124,9 @@ _REAL_SLEEP = time.sleep
 
 
 def _sleep(seconds: float) -> None:
-    if not _rank.in_rank_process():  # a process the rank forked: no rank, a real sleep
+    if not _rank.in_rank_process() or threading.get_ident() != getattr(_rank.me(), "thread_ident", None):
+        # a process the rank forked, or a thread the rank started: not the rank, whose
+        # channel only its own thread may use; a real sleep
         return _REAL_SLEEP(seconds)
     seconds = float(seconds)
     if seconds < 0:
