@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .captured import CapturedIteration, CapturedPipeline, CapturedStep
+from .context import CapturedCP, CPProgram, plan_cp
 from .ddp import DDPProgram, plan_ddp
 from .fsdp import FSDPProgram, plan_fsdp
 from .knobs import COMM_HOOKS, CheckedKnobs, Config, Knobs
@@ -30,10 +31,13 @@ __all__ = ["plan", "PLANNERS", "Knobs", "CheckedKnobs", "Config", "COMM_HOOKS", 
            "Collective", "Compute", "Segment", "Mark", "Issue", "Wait", "WaitAll", "Memory",
            "Instruction", "MEMORY_CATEGORIES", "peak_memory", "Mesh", "DDPMesh", "DeviceMesh",
            "DDPProgram", "plan_ddp", "FSDPProgram", "plan_fsdp", "CapturedStep", "Parallel", "PARALLEL_MODES",
-           "CapturedPipeline", "PipelineProgram", "plan_pipeline", "uniform_pipeline"]
+           "CapturedPipeline", "PipelineProgram", "plan_pipeline", "uniform_pipeline",
+           "CapturedCP", "CPProgram", "plan_cp"]
 
 # capture type -> its planner; a new parallelism registers its own here
-PLANNERS: dict[type, Callable[[Any, CheckedKnobs], Any]] = {CapturedIteration: plan_ddp,
+# (a subclass before its base: CapturedCP is a CapturedStep with the ring's facts)
+PLANNERS: dict[type, Callable[[Any, CheckedKnobs], Any]] = {CapturedCP: plan_cp,
+                                                             CapturedIteration: plan_ddp,
                                                              CapturedStep: plan_fsdp,
                                                              CapturedPipeline: plan_pipeline}
 
