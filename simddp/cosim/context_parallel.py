@@ -54,6 +54,7 @@ import contextlib
 import dataclasses
 import functools
 import math
+import warnings
 from typing import Any, Iterator, Mapping
 
 import torch
@@ -373,8 +374,10 @@ def _rank_run(scenario: Any, mesh_dims: Mapping[str, int], iterations: int,
         batches = [tuple(shard_sequence(mesh["cp"], list(b[:2]), seq, load_balance))
                    + tuple(b[2:]) for b in batches]
         dp_mesh = mesh["shard", "cp"]._flatten("shard_cp")
-        if "replicate" in mesh_dims:
-            dp_mesh = mesh["replicate", "shard_cp"]
+        if "replicate" in mesh_dims:  # HSDP: replicate × the flattened dimension
+            with warnings.catch_warnings():  # torchtitan's slicing; torch plans another API
+                warnings.filterwarnings("ignore", message="Slicing a flattened dim")
+                dp_mesh = mesh["replicate", "shard_cp"]
         if checkpointed:
             checkpoint_units(model, device)
         policy = MixedPrecisionPolicy(param_dtype=_dtype(mp[0]), reduce_dtype=_dtype(mp[1]))

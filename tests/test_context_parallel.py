@@ -1,0 +1,329 @@
+"""Context parallelism: torch's ring attention (its _ContextParallel plan, templated ring
+attention and load balancer) with FSDP2 over shard × cp, on the fake cluster; its capture
+(simddp.cosim.context_parallel) and its planner (simddp.program.context)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections import Counter
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
+from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+import fakepg
+from fakepg import zoo
+from simddp import Compute, Network, Timing
+from simddp.cosim.capture_fsdp import fsdp_units
+from simddp.cosim.context_parallel import (apply_context_parallel, capture_cp,
+                                           cpu_ring_attention, long_context, shard_sequence)
+from simddp.program import CapturedCP, Knobs, plan
+from simddp.program.context import CPMesh, parse_cp, ring_collectives
+from simddp.replay import replay
+
+TIMING = Timing(network=Network.preset("dgx-h100"), compute=Compute.roofline("h100"))
+SEQ = 32
+AGREE = 0.01  # replay vs co-simulation at the capture's world, relative
+
+
+def _scenario():
+    return zoo.get("llama3-tiny", seq_len=SEQ)
+
+
+@functools.cache
+def _capture(mesh: tuple, rotate: str = "allgather", device: str = "cpu") -> CapturedCP:
+    return capture_cp(_scenario(), timing=TIMING, mesh=dict(mesh), rotate_method=rotate,
+                      device=device)
+
+
+def cap_of(rotate: str = "allgather", device: str = "cpu", **mesh: int) -> CapturedCP:
+    return _capture(tuple(mesh.items()), rotate, device)
+
+
+# -- the mathematics: CP trains exactly as one process on the whole sequence ------------------
+
+def _cp_training(cp: int, rotate: str, steps: int = 2):
+    """Losses (the CP group's mean) and final parameters of ``steps`` steps with context
+    parallelism over ``cp`` fake ranks and FSDP2 over them, on rank 0's batches."""
+    sc = _scenario()
+
+    def run(rank: int):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (1, cp), mesh_dim_names=("shard", "cp"))
+        model = sc.build_model()
+        route = apply_context_parallel(model, mesh["cp"], SEQ)
+        dp = mesh["shard", "cp"]._flatten("shard_cp")
+        for unit in fsdp_units(model):
+            fully_shard(unit, mesh=dp)
+        fully_shard(model, mesh=dp)
+        opt = sc.optimizer(model.parameters())
+        losses = []
+        for batch in sc.inputs(0, 1)[:steps]:
+            local = shard_sequence(mesh["cp"], list(batch[:2]), SEQ)
+            with route:
+                loss = sc.step(model, tuple(local))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            whole = loss.detach().clone()
+            torch.distributed.all_reduce(whole, group=mesh["cp"].get_group())
+            losses.append(float(whole) / cp)
+        return losses, [p.full_tensor().detach() for p in model.parameters()]
+
+    with cpu_ring_attention(rotate):
+        return fakepg.spawn(run, nprocs=cp).returns
+
+
+def _reference(steps: int = 2):
+    sc = _scenario()
+    model = sc.build_model()
+    opt = sc.optimizer(model.parameters())
+    losses = []
+    for batch in sc.inputs(0, 1)[:steps]:
+        loss = sc.step(model, batch)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss))
+    return losses, [p.detach() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("cp,rotate", [(2, "allgather"), (4, "allgather"), (4, "alltoall")])
+def test_context_parallel_trains_as_one_process_on_the_whole_sequence(cp, rotate):
+    ref_losses, ref_params = _reference()
+    returns = _cp_training(cp, rotate)
+    for losses, params in returns:  # every rank: the same losses and parameters
+        assert losses == pytest.approx(ref_losses, rel=1e-5)
+        for p, q in zip(params, ref_params, strict=True):
+            torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
+
+
+def test_the_ring_outside_its_context_is_refused_by_dtensor():
+    """Without cpu_ring_attention torch has no ring for CPU's SDPA kernel: DTensor refuses the
+    sequence-sharded call (why the capture registers one)."""
+    def run(rank: int):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("cp",))
+        model = _scenario().build_model()
+        route = apply_context_parallel(model, mesh["cp"], SEQ)
+        batch = shard_sequence(mesh["cp"], list(_scenario().inputs(0, 1)[0][:2]), SEQ)
+        with route:
+            model(batch[0])
+
+    with pytest.raises(fakepg.RankFailedError, match="sharding strategy"):
+        fakepg.spawn(run, nprocs=2)
+
+
+# -- the collectives are torch's ------------------------------------------------------------------
+
+def _kv_bytes(cp: int, itemsize: int = 4) -> int:
+    """One rank's K and V (heads repeated for grouped-query attention, as the model does)."""
+    args = _scenario().build_model().args
+    batch = _scenario().inputs(0, 1)[0][0].shape[0]
+    return 2 * batch * args.n_heads * (SEQ // cp) * args.head_dim * itemsize
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_allgather_ring_issues_one_kv_gather_per_attention_and_cp_dkv_rotations(cp):
+    cap = cap_of(shard=1, cp=cp)
+    layers = _scenario().build_model().args.n_layers
+    kv = _kv_bytes(cp)
+    fwd, bwd = (ring_collectives(cap.profiles[0][ph]["events"]) for ph in ("forward", "backward"))
+    ag = "all_gather_into_tensor_coalesced"
+    # torch's _AllGatherRotater: one all-gather of K and V per attention (cp × a rank's bytes)
+    assert fwd == {ag: layers}
+    # backward: the K/V all-gather again and dK/dV rotated by all-to-all at every ring step
+    # (torch's dkv rotater is always ALL_TO_ALL), fp32 (convert_to_f32)
+    assert bwd == {ag: layers, "all_to_all_single": cp * layers}
+    sizes = {(e["op"], e["bytes"]) for ph in ("forward", "backward")
+             for e in cap.profiles[0][ph]["events"] if e["scope"] == "cp"}
+    assert sizes == {(ag, cp * kv), ("all_to_all_single", kv)}
+
+
+def test_alltoall_ring_rotates_kv_at_every_step_but_the_last():
+    cp = 4
+    cap = cap_of("alltoall", shard=1, cp=cp)
+    layers = _scenario().build_model().args.n_layers
+    fwd, bwd = (ring_collectives(cap.profiles[0][ph]["events"]) for ph in ("forward", "backward"))
+    assert fwd == {"all_to_all_single": (cp - 1) * layers}
+    assert bwd == {"all_to_all_single": (cp - 1) * layers + cp * layers}
+
+
+def test_every_ring_collective_is_waited_for_after_it_is_issued_and_fsdp_runs_on_shard_cp():
+    cap = cap_of(shard=2, cp=2)
+    scopes = Counter(e["scope"] for p in cap.profiles for ph in p.values() for e in ph["events"])
+    assert set(scopes) == {"cp", "shard_cp"}
+    for p in cap.profiles:
+        for ph in p.values():
+            for e in ph["events"]:
+                if e["scope"] == "cp":
+                    assert e["wait_at"] is not None and e["wait_at"] >= e["offset"]
+
+
+def test_a_meta_capture_issues_the_collectives_of_a_cpu_capture():
+    cpu, meta = cap_of(shard=1, cp=2), cap_of(device="meta", shard=1, cp=2)
+    ops = lambda cap: [(ph, e["op"], e["scope"], e["bytes"])  # noqa: E731
+                       for ph, v in cap.profiles[0].items() for e in v["events"]]
+    assert ops(meta) == ops(cpu)
+    # what differs is torch's: its meta kernel of the CPU attention gives the log-sum-exp other
+    # strides than the kernel does, so one merge of the ring copies where the other views (one
+    # storage per block: 3.5 % of this tiny model's activations), and on meta the ring's waits
+    # (wait_tensor) run beneath the clock (simddp.cosim.meta), where CPU charges each as an op
+    assert meta.activation_bytes == pytest.approx(cpu.activation_bytes, rel=0.05)
+    for ph in ("forward", "backward"):
+        assert meta.profiles[0][ph]["seconds"] == pytest.approx(
+            cpu.profiles[0][ph]["seconds"], rel=0.02)
+
+
+# -- attention compute per rank: 1 / cp, balanced ------------------------------------------------
+
+class _AttentionFlops(TorchDispatchMode):
+    """FLOPs of the CPU SDPA kernels run on local tensors (a causal call does half its
+    product); DTensor ops are declined, so their local ops come back here (as simddp's clock
+    counts them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(is_traceable_wrapper_subclass_type(t) for t in types):
+            return NotImplemented
+        kwargs = kwargs or {}
+        aten = torch.ops.aten
+        if func is aten._scaled_dot_product_flash_attention_for_cpu.default:
+            n = sdpa_flop_count(args[0].shape, args[1].shape, args[2].shape)
+            self.flops += n // 2 if (args[4] if len(args) > 4 else kwargs.get("is_causal")) else n
+        elif func is aten._scaled_dot_product_flash_attention_for_cpu_backward.default:
+            n = sdpa_backward_flop_count(args[0].shape, args[1].shape, args[2].shape,
+                                         args[3].shape)
+            self.flops += n // 2 if args[7] else n
+        return func(*args, **kwargs)
+
+
+def _attention_flops(cp: int) -> list[int]:
+    sc = _scenario()
+
+    def run(rank: int) -> int:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        model = sc.build_model()
+        batch = list(sc.inputs(0, 1)[0][:2])
+        route = None
+        if cp > 1:
+            mesh = init_device_mesh("cpu", (cp,), mesh_dim_names=("cp",))
+            route = apply_context_parallel(model, mesh["cp"], SEQ)
+            batch = shard_sequence(mesh["cp"], batch, SEQ)
+        counter = _AttentionFlops()
+        with counter, (route if route is not None else contextlib.nullcontext()):
+            sc.step(model, tuple(batch)).backward()
+        return counter.flops
+
+    with cpu_ring_attention():
+        return fakepg.spawn(run, nprocs=cp).returns
+
+
+def test_attention_compute_per_rank_is_one_over_cp_with_causal_load_balancing():
+    whole = _attention_flops(1)[0]
+    for cp in (2, 4):
+        per_rank = _attention_flops(cp)
+        assert per_rank == [whole // cp] * cp  # balanced: every rank the same share
+
+
+# -- the planner --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mesh", [{"shard": 1, "cp": 2}, {"shard": 2, "cp": 2},
+                                  {"shard": 1, "cp": 4}, {"shard": 1, "cp": 2, "tp": 2},
+                                  {"replicate": 2, "shard": 1, "cp": 2}],
+                         ids=lambda m: "-".join(f"{k}{v}" for k, v in m.items()))
+def test_replay_at_the_captures_own_world_agrees_with_its_co_simulation(mesh):
+    cap = cap_of(**mesh)
+    res = replay(cap, progress=False)
+    assert res.iteration_time == pytest.approx(cap.cosim_iteration_time, rel=AGREE)
+
+
+def test_ring_exchanges_overlap_the_attention_before_their_wait():
+    """Each ring collective is issued at its captured offset and waited for at torch's next
+    ring step: on a slow network the replay exposes only what the step's compute does not
+    hide, less than the exchanges' whole time."""
+    cap = cap_of(shard=1, cp=2)
+    slow = Network(bandwidth_GBps=0.05, latency_us=5.0)
+    res = replay(cap, network=slow, progress=False)
+    ring = [c for c in res.collectives if c["op"] in ("all_gather_into_tensor_coalesced", "send")]
+    busy = sum(c["end"] - c["start"] for c in ring)
+    assert 0 < res.exposed_comm_by_dim["cp"] < busy
+
+
+def test_a_replay_at_scale_keeps_the_ring_and_shards_fsdp_over_shard_times_cp():
+    cap = cap_of(shard=1, cp=2)
+    small = replay(cap, progress=False)
+    big = replay(cap, 64, parallel="cp:2,fsdp", progress=False)
+    assert big.parallel == "fsdp:32,cp:2"
+    ring = lambda r: sorted(c["bytes"] for c in r.collectives  # noqa: E731
+                            if c["group"].startswith("cp@"))
+    assert ring(big)[:len(ring(small))] == ring(small)
+    assert big.memory["parameters"] < small.memory["parameters"]
+    assert big.memory["activations"] == small.memory["activations"] == cap.activation_bytes
+
+
+def test_a_cp_rank_saves_about_one_over_cp_of_the_activations():
+    a2, a4 = cap_of(shard=1, cp=2).activation_bytes, cap_of(shard=1, cp=4).activation_bytes
+    assert 0.4 < a4 / a2 < 0.6
+
+
+def test_the_planner_refuses_another_cp_degree_than_the_captures():
+    cap = cap_of(shard=1, cp=2)
+    with pytest.raises(ValueError, match="cp=4.*capture.*cp=2"):
+        replay(cap, 8, parallel="cp:4,fsdp", progress=False)
+
+
+def test_parse_cp_resolves_the_layout_without_cp_and_names_bad_specs():
+    par, cp = parse_cp("cp:8,fsdp:8", 64)
+    assert (par.shard, cp) == (8, 8)
+    par, cp = parse_cp("fsdp,cp:4,tp:2", 64)
+    assert (par.shard, par.tp, cp) == (8, 2, 4)
+    for bad, why in [("fsdp", "names cp:N once"), ("cp:1,fsdp", "at least 2"),
+                     ("cp:3,fsdp", "does not divide"), ("cp:2,ddp", "FSDP2")]:
+        with pytest.raises(ValueError, match=why):
+            parse_cp(bad, 16)
+
+
+def test_cp_mesh_flattens_shard_and_cp_into_fsdps_group():
+    mesh = CPMesh(16, {"shard": 2, "cp": 4, "tp": 2})
+    assert list(mesh.members(5, "cp")) == [1, 3, 5, 7]
+    assert list(mesh.members(5, "shard_cp")) == [1, 3, 5, 7, 9, 11, 13, 15]
+    assert list(mesh.members(5, "tp")) == [4, 5]
+    assert mesh.describe() == {"shard": 2, "cp": 4, "tp": 2}
+
+
+def test_the_capture_round_trips_through_json_and_plans_the_same():
+    cap = cap_of(shard=1, cp=2)
+    back = CapturedCP.from_json(cap.to_json())
+    assert back == cap
+    checked = Knobs().checked(2, TIMING.network)
+    assert plan(back, checked).iteration(0, 0) == plan(cap, checked).iteration(0, 0)
+
+
+def test_capture_refuses_written_out_attention_and_bad_meshes():
+    ref = zoo.get("llama3-tiny", seq_len=SEQ, attention="reference")
+    with pytest.raises(fakepg.RankFailedError, match="attention='sdpa'"):
+        capture_cp(ref, timing=TIMING, mesh={"shard": 1, "cp": 2})
+    with pytest.raises(ValueError, match="torchtitan's order"):
+        capture_cp(_scenario(), timing=TIMING, mesh={"cp": 2, "shard": 1})
+    with pytest.raises(ValueError, match="at least 2"):
+        capture_cp(_scenario(), timing=TIMING, mesh={"shard": 2, "cp": 1})
+    with pytest.raises(ValueError, match="rotate_method"):
+        capture_cp(_scenario(), timing=TIMING, mesh={"shard": 1, "cp": 2}, rotate_method="ring")
+
+
+def test_long_context_raises_the_rotary_tables_to_the_sequence():
+    sc = long_context(zoo.get("llama3-tiny"), 128)
+    assert sc.build_model().args.max_seq_len == 128
+    assert sc.inputs(0, 1)[0][0].shape[1] == 128
+    with pytest.raises(ValueError, match="not a zoo Llama"):
+        long_context(zoo.get("mlp"), 128)
