@@ -35,11 +35,10 @@ __all__ = ["plan", "PLANNERS", "Knobs", "CheckedKnobs", "Config", "COMM_HOOKS", 
            "CapturedCP", "CPProgram", "plan_cp"]
 
 # capture type -> its planner; a new parallelism registers its own here
-# (a subclass before its base: CapturedCP is a CapturedStep with the ring's facts)
-PLANNERS: dict[type, Callable[[Any, CheckedKnobs], Any]] = {CapturedCP: plan_cp,
-                                                             CapturedIteration: plan_ddp,
+PLANNERS: dict[type, Callable[[Any, CheckedKnobs], Any]] = {CapturedIteration: plan_ddp,
                                                              CapturedStep: plan_fsdp,
-                                                             CapturedPipeline: plan_pipeline}
+                                                             CapturedPipeline: plan_pipeline,
+                                                             CapturedCP: plan_cp}
 
 
 def plan(captured: Any, checked: CheckedKnobs) -> Any:

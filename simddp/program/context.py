@@ -45,7 +45,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .captured import CapturedStep
+from .captured import _MeshCapture
 from .fsdp import check_sharded_knobs, event_marks
 from .knobs import CheckedKnobs
 from .mesh import DeviceMesh
@@ -61,19 +61,46 @@ _GATHERS = ("all_gather_into_tensor", "all_gather", "_allgather_base")
 
 
 @dataclass
-class CapturedCP(CapturedStep):
+class CapturedCP(_MeshCapture):
     """One context-parallel training step as
-    :func:`~simddp.cosim.context_parallel.capture_cp` recorded it; JSON-serialisable. As a
-    :class:`~simddp.program.captured.CapturedStep` (``mesh``: ``{"shard": s, "cp": c}``,
-    optionally ``"replicate"`` first and ``"tp"`` last; event scopes ``"shard_cp"``, ``"cp"``,
-    ``"tp"``, ``"replicate"``; every ``"cp"`` event has its ``wait_at``), plus the sequence
-    length (whole, before sharding), torch's rotate method and whether the causal load
-    balancing was on. ``activation_bytes``: one CP rank's (its sequence shard's)."""
+    :func:`~simddp.cosim.context_parallel.capture_cp` recorded it; JSON-serialisable. The
+    fields of a :class:`~simddp.program.captured.CapturedStep` (not a subclass: a registry that
+    finds a planner by ``isinstance`` must not take it for FSDP2's) — ``mesh``: ``{"shard": s,
+    "cp": c}``, optionally ``"replicate"`` first and ``"tp"`` last; event scopes ``"shard_cp"``,
+    ``"cp"``, ``"tp"``, ``"replicate"``; every ``"cp"`` event has its ``wait_at`` — plus the
+    sequence length (whole, before sharding), torch's rotate method, whether the causal load
+    balancing was on and the device. ``activation_bytes``: one CP rank's (its sequence
+    shard's)."""
 
+    name: str
+    parallel: str
+    world_size: int
+    mesh: dict[str, int]
+    reshard_after_forward: bool
+    param_dtype: str | None
+    reduce_dtype: str | None
+    profiles: list[dict[str, Any]]
+    param_bytes: int
+    optimizer_state_bytes: int
+    activation_bytes: int
+    network: dict[str, Any] | None = None
+    compute: str = ""
+    costs: dict[str, float] | None = None
+    cosim_iteration_time: float = 0.0
+    cosim_exposed_comm: float = 0.0
+    recompute_bytes: int = 0
+    activation_checkpointing: bool = False
+    local_param_bytes: int = 0
+    sequence_parallel: bool = False
     seq_len: int = 0
     rotate_method: str = "allgather"
     load_balance: bool = True
     device: str = "cpu"
+
+    @property
+    def tp_param_bytes(self) -> int:
+        """The parameters one TP rank holds before FSDP2 shards them."""
+        return int(self.local_param_bytes or self.param_bytes)
 
     @property
     def cp_size(self) -> int:
@@ -196,9 +223,10 @@ class CPProgram:
         return {"parameters": int(self.cap.tp_param_bytes / self.fsdp_size),
                 "optimizer": int(self.cap.optimizer_state_bytes * self.shard_ratio)}
 
-    def memory(self, rank: int = 0) -> tuple[int, dict[str, int]]:
-        """(peak bytes, bytes per category at the peak) of ``rank`` in one step."""
-        peak, at_peak, _ = peak_memory(self.iteration(rank, 0), self.static_memory())
+    def memory(self, rank: int | None = None) -> tuple[int, dict[str, int]]:
+        """(peak bytes, bytes per category at the peak) of ``rank`` in one step (every rank
+        runs the same memory events: None is any rank)."""
+        peak, at_peak, _ = peak_memory(self.iteration(rank or 0, 0), self.static_memory())
         return peak, at_peak
 
     # -- the instructions ------------------------------------------------------------------
