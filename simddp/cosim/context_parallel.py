@@ -9,8 +9,9 @@ What runs is torch's own code, as torchtitan's ``apply_cp_to_attention_module`` 
   (``parallelize_module``, SDPA, sequence dimension 2): its hooks turn ``q``, ``k``, ``v`` into
   DTensors sharded on the ``"cp"`` mesh dimension and back; the zoo's Llama calls
   ``F.scaled_dot_product_attention`` inline (torchtitan's has an ``inner_attention`` module),
-  so a rank's calls are routed to that module by a torch-function mode (thread-local: each
-  fake rank routes to its own);
+  so while a capture runs that function routes each rank's calls to the rank's module (a
+  thread-local choice: each fake rank is a thread, and autograd recomputes a checkpointed
+  block on the thread that runs backward);
 * torch's CP dispatcher (``_enable_context_parallel_dispatcher``) sends SDPA on those DTensors
   to torch's ring attention, ``_templated_ring_attention`` and
   ``_templated_ring_attention_backward``: the K/V exchanges per ring step with torch's
@@ -54,12 +55,12 @@ import contextlib
 import dataclasses
 import functools
 import math
+import threading
 import warnings
 from typing import Any, Iterator, Mapping
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 from fakepg.arguments import integer
 
@@ -167,7 +168,9 @@ def cpu_ring_attention(rotate_method: str = "allgather") -> Iterator[None]:
     (``_enable_context_parallel_dispatcher``, as torchtitan enables it and never disables it),
     with the CPU SDPA kernel and its backward sent to torch's templated ring attention beside
     the CUDA kernels torch sends there (see the module docstring), and torch's rotate method
-    set (``set_rotate_method``). Everything is put back on exit."""
+    set (``set_rotate_method``); ``F.scaled_dot_product_attention`` routes the calls of a rank
+    that runs under :func:`apply_context_parallel`'s context to its ring module (other calls
+    are torch's SDPA). Everything is put back on exit."""
     from torch.distributed.tensor import DTensor
 
     if rotate_method not in ROTATE_METHODS:
@@ -182,8 +185,10 @@ def cpu_ring_attention(rotate_method: str = "allgather") -> Iterator[None]:
         cpa._enable_context_parallel_dispatcher()
         dispatcher._custom_op_handlers = {**dispatcher._custom_op_handlers,
                                           _FWD: _ring_forward, _BWD: _ring_backward}
+        F.scaled_dot_product_attention = _routed_sdpa
         yield
     finally:
+        F.scaled_dot_product_attention = _SDPA
         with contextlib.suppress(Exception):
             cpa._disable_context_parallel_dispatcher()
         dispatcher._custom_op_handlers = saved[0]
@@ -209,22 +214,43 @@ class RingAttention(torch.nn.Module):
         if query.device.type == "meta":
             return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 query, key, value, dropout_p, is_causal, scale=scale)[0]
-        return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p,
-                                              is_causal=is_causal, scale=scale)
+        return _SDPA(query, key, value, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
 
 
-class _Route(TorchFunctionMode):
-    """``F.scaled_dot_product_attention`` called by the model → this rank's
-    :class:`RingAttention` (a torch-function mode is per thread: per fake rank)."""
+_LOCAL = threading.local()  # .ring: this rank's RingAttention while it runs under CP
+
+
+def _routed_sdpa(*args: Any, **kwargs: Any) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` while :func:`cpu_ring_attention` is active: the
+    calling rank's ring module when it runs under context parallelism (its own call, on
+    DTensors, goes to torch's SDPA), else torch's SDPA."""
+    ring = getattr(_LOCAL, "ring", None)
+    if ring is not None and args and not hasattr(args[0], "device_mesh"):
+        return ring(*args, **kwargs)
+    return _SDPA(*args, **kwargs)
+
+
+_SDPA = F.scaled_dot_product_attention
+
+
+class _Route:
+    """The context a CP rank's steps run in: its SDPA calls go to ``module``."""
 
     def __init__(self, module: torch.nn.Module) -> None:
-        super().__init__()
         self.module = module
+        self._saved: list[Any] = []
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func is F.scaled_dot_product_attention:
-            return self.module(*args, **(kwargs or {}))
-        return func(*args, **(kwargs or {}))
+    def __enter__(self) -> _Route:
+        if F.scaled_dot_product_attention is not _routed_sdpa:
+            raise RuntimeError("context parallelism on the fake cluster runs inside "
+                               "cpu_ring_attention() (simddp.cosim.context_parallel): without "
+                               "it the model's SDPA calls would not reach the ring")
+        self._saved.append(getattr(_LOCAL, "ring", None))
+        _LOCAL.ring = self.module
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _LOCAL.ring = self._saved.pop()
 
 
 def apply_context_parallel(model: torch.nn.Module, cp_mesh: Any, seq_len: int,
@@ -233,8 +259,10 @@ def apply_context_parallel(model: torch.nn.Module, cp_mesh: Any, seq_len: int,
     fused attention) over ``cp_mesh`` (1-D), as torchtitan applies it: a :class:`RingAttention`
     parallelized with torch's ``_ContextParallel`` plan, and the rotary tables (their first
     ``seq_len`` rows) sharded on the sequence with torch's load balancer. Returns the context
-    the rank's steps run in (its SDPA calls routed to the ring). Inputs are sharded with
-    :func:`shard_sequence`. Needs :func:`cpu_ring_attention` active on CPU and meta."""
+    the rank's steps run in (its SDPA calls routed to the ring): forward and backward, as
+    torchtitan's train context holds both (a checkpointed block's recomputation runs in
+    backward). Inputs are sharded with :func:`shard_sequence`. Runs inside
+    :func:`cpu_ring_attention`."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     cpa = _torch_cp()
@@ -378,7 +406,7 @@ def _rank_run(scenario: Any, mesh_dims: Mapping[str, int], iterations: int,
             with warnings.catch_warnings():  # torchtitan's slicing; torch plans another API
                 warnings.filterwarnings("ignore", message="Slicing a flattened dim")
                 dp_mesh = mesh["replicate", "shard_cp"]
-        if checkpointed:
+        if checkpointed:  # the recomputation routes as the forward did (a thread-local)
             checkpoint_units(model, device)
         policy = MixedPrecisionPolicy(param_dtype=_dtype(mp[0]), reduce_dtype=_dtype(mp[1]))
         for unit in fsdp_units(model):
@@ -471,7 +499,7 @@ def _cp_activation_bytes(scenario: Any, mesh_dims: Mapping[str, int], device: st
         seq = _seq_len(batch)
         route = apply_context_parallel(model, mesh["cp"], seq, load_balance)
         batch = tuple(shard_sequence(mesh["cp"], list(batch[:2]), seq, load_balance))
-        with route:
+        with route:  # checkpointed blocks measured unwrapped (saved_bytes)
             return saved_bytes(lambda: scenario.step(model, batch), device,
                                fsdp_units(model) if checkpointed else None, model.parameters())
 
@@ -485,7 +513,7 @@ def capture_cp(scenario: Any, nprocs: int | None = None, *, timing: Timing | Non
                param_dtype: str | None = None, reduce_dtype: str | None = None,
                iterations: int = 2, seed: int = 0, device: str = "cpu",
                sequence_parallel: bool = True,
-               activation_checkpointing: bool = False) -> CapturedCP:
+               activation_checkpointing: bool | str = False) -> CapturedCP:
     """Run ``scenario`` (a zoo Llama with fused attention) with context parallelism and FSDP2
     on the fake cluster under :func:`simddp.simulate` and record its last step (see the module
     docstring). ``mesh``: ``{"shard": s, "cp": c}``, optionally with ``"replicate": r`` first
@@ -493,8 +521,11 @@ def capture_cp(scenario: Any, nprocs: int | None = None, *, timing: Timing | Non
     sequence (the scenario's ``seq_len``) is split over the ``c`` CP ranks (``2c`` chunks when
     ``load_balance``, torch's round-robin for causal attention). ``rotate_method``: torch's
     K/V rotation, ``"allgather"`` (default, torch's and torchtitan's) or ``"alltoall"``.
-    ``device="meta"``: at real size without arithmetic (:mod:`simddp.cosim.meta`). The other
-    arguments as :func:`~simddp.cosim.capture_fsdp.capture_fsdp`'s."""
+    ``device="meta"``: at real size without arithmetic (:mod:`simddp.cosim.meta`).
+    ``activation_checkpointing``: True or ``"full"`` runs every block under torch's
+    ``checkpoint_wrapper`` (:func:`~simddp.cosim.capture_fsdp.checkpoint_units`: backward
+    recomputes each block's forward, its ring attention and collectives included). The other arguments as
+    :func:`~simddp.cosim.capture_fsdp.capture_fsdp`'s."""
     if device not in DEVICES:
         raise ValueError(f"capture_cp: device must be one of {', '.join(DEVICES)}, got "
                          f"{device!r}")
@@ -502,10 +533,11 @@ def capture_cp(scenario: Any, nprocs: int | None = None, *, timing: Timing | Non
         raise ValueError(f"capture_cp: rotate_method must be one of "
                          f"{', '.join(ROTATE_METHODS)} (torch's set_rotate_method), got "
                          f"{rotate_method!r}")
-    if activation_checkpointing:
-        raise ValueError("capture_cp: activation checkpointing is not captured with context "
-                         "parallelism yet (its recomputation would run the attention outside "
-                         "the ring); capture without it")
+    if activation_checkpointing not in (False, None, "none", True, "full"):
+        raise ValueError(f"capture_cp: activation checkpointing {activation_checkpointing!r}: "
+                         f"context parallelism is captured with full checkpointing (every "
+                         f"block, torchtitan's 'full') or none")
+    checkpointed = activation_checkpointing in (True, "full")
     iterations = integer("capture_cp: iterations", iterations, minimum=2,
                          hint="the last step is recorded once the optimizer has its state")
     dims = dict(mesh or {"shard": 1, "cp": nprocs or 2})
@@ -531,11 +563,11 @@ def capture_cp(scenario: Any, nprocs: int | None = None, *, timing: Timing | Non
         with ring.recording():
             res = simulate(_rank_run(scenario, dims, iterations, bool(reshard_after_forward),
                                      (param_dtype, reduce_dtype), device, bool(load_balance),
-                                     bool(sequence_parallel), False),
+                                     bool(sequence_parallel), checkpointed),
                            (), nprocs, timing=timing, seed=seed)
         held, recompute = _cp_activation_bytes(scenario, dims, device, _dtype(param_dtype),
                                                bool(load_balance), bool(sequence_parallel),
-                                               False)
+                                               checkpointed)
     r0 = res.returns[0]
     cpmesh = CPMesh(nprocs, dims)
     return CapturedCP(
@@ -547,7 +579,7 @@ def capture_cp(scenario: Any, nprocs: int | None = None, *, timing: Timing | Non
         param_bytes=int(r0["param_bytes"]), local_param_bytes=int(r0["local_param_bytes"]),
         sequence_parallel=bool(sequence_parallel) if dims.get("tp", 1) > 1 else False,
         optimizer_state_bytes=int(r0["optimizer_state_bytes"]), activation_bytes=held,
-        recompute_bytes=recompute, activation_checkpointing=False,
+        recompute_bytes=recompute, activation_checkpointing=checkpointed,
         seq_len=int(r0["seq_len"]), rotate_method=rotate_method,
         load_balance=bool(load_balance), device=device,
         **cosim_facts(timing, res, iterations - 1))

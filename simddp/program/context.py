@@ -275,10 +275,13 @@ class CPProgram:
             out.extend(after)
             if phase == "forward" and act:
                 out.append(Memory("activations", act, "saved for backward"))
+            if phase == "forward" and cap.recompute_bytes:
+                out.append(Memory("activations", cap.recompute_bytes, "one block recomputed"))
             if phase == "backward":
                 out.append(WaitAll("wait: reduce-scatters (end of backward)"))
-                if act:
-                    out.append(Memory("activations", -act, "freed by backward"))
+                if act or cap.recompute_bytes:
+                    out.append(Memory("activations", -act - cap.recompute_bytes,
+                                      "freed by backward"))
         grads = sum(self._sharded_grad(b) for b in units)
         if grads:
             out.append(Memory("gradients", -grads, "zero_grad(set_to_none=True)"))
