@@ -1,6 +1,7 @@
 """Benchmark: capture of a Llama 3 training step with context parallelism (torch's ring
 attention) × FSDP2 at real size, on the meta device (no arithmetic), as
-``simddp.cosim.context_parallel.capture_cp`` captures it.
+``simddp.cosim.context_parallel.capture_cp`` captures it (``long_context`` raises the zoo
+model's rotary tables to the sequence).
 
 Each row is one ``capture_cp(long_context(zoo.get(name), S), mesh={"shard": 1, "cp": C},
 device="meta", param_dtype="bf16", reduce_dtype="fp32")`` (C fake ranks: every CP rank runs
@@ -24,7 +25,8 @@ import json, sys, time
 name, cp, seq = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 from fakepg import zoo
 from simddp import Compute, Network, Timing
-from simddp.cosim.context_parallel import capture_cp, long_context
+from simddp.cosim.context_parallel import capture_cp
+from simddp.cosim.ring_attention import long_context
 timing = Timing(network=Network.preset("dgx-h100"), compute=Compute.roofline("h100"))
 t0, c0 = time.perf_counter(), time.process_time()
 cap = capture_cp(long_context(zoo.get(name), seq), timing=timing, mesh={"shard": 1, "cp": cp},

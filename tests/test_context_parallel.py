@@ -17,8 +17,9 @@ import fakepg
 from fakepg import zoo
 from simddp import Compute, Network, Timing
 from simddp.cosim.capture_fsdp import checkpoint_units, fsdp_units
-from simddp.cosim.context_parallel import (RingAttention, apply_context_parallel, capture_cp,
-                                           cpu_ring_attention, long_context, shard_sequence)
+from simddp.cosim.context_parallel import capture_cp
+from simddp.cosim.ring_attention import (RingAttention, apply_context_parallel,
+                                         cpu_ring_attention, long_context, shard_sequence)
 from simddp.program import CapturedCP, Knobs, plan
 from simddp.program.context import CPMesh, parse_cp, ring_collectives
 from simddp.replay import replay
