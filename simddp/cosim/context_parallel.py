@@ -41,7 +41,7 @@ from .ring_attention import (ROTATE_METHODS, apply_context_parallel, cpu_ring_at
 from .simulate import SimResult, issued, now, simulate
 from .tensor_parallel import apply_tensor_parallel
 
-__all__ = ["capture_cp"]
+__all__ = ["capture_cp", "capture_request"]
 
 _MESH_ORDER = ("replicate", "shard", "cp", "tp")
 
@@ -299,3 +299,28 @@ def capture_cp(scenario: Any, nprocs: int | None = None, *, timing: Timing | Non
         seq_len=int(r0["seq_len"]), rotate_method=rotate_method,
         load_balance=bool(load_balance), device=device,
         **cosim_facts(timing, res, iterations - 1))
+
+
+def capture_request(req: Any) -> CapturedCP:
+    """The registry's capture of a ``cp:N`` layout (a
+    :class:`~simddp.program.registry.CaptureRequest`): :func:`capture_cp` on the fewest ranks
+    that have every communicator the layout replays — one shard (FSDP2's group is then the
+    ring's ranks; replay scales the shard dimension), 2 replicas for HSDP-like flavours — times
+    the CP degree, times the TP degree (each degree has its own shapes, ring steps and
+    collectives)."""
+    par, o = req.parallel, req.options
+    mesh: dict[str, int] = {"replicate": 2} if par.data == "hsdp" else {}
+    mesh.update(shard=1, cp=par.cp)
+    if par.tp > 1:
+        mesh["tp"] = par.tp
+    raf = o.reshard_after_forward if par.reshard_after_forward is None \
+        else par.reshard_after_forward
+    ac = o.activation_checkpointing
+    if ac not in (None, "none", "full"):
+        raise ValueError(f"--parallel {par}: activation checkpointing {ac!r} is not captured "
+                         f"with context parallelism; give full or none")
+    return capture_cp(req.scenario, timing=req.timing, mesh=mesh,
+                      reshard_after_forward=bool(raf), param_dtype=o.param_dtype,
+                      reduce_dtype=o.reduce_dtype, seed=req.seed, device=req.device,
+                      sequence_parallel=o.sequence_parallel,
+                      activation_checkpointing=ac == "full")
