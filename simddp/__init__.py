@@ -67,26 +67,29 @@ wait) and :class:`CollectiveTimeoutError` (a wait past the group's timeout, in v
 time), both subclasses of :class:`fakepg.FakePGError`.
 """
 
-import os as _os
+import importlib as _importlib
+import sys as _sys
+import types as _types
+from typing import Any as _Any
 
-from fakepg.sites import skip_package as _skip_package
-
-from . import replay
-from .analysis import (CommSpan, IterationStats, ReplayResult, RunResult, SimResult, Span,
-                       SweepResult, Timeline)
-from .core import Channel, CollectiveProcess, Fabric
-from .program.captured import CapturedIteration
-from .sweep import sweep
-from .cosim import Observer, capture, mark_iteration, now, simulate
-from .cosim.simulate import RerunWarning
-from . import faults
-from .errors import CollectiveRaceError, CollectiveTimeoutError, ExplorationError
-from .exploration import ExplorationSummary, explore
-from .models import (Compute, ComputeModel, Contention, DevicePreset, MeasuredNetwork, Network,
-                     NetworkModel)
-from .timing import Timing
-
-_skip_package(_os.path.dirname(_os.path.abspath(__file__)))  # user_site() skips simddp frames
+# name -> the module that defines it, imported on first use: ``import simddp`` (and so
+# ``simddp --help``) loads no torch; simulation imports it when it starts
+_LAZY = {
+    **dict.fromkeys(("CommSpan", "IterationStats", "ReplayResult", "RunResult", "SimResult",
+                     "Span", "SweepResult", "Timeline"), ".analysis"),
+    **dict.fromkeys(("Channel", "CollectiveProcess", "Fabric"), ".core"),
+    "CapturedIteration": ".program.captured",
+    "sweep": ".sweep",
+    **dict.fromkeys(("Observer", "capture", "mark_iteration", "now", "simulate"), ".cosim"),
+    "RerunWarning": ".cosim.simulate",
+    **dict.fromkeys(("CollectiveRaceError", "CollectiveTimeoutError", "ExplorationError"),
+                    ".errors"),
+    **dict.fromkeys(("ExplorationSummary", "explore"), ".exploration"),
+    **dict.fromkeys(("Compute", "ComputeModel", "Contention", "DevicePreset", "MeasuredNetwork",
+                     "Network", "NetworkModel"), ".models"),
+    "Timing": ".timing",
+}
+_SUBMODULES = ("replay", "faults", "strategies")  # simddp.strategies needs hypothesis
 
 __all__ = [
     "simulate", "SimResult", "RerunWarning", "Timing", "Network", "MeasuredNetwork", "Contention", "Compute",
@@ -100,8 +103,28 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):  # simddp.strategies needs hypothesis: imported on first use
-    if name == "strategies":
-        import importlib
-        return importlib.import_module(".strategies", __name__)
+def __getattr__(name: str) -> _Any:
+    if name in _SUBMODULES:
+        return _importlib.import_module(f".{name}", __name__)
+    if name in _LAZY:
+        value = getattr(_importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value  # later reads skip this function
+        return value
     raise AttributeError(f"module 'simddp' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Package(_types.ModuleType):
+    """``simddp.sweep`` stays the function (as it was when the package imported it eagerly),
+    though importing the submodule ``simddp.sweep`` later sets the attribute to the module."""
+
+    def __setattr__(self, name: str, value: _Any) -> None:
+        if name == "sweep" and isinstance(value, _types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+_sys.modules[__name__].__class__ = _Package

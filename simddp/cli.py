@@ -1,4 +1,4 @@
-"""``simddp``: what-if studies of DDP training from the command line.
+"""``simddp``: what-if studies of distributed training from the command line.
 
 ::
 
@@ -10,13 +10,18 @@
     simddp calibrate --world-size 2,4 --workload vgg16 --json cal.json
 
 ``whatif`` takes a zoo scenario name (``fakepg.zoo``) or a script defining ``scenario``, runs
-torch's real DDP once on the fake cluster (a capture), then replays one row per configuration
-(world sizes × networks × bucket caps × comm hooks) — see :mod:`simddp.whatif`.
+torch's real program for each ``--parallel`` layout once on the fake cluster (a capture: DDP,
+FSDP2/HSDP, TP, PP, as the parallelism registry :mod:`simddp.program.registry` says; reused from
+the on-disk cache :mod:`simddp.capture_cache` unless ``--no-cache``), then replays one row per
+configuration (world sizes × networks × bucket caps × comm hooks) — see :mod:`simddp.whatif`.
+Every option applies to the layout or is refused with the reason.
 Progress goes to stderr, the table to stdout (80 columns unless ``$COLUMNS`` says otherwise);
 ``--out DIR`` writes rows.csv, scaling.png, breakdown.png, timeline.png (the slowest
 configuration's notable ranks) and capture.json; ``--json FILE`` the rows.
 ``--workers N`` replays on a local process pool, ``--dask ADDRESS`` on a Dask cluster.
-Exit status: 0, 1 on an error (one line on stderr), 2 on bad arguments.
+Exit status: 0, 1 on an error (one line on stderr), 2 on a usage error (one line: a bad
+value, a malformed spec, an option that does not apply). This module imports no torch at
+import time: ``simddp --help`` and ``simddp whatif --help`` stay fast.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import os
 import sys
 from typing import Any, Callable, Iterator, Sequence
 
+from . import cli_args as A
+
 __all__ = ["main"]
 
 _SUFFIX = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -35,9 +42,13 @@ _SUFFIX = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 def _list(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
     def parse(text: str) -> list[Any]:
+        parts = [x.strip() for x in text.split(",")]
+        if not text.strip() or any(not x for x in parts):
+            raise argparse.ArgumentTypeError(f"{text!r}: give a comma-separated list without "
+                                             f"empty items")
         try:
-            return [kind(x.strip()) for x in text.split(",") if x.strip()]
-        except ValueError as e:
+            return [kind(x) for x in parts]
+        except (ValueError, argparse.ArgumentTypeError) as e:
             raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
     return parse
 
@@ -56,7 +67,12 @@ def _networks(text: str) -> list[str]:
     a wrong field fails as a bad argument (exit 2) naming the field and the accepted ones."""
     from .models.netspec import network_spec, split_networks
 
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty --network: give a preset (e.g. ib-ndr), a "
+                                         "calibrate file or fields (simddp whatif --help)")
     items = split_networks(text)
+    if not items:
+        raise argparse.ArgumentTypeError(f"{text!r} names no network")
     for item in items:
         try:
             network_spec(item)
@@ -70,13 +86,22 @@ def _hook(text: str) -> str | None:
 
 
 def _cap(text: str) -> float | None:
-    return None if text.lower() in ("none", "default") else float(text)
+    if text.lower() in ("none", "default"):
+        return None
+    return A.real(positive=True, what=" (MB), or none")(text)
 
 
 def _size(text: str) -> int:
-    t = text.upper().rstrip("B").rstrip("I")
+    t = text.strip().upper().rstrip("B").rstrip("I")
     mult = _SUFFIX.get(t[-1:], 1)
-    return int(float(t[:-1] if t[-1:] in _SUFFIX else t) * mult)
+    try:
+        v = float(t[:-1] if t[-1:] in _SUFFIX else t) * mult
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: give bytes, e.g. 4096, "
+                                         f"4K, 1M or 1G") from None
+    if not 1 <= v <= 1 << 40:
+        raise argparse.ArgumentTypeError(f"{text!r} is out of range: give 1 byte to 1T")
+    return int(v)
 
 
 def _straggler(text: str) -> dict[int, float]:
@@ -90,12 +115,15 @@ def _straggler(text: str) -> dict[int, float]:
                 f"{part!r}: give RANK:SPEED, e.g. 3:0.5 (rank 3 at half speed)") from None
         if not sep:
             raise argparse.ArgumentTypeError(f"{part!r}: give RANK:SPEED, e.g. 3:0.5")
+        if int(rank) < 0 or not 0 < out[int(rank)] < float("inf"):
+            raise argparse.ArgumentTypeError(f"{part!r}: RANK is >= 0 and SPEED a number > 0 "
+                                             f"(0.5: half speed)")
     return out
 
 
 def _grid_flags(p: argparse.ArgumentParser, *, world_default: str | None) -> None:
     g = p.add_argument_group("configurations (comma-separated lists: one row per combination)")
-    g.add_argument("--world-size", type=_list(int),
+    g.add_argument("--world-size", type=_list(A.integer(1, A.MAX_WORLD, " ranks")),
                    default=None if world_default is None else _list(int)(world_default),
                    help="world sizes, e.g. 64,1024 (needed unless every --parallel spec gives "
                         "all its sizes, e.g. pp:4,fsdp:16,tp:8: then the ranks it lays out)")
@@ -105,7 +133,7 @@ def _grid_flags(p: argparse.ArgumentParser, *, world_default: str | None) -> Non
                         "fields, alone or after a preset, e.g. 'nvlink:GBps=72,gpus-per-node=8,"
                         "nic:Gbps=100,nics-per-node=4' or 'dgx-a100,nic:Gbps=100'; or a .toml/"
                         ".json file of those fields (simddp.models.netspec)")
-    g.add_argument("--gpus-per-node", type=int, default=None,
+    g.add_argument("--gpus-per-node", type=A.integer(1, 1024), default=None,
                    help="ranks per node (NVLink inside, the network between nodes)")
     g.add_argument("--bucket-cap-mb", type=_list(_cap), default=[None],
                    help="DDP bucket caps in MB ('none': as captured)")
@@ -119,53 +147,76 @@ def _grid_flags(p: argparse.ArgumentParser, *, world_default: str | None) -> Non
                         "or 'off'; default: each network's own (a calibrate file's measured "
                         "one, none for presets)")
     g.add_argument("--parallel", action="append", default=None, metavar="SPEC",
+                   type=A.parallel_spec,
                    help="the layout: ddp (default), fsdp, hsdp:S (shard over S ranks, replicate "
-                        "across the rest), with tp:T (tensor parallelism over T ranks, innermost) "
-                        "and pp:P (pipeline stages, outermost), e.g. fsdp:32,tp:8 or "
-                        "pp:4,fsdp:16,tp:8; one spec per flag, repeat it to compare layouts")
+                        "across the rest), dp (Megatron-style, with tp/pp and bf16), zero1, "
+                        "zero2, zero3, distributed-optimizer, with tp:T (tensor parallelism over "
+                        "T ranks, innermost) and pp:P (pipeline stages, outermost), e.g. "
+                        "fsdp:32,tp:8, dp:8,tp:8 or pp:4,fsdp:16,tp:8; one spec per flag, repeat "
+                        "it to compare layouts (the modes are listed below)")
     g.add_argument("--reshard-after-forward", type=_list(_bool), default=None,
                    metavar="BOOLS", help="FSDP2's reshard_after_forward, e.g. true,false "
                                          "(one capture each; default true)")
-    g.add_argument("--forward-prefetch", type=int, default=1, metavar="N",
+    g.add_argument("--forward-prefetch", type=A.integer(0, 1024), default=None, metavar="N",
                    help="FSDP2: units all-gathered ahead in forward (default 1; 0: no overlap)")
-    g.add_argument("--backward-prefetch", type=int, default=1, metavar="N",
+    g.add_argument("--backward-prefetch", type=A.integer(0, 1024), default=None, metavar="N",
                    help="FSDP2: units all-gathered ahead in backward (default 1)")
-    g.add_argument("--param-dtype", default=None, metavar="DTYPE",
-                   help="FSDP2 MixedPrecisionPolicy param_dtype: bf16, fp16, fp32")
-    g.add_argument("--reduce-dtype", default=None, metavar="DTYPE",
+    g.add_argument("--param-dtype", type=A.dtype, default=None, metavar="DTYPE",
+                   help="parameters' dtype: bf16, fp16, fp32 (FSDP2's MixedPrecisionPolicy "
+                        "param_dtype; DDP: the model in that dtype)")
+    g.add_argument("--reduce-dtype", type=A.dtype, default=None, metavar="DTYPE",
                    help="FSDP2 MixedPrecisionPolicy reduce_dtype: bf16, fp16, fp32")
-    g.add_argument("--activation-checkpointing", action="store_true",
-                   help="FSDP2, TP and pipeline layouts: every block under torch's "
-                        "checkpoint_wrapper (full AC)")
+    g.add_argument("--activation-checkpointing", nargs="?", const="full", default=None,
+                   type=A.ac_policy, metavar="POLICY",
+                   help="torchtitan's policies: full (the default with no value: every block "
+                        "under torch's checkpoint_wrapper), selective-op, selective-layer:N "
+                        "(every N-th block), none")
+    g.add_argument("--no-sequence-parallel", dest="sequence_parallel", action="store_false",
+                   help="tensor parallelism without sequence parallelism (plain colwise/rowwise "
+                        "plan)")
+    g.add_argument("--compile", action="store_true",
+                   help="torch.compile (modelled by the compute model, or refused)")
+    g.add_argument("--float8", action="store_true",
+                   help="Float8 linear layers (modelled by the compute model, or refused)")
+    g.add_argument("--async-tp", action="store_true",
+                   help="async tensor parallelism (with tp:T; modelled or refused)")
     g.add_argument("--pp-schedule", type=_list(str), default=None, metavar="NAMES",
                    help="pipeline layouts (pp:P): torch's schedules, e.g. 1f1b,interleaved1f1b "
                         "(GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, "
                         "ZBVZeroBubble, DualPipeV; default 1F1B)")
-    g.add_argument("--microbatches", type=_list(int), default=None, metavar="COUNTS",
+    g.add_argument("--microbatches", type=_list(A.integer(1, 1 << 20)), default=None,
+                   metavar="COUNTS",
                    help="pipeline layouts: microbatches per step, e.g. 8,16 (default: the "
                         "fewest the schedule takes)")
-    g.add_argument("--stages-per-rank", type=int, default=None, metavar="V",
+    g.add_argument("--stages-per-rank", type=A.integer(1, 1024), default=None, metavar="V",
                    help="pipeline layouts: virtual stages per rank of multi-stage schedules "
                         "(default 2)")
-    g.add_argument("--gpu-memory", type=float, default=None, metavar="GB",
-                   help="device memory for the OOM verdict (default: the --gpu preset's)")
+    g.add_argument("--gpu-memory", type=A.real(positive=True, hi=1 << 20, what=" GiB"),
+                   default=None, metavar="GiB",
+                   help="device memory in GiB (2**30 bytes, as cards are sold) for the OOM "
+                        "verdict (default: the --gpu preset's)")
     _cost_flags(p)
-    g.add_argument("--iterations", type=int, default=1, help="iterations replayed (default 1)")
-    g.add_argument("--jitter", type=float, default=0.0, help="relative noise per segment")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--iterations", type=A.integer(1, 10_000), default=1,
+                   help="iterations replayed (default 1)")
+    g.add_argument("--jitter", type=A.real(0.0, 1.0), default=0.0,
+                   help="relative noise per segment (0 to 1)")
+    g.add_argument("--seed", type=A.integer(0, (1 << 63) - 1), default=0)
     o = p.add_argument_group("output and execution")
     o.add_argument("--out", metavar="DIR", help="write rows.csv and plots here")
     o.add_argument("--json", metavar="FILE", help="write the rows as JSON")
-    o.add_argument("--workers", type=int, default=None,
+    o.add_argument("--workers", type=A.integer(1, 1024), default=None,
                    help="replay on a local pool of N processes")
     o.add_argument("--dask", metavar="SCHEDULER_ADDRESS",
                    help="replay on a Dask distributed cluster, e.g. tcp://10.0.0.5:8786")
     o.add_argument("--no-progress", action="store_true", help="no progress display")
+    o.add_argument("--no-cache", action="store_true",
+                   help="capture afresh, bypassing the capture cache ($SIMDDP_CACHE_DIR, else "
+                        "~/.cache/simddp)")
 
 
 class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose epilog may be a function, called only when help is printed:
-    listing the registries imports torch and the zoo, which parsing arguments must not."""
+    """An ArgumentParser whose epilog may be a function, called only when help is printed,
+    and whose usage errors are one line (``simddp whatif: error: ...``, exit status 2)."""
 
     def __init__(self, *args: Any, epilog_fn: Callable[[], str] | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -175,6 +226,10 @@ class _Parser(argparse.ArgumentParser):
         if self._epilog_fn is not None:
             self.epilog = self._epilog_fn()
         return super().format_help()
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} "
+                     f"--help)\n")
 
 
 def _listing(label: str, items: Sequence[str], width: int) -> str:
@@ -186,25 +241,23 @@ def _listing(label: str, items: Sequence[str], width: int) -> str:
 
 
 def _whatif_epilog() -> str:
-    """What ``whatif`` accepts, read from the registries (a new entry shows up by itself)."""
+    """What ``whatif`` accepts: the parallelism registry (light) and static listings of the
+    zoo and presets (:data:`~simddp.cli_args.HELP_LISTINGS`; their modules import torch)."""
     import shutil
 
-    from fakepg import zoo
-
-    from .program.parallel import PARALLEL_MODES
-    from .models.compute import DEVICES
-    from .models.presets import PRESETS
+    from .program.registry import REGISTRY
 
     width = max(40, shutil.get_terminal_size().columns - 2)  # as argparse wraps its own text
+    tables = list(A.HELP_LISTINGS.items())
     return "\n".join([
         "workloads (WORKLOAD; or a .py script defining `scenario`):",
-        _listing("zoo scenarios", list(zoo.SCENARIOS), width),
-        _listing("benchmark workloads (--batch-size applies)", list(zoo.WORKLOADS), width),
+        *(_listing(label, names, width) for label, names in tables[:2]),
         "presets:",
-        _listing("networks (--network; or a `simddp calibrate --json` file)", list(PRESETS), width),
-        _listing("compute (--gpu, the roofline model)", list(DEVICES), width),
-        "parallel modes (how the captured step is replicated across ranks):",
-        *(_listing(name, [what], width) for name, what in PARALLEL_MODES.items()),
+        *(_listing(label, names, width) for label, names in tables[2:]),
+        "parallel modes (--parallel; how the captured step is laid out across ranks):",
+        *(_listing(name, [p.help + (f" (runs {p.runs})" if p.runs else "") +
+                          (f" [{p.reserved}]" if p.reserved else "")], width)
+          for name, p in REGISTRY.items()),
     ])
 # the cost mechanisms' flags (docs/costs.md): flag → (Knobs field, type, help); all off by default
 _COSTS: dict[str, tuple[str, Any, str]] = {
@@ -237,7 +290,8 @@ def _cost_flags(p: argparse.ArgumentParser) -> None:
         if kind is None:
             g.add_argument(flag, dest=f"cost_{dest}", action="store_true", help=text)
         else:
-            g.add_argument(flag, dest=f"cost_{dest}", type=kind, default=None, help=text,
+            checked = {int: A.integer(0, 1 << 30), float: A.real(0.0)}.get(kind, kind)
+            g.add_argument(flag, dest=f"cost_{dest}", type=checked, default=None, help=text,
                            metavar={int: "N", float: "X"}.get(kind, "SPEC"))
 
 
@@ -254,21 +308,26 @@ def _cost_knobs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="simddp", description="What-if timing of PyTorch DDP: "
-                "torch's real DDP on a fake cluster, replayed at any scale.")
+    p = _Parser(prog="simddp", description="What-if timing of distributed PyTorch training "
+                "(DDP, FSDP2/HSDP, tensor, pipeline parallelism): torch's real program on a "
+                "fake cluster, replayed at any scale.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     w = sub.add_parser("whatif", help="capture a workload once, replay it per configuration",
                        description="One row per configuration of a zoo scenario or script.",
                        epilog_fn=_whatif_epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     w.add_argument("workload", help="zoo scenario or benchmark workload (listed below), or a "
                                     ".py script defining `scenario`")
+    # TODO(lead): --gpu PRESET[,field=value...] goes through simddp.models.compute.gpu_spec
+    # once the compute helper's change is merged; today it is a preset name
     w.add_argument("--gpu", default="a100", help="compute preset for the roofline model "
                    "(listed below; default a100)")
-    w.add_argument("--step-time", type=float, default=None, metavar="SECONDS",
+    w.add_argument("--step-time", type=A.real(positive=True, hi=86400.0, what=" seconds"),
+                   default=None, metavar="SECONDS",
                    help="scale compute so one rank's step without DDP takes this long")
-    w.add_argument("--batch-size", type=int, default=None, help="the workload's batch size")
-    w.add_argument("--capture-ranks", type=int, default=1,
-                   help="fake ranks the capture runs on (default 1)")
+    w.add_argument("--batch-size", type=A.integer(1, 1 << 24), default=None,
+                   help="the workload's batch size")
+    w.add_argument("--capture-ranks", type=A.integer(1, 64), default=None,
+                   help="DDP layouts: fake ranks the capture runs on (default 1)")
     w.add_argument("--save-capture", metavar="FILE", help="write the capture (JSON)")
     _grid_flags(w, world_default=None)
     r = sub.add_parser("replay", help="replay a saved capture per configuration",
@@ -278,7 +337,8 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("calibrate", help="measure collectives on this machine's backend and "
                        "fit a network model", description="nccl-tests-style timing of "
                        "collectives (gloo on CPU, NCCL with GPUs), one process per rank.")
-    c.add_argument("--world-size", type=_list(int), default=[2], help="e.g. 2,4")
+    c.add_argument("--world-size", type=_list(A.integer(1, 64, " processes")), default=[2],
+                   help="e.g. 2,4")
     sz = c.add_mutually_exclusive_group()
     sz.add_argument("--sizes", type=_list(_size), default=None,
                     help="message sizes, e.g. 4K,1M,16M (default: 4K, 16K, ... up to "
@@ -293,13 +353,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --workload: the bucket caps the what-if will try (default DDP's)")
     c.add_argument("--op", type=_list(str), default=["all_reduce"],
                    help="all_reduce, all_gather, reduce_scatter, broadcast")
-    c.add_argument("--reps", type=int, default=5, help="timed calls per point and round")
-    c.add_argument("--min-rounds", type=int, default=3,
+    c.add_argument("--reps", type=A.integer(1, 10_000), default=5,
+                   help="timed calls per point and round")
+    c.add_argument("--min-rounds", type=A.integer(1, 1000), default=3,
                    help="stable: each point's median over rounds held still while the last "
                         "this many rounds came in (default 3)")
-    c.add_argument("--max-rounds", type=int, default=10,
+    c.add_argument("--max-rounds", type=A.integer(1, 1000), default=10,
                    help="rounds at most before giving up on stability (default 10)")
-    c.add_argument("--tolerance", type=float, default=0.1,
+    c.add_argument("--tolerance", type=A.real(positive=True, hi=10.0), default=0.1,
                    help="how far (relative) a stable point's median may move over the last "
                         "--min-rounds rounds (default 0.1)")
     c.add_argument("--backend", choices=["gloo", "nccl"], default=None)
@@ -393,21 +454,16 @@ def _contention(text: str) -> Any:
 
 
 def _world_sizes(args: argparse.Namespace) -> list[int]:
-    """--world-size, else the ranks that --parallel specs with every size given lay out."""
+    """--world-size, else the ranks that --parallel specs with every size given lay out
+    (:meth:`~simddp.program.parallel.Parallel.fixed_world_size`; a malformed spec raises its
+    own reason here)."""
+    from .program.parallel import Parallel
+
+    fixed = [Parallel.fixed_world_size(spec) for spec in args.parallel or []]
     if args.world_size is not None:
         return args.world_size
-    import math
-
-    sizes = []
-    for spec in args.parallel or []:
-        parts = [p.partition(":") for p in spec.split(",")]
-        if any(not size.strip().isdigit() for _, _, size in parts) or \
-                any(name.strip() == "hsdp" for name, _, _ in parts):
-            break
-        sizes.append(math.prod(int(size) for _, _, size in parts))
-    else:
-        if sizes:
-            return sorted(set(sizes))
+    if fixed and None not in fixed:
+        return sorted(set(fixed))  # type: ignore[arg-type]
     raise ValueError("--world-size is needed (e.g. --world-size 64,1024), unless every "
                      "--parallel spec gives all its sizes (e.g. pp:4,fsdp:16,tp:8)")
 
@@ -451,9 +507,13 @@ def _write_outputs(res: Any, args: argparse.Namespace) -> list[str]:
     return written
 
 
+_GIB_IN_GB = (1 << 30) / 1e9  # --gpu-memory is GiB; the knob (gpu_memory_gb) counts 10**9
+
+
 def _whatif(args: argparse.Namespace) -> int:
     from .whatif import whatif
 
+    memory = None if args.gpu_memory is None else args.gpu_memory * _GIB_IN_GB
     with _executor(args) as ex, _progress(not args.no_progress) as (status, rows, one):
         res = whatif(args.workload, **_grid_kwargs(args), gpu=args.gpu,
                      step_time_s=args.step_time, batch_size=args.batch_size,
@@ -462,8 +522,11 @@ def _whatif(args: argparse.Namespace) -> int:
                      reshard_after_forward=args.reshard_after_forward,
                      forward_prefetch=args.forward_prefetch,
                      backward_prefetch=args.backward_prefetch, param_dtype=args.param_dtype,
-                     reduce_dtype=args.reduce_dtype, gpu_memory_gb=args.gpu_memory,
+                     reduce_dtype=args.reduce_dtype, gpu_memory_gb=memory,
                      activation_checkpointing=args.activation_checkpointing,
+                     sequence_parallel=args.sequence_parallel, compile=args.compile,
+                     float8=args.float8, async_tp=args.async_tp,
+                     cache=False if args.no_cache else None,
                      pp_schedule=args.pp_schedule, microbatches=args.microbatches,
                      stages_per_rank=args.stages_per_rank, executor=ex, progress=rows,
                      status=status, replay_progress=one)
@@ -472,28 +535,50 @@ def _whatif(args: argparse.Namespace) -> int:
     return _finish(res, args)
 
 
-def _replay(args: argparse.Namespace) -> int:
-    import json
+# flags that choose how the real program runs: a saved capture replays as it was captured
+_CAPTURE_FLAGS = {"param_dtype": "--param-dtype", "reduce_dtype": "--reduce-dtype",
+                  "activation_checkpointing": "--activation-checkpointing",
+                  "compile": "--compile", "float8": "--float8", "async_tp": "--async-tp",
+                  "no_cache": "--no-cache"}
 
+
+def _replay(args: argparse.Namespace) -> int:
     from .analysis.sweeps import SweepResult
-    from .program.captured import CapturedIteration, CapturedPipeline, CapturedStep
+    from .program.captured import CapturedIteration, CapturedPipeline, CapturedStep, load_capture
+    from .program.parallel import UsageError
     from .whatif import replay_grid
 
-    with open(args.capture) as f:
-        data = json.load(f)
-    kind = (CapturedPipeline if "stages" in data and "schedule" in data else
-            CapturedStep if "profiles" in data and "mesh" in data else CapturedIteration)
-    cap = kind.from_dict(data)
+    given = [flag for dest, flag in _CAPTURE_FLAGS.items() if getattr(args, dest)]
+    if not args.sequence_parallel:
+        given.append("--no-sequence-parallel")
+    if given:
+        raise UsageError(f"{', '.join(given)}: chosen when capturing (simddp whatif); a saved "
+                         f"capture replays as it was captured")
+    cap = load_capture(args.capture)
+    kind = type(cap)
     pipeline = {}
     if kind is CapturedPipeline:
         pipeline = {"stages_per_rank": args.stages_per_rank}
     elif args.pp_schedule or args.microbatches or args.stages_per_rank:
-        raise ValueError(f"--pp-schedule, --microbatches and --stages-per-rank replay a "
+        raise UsageError(f"--pp-schedule, --microbatches and --stages-per-rank replay a "
                          f"pipeline capture; {args.capture} is a {kind.__name__}")
+    if kind is not CapturedIteration and (args.bucket_cap_mb != [None] or
+                                          args.comm_hook != [None]):
+        raise UsageError(f"--bucket-cap-mb and --comm-hook replay a DDP capture; "
+                         f"{args.capture} is a {kind.__name__}")
+    if kind is CapturedIteration and (args.reshard_after_forward or
+                                      args.forward_prefetch is not None or
+                                      args.backward_prefetch is not None):
+        raise UsageError(f"--reshard-after-forward and --forward/--backward-prefetch replay an "
+                         f"FSDP2 capture; {args.capture} is a DDP capture")
+    if args.parallel and len(args.parallel) > 1:
+        raise UsageError("replay takes one --parallel layout (the capture's kind); "
+                         "`simddp whatif` compares several")
+    memory = None if args.gpu_memory is None else args.gpu_memory * _GIB_IN_GB
+    fsdp = {} if kind is CapturedIteration else {
+        "forward_prefetch": 1 if args.forward_prefetch is None else args.forward_prefetch,
+        "backward_prefetch": 1 if args.backward_prefetch is None else args.backward_prefetch}
     with _executor(args) as ex, _progress(not args.no_progress) as (status, rows, one):
-        if args.parallel and len(args.parallel) > 1:
-            raise ValueError("replay takes one --parallel layout (the capture's kind); "
-                             "`simddp whatif` compares several")
         raf = args.reshard_after_forward
         parts = []
         for schedule in (args.pp_schedule or [None]) if pipeline else [None]:
@@ -504,8 +589,7 @@ def _replay(args: argparse.Namespace) -> int:
                     jitter=args.jitter, seed=args.seed, executor=ex, progress=rows,
                     replay_progress=one, parallel=(args.parallel or [None])[0],
                     reshard_after_forward=None if not raf else raf[0],
-                    forward_prefetch=args.forward_prefetch,
-                    backward_prefetch=args.backward_prefetch, gpu_memory_gb=args.gpu_memory,
+                    gpu_memory_gb=memory, **fsdp,
                     title=f"simddp replay {cap.name} (captured on {cap.world_size} ranks)",
                     **more))
         res = parts[0] if len(parts) == 1 else SweepResult.concat(parts, title=parts[0].title)
@@ -549,6 +633,19 @@ def _calibrate(args: argparse.Namespace) -> int:
 
     from .measure import measure
     from .models import Network
+    from .program.parallel import UsageError
+
+    if args.max_rounds < args.min_rounds:
+        raise UsageError(f"--max-rounds {args.max_rounds} is below --min-rounds "
+                         f"{args.min_rounds}: give max >= min")
+    if args.backend == "nccl":
+        import torch
+
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if have < max(args.world_size):
+            raise RuntimeError(f"--backend nccl needs a GPU per rank: this machine has {have}, "
+                               f"--world-size asks for {max(args.world_size)} (use --backend "
+                               f"gloo, or run on a machine with the GPUs)")
 
     rows = measure(world_sizes=args.world_size, sizes=_calibrate_sizes(args), ops=args.op,
                    reps=args.reps, backend=args.backend, min_rounds=args.min_rounds,
@@ -609,14 +706,20 @@ def _calibrate(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``simddp`` console script; returns the exit status."""
     args = _parser().parse_args(argv)
+    from .program.parallel import UsageError
+
     try:
         return {"whatif": _whatif, "replay": _replay, "calibrate": _calibrate}[args.command](args)
     except KeyboardInterrupt:
         print("simddp: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, TypeError, KeyError, FileNotFoundError, RuntimeError, OSError) as e:
+    except UsageError as e:
+        print(f"simddp {args.command}: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    except (ValueError, TypeError, KeyError, FileNotFoundError, RuntimeError, OSError,
+            ArithmeticError, MemoryError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"simddp {args.command}: error: {msg}", file=sys.stderr)
+        print(f"simddp {args.command}: error: {' '.join(str(msg).split())}", file=sys.stderr)
         return 1
 
 

@@ -82,8 +82,10 @@ class Timing:
             number(f"Timing.rank_speed[{rank}]", factor, positive=True,
                    hint="a speed factor, 0.5 = half speed")
         self.rank_speed = speeds
-        number("Timing.jitter", self.jitter, minimum=0,
-               hint="a relative standard deviation, e.g. 0.05 for 5 %")
+        if number("Timing.jitter", self.jitter, minimum=0,
+                  hint="a relative standard deviation, e.g. 0.05 for 5 %") > 1:
+            raise ValueError(f"Timing.jitter must be a relative standard deviation from 0 to 1 "
+                             f"(100 %), got {self.jitter!r}")
         if self.timeout is not None:
             secs = self.timeout_seconds
             if not math.isfinite(secs) or secs <= 0:
@@ -92,8 +94,10 @@ class Timing:
         if self.seed is not None:
             integer("Timing.seed", self.seed, minimum=0, hint="or None: simulate's seed")
         if self.network_jitter is not None:
-            number("Timing.network_jitter", self.network_jitter, minimum=0,
-                   hint="a relative standard deviation, or None: the same as jitter")
+            if number("Timing.network_jitter", self.network_jitter, minimum=0,
+                      hint="a relative standard deviation, or None: the same as jitter") > 1:
+                raise ValueError(f"Timing.network_jitter must be a relative standard deviation "
+                                 f"from 0 to 1 (100 %), got {self.network_jitter!r}")
         self.faults = _faults.check(self.faults)
 
     @property

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import inspect
-import math
 import os
 import runpy
 from typing import Any, Callable, Mapping
@@ -39,9 +38,10 @@ import torch
 from .analysis.sweeps import SweepResult
 from .models import Compute, Network, NetworkModel
 from .timing import Timing
-from .cosim.capture import capture
 from .cosim.meta import in_meta_scope
 from .program.knobs import Config, Knobs
+from .program.parallel import UsageError
+from .program.registry import CaptureOptions
 from .cosim.simulate import now, simulate
 from .sweep import Progress, run_configs
 
@@ -60,7 +60,11 @@ def load_workload(spec: Any, **overrides: Any) -> Any:
     if spec.endswith(".py") or os.path.sep in spec:
         if not os.path.isfile(spec):
             raise FileNotFoundError(f"workload script {spec!r} does not exist")
-        ns = runpy.run_path(spec, run_name="__simddp_workload__")
+        try:
+            ns = runpy.run_path(spec, run_name="__simddp_workload__")
+        except Exception as e:  # the user's script failed: say where, without a traceback
+            raise RuntimeError(f"workload script {spec!r} failed: {type(e).__name__}: "
+                               f"{e}") from e
         sc = ns.get("scenario")
         if sc is None:
             raise ValueError(
@@ -74,7 +78,15 @@ def load_workload(spec: Any, **overrides: Any) -> Any:
             if unknown:
                 raise ValueError(f"workload script {spec!r}: scenario() takes no "
                                  f"{', '.join(unknown)}")
-            return sc(**overrides)
+            made = sc(**overrides)
+            if not hasattr(made, "build_model"):
+                raise ValueError(f"workload script {spec!r}: scenario() returned a "
+                                 f"{type(made).__name__}, not a fakepg.zoo.Scenario")
+            return made
+        if not (callable(sc) or hasattr(sc, "build_model")):
+            raise ValueError(f"workload script {spec!r}: `scenario` is a {type(sc).__name__} "
+                             f"({sc!r:.40}); define `scenario = fakepg.zoo.Scenario(...)` (or "
+                             f"`zoo.get('mlp', ...)`), or `def scenario(**overrides)` returning one")
         return load_workload(sc, **overrides)
     from fakepg import zoo
 
@@ -214,28 +226,24 @@ def replay_grid(captured: Any, *, world_size: Any, network: Any = "ib-ndr",
                        title=title)
 
 
-def _pipelines(workload: Any, sc: Any, spec: str, par: Any, worlds: list[int], schedules: Any,
-               microbatches: Any, stages_per_rank: int | None, batch_size: int | None,
-               timing: Timing, device: str, seed: int, param_dtype: str | None,
-               reduce_dtype: str | None, activation_checkpointing: bool,
-               say: Callable[[str], None], common: dict[str, Any]) -> list[SweepResult]:
-    """A pipeline layout's rows: one capture per schedule and microbatch size (torch's real
-    pipelining, FSDP2 / TP inside the stages), replayed per microbatch count."""
+def _pipeline_variants(workload: Any, sc: Any, par: Any, schedules: Any, microbatches: Any,
+                       stages_per_rank: int | None, batch_size: int | None,
+                       base: CaptureOptions) -> list[tuple[Any, CaptureOptions, dict[str, Any]]]:
+    """A pipeline layout's captures: one per schedule and microbatch size (torch's real
+    pipelining, FSDP2 / TP inside the stages), each replayed per microbatch count: a list of
+    (scenario, capture options, [replay knobs per microbatch count])."""
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
-    from .cosim.capture_pp import capture_pp
     from .program.schedules import schedule_class
 
-    if par.data == "ddp" and par.replicate > 1:
-        raise ValueError(f"--parallel {spec}: pipeline stages are replicated with FSDP2 "
-                         f"(pp:P,fsdp:N or hsdp:S, torchtitan's composition), not DDP")
-    mesh: dict[str, int] = {"fsdp": {"shard": 2}, "hsdp": {"replicate": 2, "shard": 2}}.get(
-        par.data, {})
-    if par.tp > 1:
-        mesh["tp"] = par.tp
-    parts = []
+    out = []
     for name in _as_list(schedules) if schedules is not None else ["1F1B"]:
         single = issubclass(schedule_class(name), PipelineScheduleSingle)
+        if single and stages_per_rank not in (None, 1):
+            raise UsageError(f"--stages-per-rank {stages_per_rank}: {name} runs one stage per "
+                             f"rank; virtual stages apply to the multi-stage schedules "
+                             f"(Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, "
+                             f"ZBVZeroBubble, DualPipeV)")
         v = 1 if single else (stages_per_rank or 2)
         # the fewest microbatches every schedule takes at this depth (DualPipeV: one a stage)
         cap_m = max(2, par.pp * (v if "dualpipe" in name.lower() else 1))
@@ -243,44 +251,135 @@ def _pipelines(workload: Any, sc: Any, spec: str, par: Any, worlds: list[int], s
         by_size: dict[int, list[int]] = {}
         for m in counts:
             if batch_size is not None and batch_size % m:
-                raise ValueError(f"--microbatches {m} does not divide --batch-size {batch_size} "
+                raise UsageError(f"--microbatches {m} does not divide --batch-size {batch_size} "
                                  f"(a replica's batch per step)")
             by_size.setdefault(1 if batch_size is None else batch_size // m, []).append(m)
         for size, ms in by_size.items():
             scenario = load_workload(workload, batch_size=cap_m * size) \
                 if isinstance(workload, (str, os.PathLike)) else sc
-            say(f"capturing {sc.name} (torch's pipelining, {name}, {par.pp} × {v} stages, "
-                f"{cap_m} microbatches of {size}{_inside(mesh)}) on "
-                f"{par.pp * math.prod(mesh.values())} fake ranks")
-            cap = capture_pp(scenario, par.pp, schedule=name, microbatches=cap_m,
-                             stages_per_rank=v, mesh=mesh, timing=timing, device=device,
-                             input_weight=1, output_weight=1,  # torchtitan's default split
-                             activation_checkpointing=activation_checkpointing,
-                             seed=seed, param_dtype=param_dtype if mesh.keys() - {"tp"} else None,
-                             reduce_dtype=reduce_dtype if mesh.keys() - {"tp"} else None)
-            for m in ms:
-                parts.append(replay_grid(cap, world_size=worlds, parallel=spec,
-                                         pp_schedule=name, microbatches=m,
-                                         stages_per_rank=v, **common))
-    return parts
+            opts = base.replace(pp_schedule=name, microbatches=cap_m, microbatch_size=size,
+                                stages_per_rank=v)
+            out.append((scenario, opts, [dict(pp_schedule=name, microbatches=m,
+                                              stages_per_rank=v) for m in ms]))
+    return out
 
 
-def _inside(mesh: Mapping[str, int]) -> str:
-    words = {"shard": "FSDP2", "tp": "tensor parallel"}
-    inside = [f"{words[k]} {v}" for k, v in mesh.items() if k in words]
-    return f"; {', '.join(inside)} inside" if inside else ""
+def _fitting(spec: Any, worlds: list[int], say: Callable[[str], None]) -> tuple[Any, list[int]]:
+    """The layout ``spec`` parses to and the world sizes it fits; a malformed spec raises its
+    own reason, a spec no world fits raises every world's reason."""
+    from .program.parallel import Parallel
+
+    Parallel.fixed_world_size(spec)  # the grammar: its errors hold for every world size
+    fits, reasons, par = [], {}, None
+    for n in worlds:
+        try:
+            p = Parallel.parse(spec, n)
+        except ValueError as e:
+            say(f"{spec} at {n} ranks left out: {e}")
+            reasons[n] = str(e)
+            continue
+        par = par or p
+        fits.append(n)
+    if not fits:
+        why = "; ".join(f"{n} ranks: {r}" for n, r in reasons.items())
+        raise UsageError(f"--parallel {spec}: no world size of {worlds} fits it ({why})")
+    return par, fits
+
+
+def _refuse_what_does_not_apply(spec: Any, par: Any, given: Mapping[str, Any]) -> None:
+    """Every option given applies to layout ``par``, or this raises naming the option, the
+    layout and what it applies to (nothing is ignored in silence)."""
+    def no(flag: str, applies: str) -> None:
+        raise UsageError(f"--parallel {spec}: {flag} applies to {applies}, not to this layout")
+
+    owner = par.owner().name
+    fsdp = par.data in ("fsdp", "hsdp")
+    if par.pp == 1:
+        for flag in ("pp_schedule", "microbatches", "stages_per_rank"):
+            if given.get(flag) is not None:
+                no(f"--{flag.replace('_', '-')}", "pipeline layouts (pp:P,...)")
+    if not fsdp:
+        for flag in ("reshard_after_forward", "reduce_dtype"):
+            if given.get(flag) is not None:
+                no(f"--{flag.replace('_', '-')}", "FSDP2 layouts (fsdp, hsdp:S, dp, zero1-3, "
+                   "distributed-optimizer)" + ("; DDP reduces in its comm hook's dtype "
+                                                "(--comm-hook bf16)" if flag == "reduce_dtype"
+                                                else ""))
+        for flag in ("forward_prefetch", "backward_prefetch"):
+            if given.get(flag) not in (None, 1):
+                no(f"--{flag.replace('_', '-')}", "FSDP2 layouts")
+    if owner != "ddp":
+        for flag in ("bucket_cap_mb", "comm_hook"):
+            if any(v is not None for v in _as_list(given.get(flag))):
+                no(f"--{flag.replace('_', '-')}", "DDP layouts (its Reducer's buckets)")
+        if given.get("capture_ranks") not in (None, 1):
+            no("--capture-ranks", "DDP layouts (the other layouts capture the mesh they need)")
+    raf = given.get("reshard_after_forward")
+    if par.reshard_after_forward is not None and raf is not None and \
+            any(bool(r) != par.reshard_after_forward for r in _as_list(raf)):
+        raise UsageError(f"--parallel {spec}: {par.flavour} runs FSDP2 with "
+                         f"reshard_after_forward={par.reshard_after_forward}; "
+                         f"--reshard-after-forward {raf} contradicts it")
+    if given.get("sequence_parallel") is False and par.tp == 1:
+        no("--no-sequence-parallel", "layouts with tensor parallelism (tp:T)")
+    if given.get("async_tp") and par.tp == 1:
+        no("--async-tp", "layouts with tensor parallelism (tp:T)")
+
+
+# activation checkpointing policies (torchtitan's): full, selective-op, selective-layer:N, none
+AC_POLICIES = ("full", "selective-op", "selective-layer:N", "none")
+
+
+def _ac_policy(value: Any) -> str | None:
+    """``activation_checkpointing`` as a policy name (None: none): True is "full" (the flag
+    before policies existed), False/None/"none" none; a bad name lists the policies."""
+    if value is None or value is False or value == "none":
+        return None
+    if value is True or value == "full":
+        return "full"
+    text = str(value).strip().lower()
+    if text == "selective-op":
+        return text
+    name, _, every = text.partition(":")
+    if name == "selective-layer" and every.isdigit() and int(every) >= 1:
+        return f"selective-layer:{int(every)}"
+    raise UsageError(f"activation checkpointing {value!r}: give one of "
+                     f"{', '.join(AC_POLICIES)} (selective-layer:N checkpoints every N-th "
+                     f"block, N ≥ 1)")
+
+
+_OPTION_WORDS = {"compile": "torch.compile", "float8": "Float8 training",
+                 "async_tp": "async tensor parallelism"}
+
+
+def _with_options(model: Any, **options: bool) -> Any:
+    """``model`` with the options the user switched on (``compile``, ``float8``,
+    ``async_tp``) applied through its ``with_options``; a model without one refuses them:
+    an option is modelled or refused, never ignored."""
+    on = {k: v for k, v in options.items() if v}
+    if not on:
+        return model
+    apply = getattr(model, "with_options", None)
+    if apply is None:
+        raise UsageError(f"{', '.join('--' + k.replace('_', '-') for k in on)}: the compute model "
+                         f"({type(model).__name__}) does not model "
+                         f"{' or '.join(_OPTION_WORDS[k] for k in on)} yet, so simddp cannot "
+                         f"answer for it")
+    return apply(**on)
 
 
 def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
            gpus_per_node: int | None = None, bucket_cap_mb: Any = None, comm_hook: Any = None,
            rank_speed: Mapping[int, float] | None = None, gpu: str = "a100",
            compute: Any = None, step_time_s: float | None = None,
-           batch_size: int | None = None, capture_ranks: int = 1, iterations: int = 1,
+           batch_size: int | None = None, capture_ranks: int | None = None, iterations: int = 1,
            jitter: float = 0.0, seed: int = 0, parallel: Any = None,
-           reshard_after_forward: Any = None, forward_prefetch: int = 1,
-           backward_prefetch: int = 1, param_dtype: str | None = None,
+           reshard_after_forward: Any = None, forward_prefetch: int | None = None,
+           backward_prefetch: int | None = None, param_dtype: str | None = None,
            reduce_dtype: str | None = None, gpu_memory_gb: float | None = None,
-           capture_device: str | None = None, activation_checkpointing: bool = False,
+           capture_device: str | None = None, activation_checkpointing: Any = None,
+           sequence_parallel: bool = True, compile: bool = False, float8: bool = False,
+           async_tp: bool = False, cache: bool | None = None,
            pp_schedule: Any = None, microbatches: Any = None,
            stages_per_rank: int | None = None,
            executor: concurrent.futures.Executor | None = None,
@@ -318,15 +417,38 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
     compute (:mod:`simddp.models.ddp_overhead`); False scales it too (as before). ``knobs``:
     further :class:`~simddp.program.knobs.Knobs` fields (single values), e.g. ``overlap=False``.
     The result's ``meta`` dict says what was modelled (compute, calibration factor)."""
-    from .cosim.capture_fsdp import capture_fsdp
     from .models.compute import DEVICES
-    from .program.parallel import Parallel
+    from .capture_cache import cached, enabled_by_default
+    from .parallelisms import describe
+    from .program.registry import CaptureRequest
 
     say = status or (lambda text: None)
+    specs = _as_list(parallel) if parallel is not None else ["ddp"]
+    worlds_all = _as_list(world_size)
+    layouts = [(spec, *_fitting(spec, worlds_all, say)) for spec in specs]
+    given = dict(reshard_after_forward=reshard_after_forward, reduce_dtype=reduce_dtype,
+                 forward_prefetch=forward_prefetch, backward_prefetch=backward_prefetch,
+                 pp_schedule=pp_schedule, microbatches=microbatches,
+                 stages_per_rank=stages_per_rank, bucket_cap_mb=bucket_cap_mb,
+                 comm_hook=comm_hook, capture_ranks=capture_ranks,
+                 sequence_parallel=sequence_parallel, async_tp=async_tp)
+    for spec, par, _ in layouts:  # every layout is checked before the first capture runs
+        why = par.not_replayed()
+        if why:
+            raise UsageError(f"--parallel {spec}: {why}")
+        _refuse_what_does_not_apply(spec, par, given)
+    ac = _ac_policy(activation_checkpointing)
+    # FSDP2's default prefetch (one unit ahead); None above meant "not given"
+    forward_prefetch = 1 if forward_prefetch is None else forward_prefetch
+    backward_prefetch = 1 if backward_prefetch is None else backward_prefetch
     sc = load_workload(workload, batch_size=batch_size)
     # a real-size workload (Llama 3 8B/70B) is captured on the meta device: shapes only
     device = capture_device or ("meta" if "real-size" in getattr(sc, "features", ()) else "cpu")
     model = Compute.roofline(gpu) if compute is None else compute
+    model = _with_options(model, compile=compile, float8=float8, async_tp=async_tp)
+    # the rows say which compute options were priced (the compute model read them)
+    knobs.update({k: True for k, v in (("compile", compile), ("float8", float8),
+                                        ("async_tp", async_tp)) if v})
     factor = None
     if step_time_s is not None:
         say(f"calibrating compute: one rank's step without DDP = {step_time_s * 1e3:g} ms")
@@ -343,63 +465,47 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
                   replay_progress=replay_progress, contention=contention,
                   iterations=iterations, jitter=jitter, seed=seed, gpu_memory_gb=gpu_memory_gb,
                   **knobs)
+    base = CaptureOptions(param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+                          activation_checkpointing=ac, sequence_parallel=sequence_parallel,
+                          capture_ranks=capture_ranks or 1)
     parts = []
-    for spec in _as_list(parallel) if parallel is not None else ["ddp"]:
-        worlds = []
-        for n in _as_list(world_size):
-            try:
-                par = Parallel.parse(spec, n)
-            except ValueError as e:
-                say(f"{spec} at {n} ranks left out: {e}")
-                continue
-            worlds.append(n)
-        if not worlds:
-            raise ValueError(f"--parallel {spec}: no world size of {_as_list(world_size)} "
-                             f"fits it")
-        if par.not_replayed():
-            raise ValueError(f"--parallel {spec}: {par.not_replayed()}")
-        if par.pp > 1:
-            parts.extend(_pipelines(workload, sc, spec, par, worlds, pp_schedule, microbatches,
-                                    stages_per_rank, batch_size, timing, device, seed,
-                                    param_dtype, reduce_dtype, activation_checkpointing, say,
-                                    common))
-            continue
-        if par.data == "ddp":
-            if activation_checkpointing:
-                raise ValueError(f"--parallel {spec}: activation checkpointing is captured for "
-                                 f"FSDP2, tensor and pipeline layouts (fsdp, hsdp:S, tp:T, "
-                                 f"pp:P), not for DDP's")
-            say(f"capturing {sc.name} (torch's DDP) on {capture_ranks} fake rank(s)")
-            cap = capture(sc, nprocs=capture_ranks, timing=timing, seed=seed,
-                          device=device)
-            if factor is not None and ddp_work_at_device_cost:
+    for spec, par, worlds in layouts:
+        owner = par.owner()
+        if owner.name == "pp":
+            variants = _pipeline_variants(workload, sc, par, pp_schedule, microbatches,
+                                          stages_per_rank, batch_size, base)
+        elif owner.data in ("fsdp", "hsdp") and par.reshard_after_forward is None:
+            variants = [(sc, base.replace(reshard_after_forward=bool(raf)),
+                         [dict(reshard_after_forward=bool(raf),
+                               forward_prefetch=forward_prefetch,
+                               backward_prefetch=backward_prefetch)])
+                        for raf in (_as_list(reshard_after_forward)
+                                    if reshard_after_forward is not None else [True])]
+        elif owner.data in ("fsdp", "hsdp"):
+            variants = [(sc, base.replace(reshard_after_forward=par.reshard_after_forward),
+                         [dict(reshard_after_forward=par.reshard_after_forward,
+                               forward_prefetch=forward_prefetch,
+                               backward_prefetch=backward_prefetch)])]
+        else:
+            variants = [(sc, base, [dict(bucket_cap_mb=bucket_cap_mb, comm_hook=comm_hook)])]
+        for scenario, opts, replays in variants:
+            req = CaptureRequest(scenario, par, timing, device, seed, opts)
+
+            def run(req: CaptureRequest = req) -> Any:
+                say(describe(req))
+                return owner.load("capture")(req)
+
+            cap, _ = cached(req, par.capture_key(), run, note=say,
+                            enabled=enabled_by_default() if cache is None else bool(cache))
+            if owner.name == "ddp" and factor is not None and ddp_work_at_device_cost:
                 # DDP's own work is proportional to the parameters, not the calibrated compute
                 cap = cap.with_ddp_work_at_device_cost(plain, factor)
-            parts.append(replay_grid(cap, world_size=worlds, bucket_cap_mb=bucket_cap_mb,
-                                     comm_hook=comm_hook, parallel=None if spec == "ddp"
-                                     else spec, **common))
-            continue
-        # the capture: 2 shards (2 × 2 for HSDP), times the TP degree replayed (each degree
-        # has its own shapes and TP collectives)
-        mesh = {"shard": 2} if par.data == "fsdp" else {"replicate": 2, "shard": 2}
-        if par.tp > 1:
-            mesh["tp"] = par.tp
-        nranks = math.prod(mesh.values())
-        tp_note = f" with tensor parallelism tp={par.tp}" if par.tp > 1 else ""
-        for raf in _as_list(reshard_after_forward) if reshard_after_forward is not None \
-                else [True]:
-            say(f"capturing {sc.name} (torch's FSDP2 fully_shard{tp_note}, "
-                f"reshard_after_forward={raf}) on {nranks} fake ranks")
-            cap = capture_fsdp(sc, nranks, timing=timing, mesh=mesh,
-                               reshard_after_forward=bool(raf), param_dtype=param_dtype,
-                               reduce_dtype=reduce_dtype, seed=seed, device=device,
-                               activation_checkpointing=activation_checkpointing)
-            parts.append(replay_grid(cap, world_size=worlds, parallel=spec,
-                                     reshard_after_forward=bool(raf),
-                                     forward_prefetch=forward_prefetch,
-                                     backward_prefetch=backward_prefetch, **common))
+            for more in replays:
+                parts.append(replay_grid(cap, world_size=worlds,
+                                         parallel=None if spec == "ddp" else spec,
+                                         **more, **common))
     res = parts[0] if len(parts) == 1 else SweepResult.concat(parts, title=title)
     res.meta = {"workload": sc.name, "compute": repr(model), "calibration_factor": factor,
                 "step_time_s": step_time_s, "capture_ranks": capture_ranks,
-                "gpu_memory_gb": gpu_memory_gb}
+                "gpu_memory_gb": gpu_memory_gb, "capture_device": device}
     return res

@@ -14,3 +14,9 @@ neither at load (``_fakepg_pytestplugin``).
 import torch._dynamo  # noqa: F401
 
 import fakepg  # noqa: F401
+
+import os  # noqa: E402
+
+# simddp's capture cache stays off in the suite (its own tests switch it on in a temporary
+# directory): a test that expects a capture, or output printed while capturing, gets one
+os.environ.setdefault("SIMDDP_NO_CACHE", "1")

@@ -21,7 +21,8 @@ from simddp.cosim.context_parallel import capture_cp
 from simddp.cosim.ring_attention import (RingAttention, apply_context_parallel,
                                          cpu_ring_attention, long_context, shard_sequence)
 from simddp.program import CapturedCP, Knobs, plan
-from simddp.program.context import CPMesh, parse_cp, ring_collectives
+from simddp.program.context import CPMesh, ring_collectives
+from simddp.program.parallel import Parallel
 from simddp.replay import replay
 
 TIMING = Timing(network=Network.preset("dgx-h100"), compute=Compute.roofline("h100"))
@@ -318,15 +319,16 @@ def test_the_planner_refuses_another_cp_degree_than_the_captures():
         replay(cap, 8, parallel="cp:4,fsdp", progress=False)
 
 
-def test_parse_cp_resolves_the_layout_without_cp_and_names_bad_specs():
-    par, cp = parse_cp("cp:8,fsdp:8", 64)
-    assert (par.shard, cp) == (8, 8)
-    par, cp = parse_cp("fsdp,cp:4,tp:2", 64)
-    assert (par.shard, par.tp, cp) == (8, 2, 4)
-    for bad, why in [("fsdp", "names cp:N once"), ("cp:1,fsdp", "at least 2"),
-                     ("cp:3,fsdp", "does not divide"), ("cp:2,ddp", "FSDP2")]:
-        with pytest.raises(ValueError, match=why):
-            parse_cp(bad, 16)
+def test_the_registry_parses_cp_and_refuses_what_it_does_not_compose_with():
+    par = Parallel.parse("cp:8,fsdp:8", 64)
+    assert (par.shard, par.cp, str(par)) == (8, 8, "fsdp:8,cp:8")
+    par = Parallel.parse("fsdp,cp:4,tp:2", 64)
+    assert (par.shard, par.tp, par.cp, par.owner().name) == (8, 2, 4, "cp")
+    assert Parallel.parse("cp:8,fsdp:8", 64).not_replayed() is None
+    assert "not with DDP" in Parallel.parse("cp:2,ddp:4", 8).not_replayed()
+    assert "pipeline stages" in Parallel.parse("pp:2,cp:2,fsdp", 8).not_replayed()
+    with pytest.raises(ValueError, match="do not divide"):
+        Parallel.parse("cp:3,fsdp", 16)
 
 
 def test_cp_mesh_flattens_shard_and_cp_into_fsdps_group():

@@ -81,7 +81,8 @@ def test_whatif_prints_an_80_column_table_and_writes_csv_plots_json_and_capture(
     assert js[0]["gpu_memory_gb"] == 80.0 and js[0]["oom"] is False  # the a100 preset's memory
     again = run_cli("replay", str(out / "capture.json"), "--world-size", "8,64",
                     "--gpus-per-node", "8", "--bucket-cap-mb", "1,25", "--straggler", "17:0.5",
-                    "--gpu-memory", "80", "--json", str(tmp_path / "again.json"),
+                    # GiB on the command line: the a100 preset's 80 GB
+                    "--gpu-memory", repr(80e9 / 2**30), "--json", str(tmp_path / "again.json"),
                     "--no-progress")
     assert again.returncode == 0, again.stderr
     assert json.loads((tmp_path / "again.json").read_text()) == js  # one result, replayed
@@ -312,14 +313,18 @@ def test_whatif_help_lists_the_workloads_presets_and_parallel_modes_the_registri
         monkeypatch, capsys):
     import re
 
-    from simddp import cli
-    from simddp.program import parallel as engine
+    from simddp import cli, cli_args
+    from simddp.program import registry
     from simddp.models.compute import DEVICES
     from simddp.models.presets import PRESETS
 
-    # read from the registries: an entry added to one is listed without touching the CLI
-    monkeypatch.setitem(PRESETS, "my-fabric", PRESETS["100gbe"])
-    monkeypatch.setitem(engine.PARALLEL_MODES, "my-mode", "a mode a test registered")
+    # help reads light tables (the zoo and presets import torch); they equal the registries
+    tables = list(cli_args.HELP_LISTINGS.values())
+    assert [list(t) for t in tables] == [list(zoo.SCENARIOS), list(zoo.WORKLOADS),
+                                         list(PRESETS), list(DEVICES)]
+    # the parallelism registry is read live: an entry registered is listed
+    monkeypatch.setitem(registry.REGISTRY, "my-mode", registry.Parallelism(
+        "my-mode", "cp", "a mode a test registered", reserved="a test's"))
     monkeypatch.setenv("COLUMNS", "80")
     with pytest.raises(SystemExit) as exit_:
         cli.main(["whatif", "--help"])
@@ -327,6 +332,6 @@ def test_whatif_help_lists_the_workloads_presets_and_parallel_modes_the_registri
     out = capsys.readouterr().out
     assert max(len(line) for line in out.splitlines()) <= 80
     epilog = " ".join(out[out.index("workloads (WORKLOAD"):].split())
-    names = [*zoo.SCENARIOS, *zoo.WORKLOADS, *PRESETS, *DEVICES, *engine.PARALLEL_MODES]
+    names = [*zoo.SCENARIOS, *zoo.WORKLOADS, *PRESETS, *DEVICES, *registry.REGISTRY]
     missing = [n for n in names if not re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", epilog)]
-    assert not missing and "my-fabric" in names and "my-mode: a mode a test registered" in epilog
+    assert not missing and "my-mode: a mode a test registered" in epilog

@@ -98,7 +98,7 @@ def test_parallel_specs_lay_the_world_out_as_torchtitan_does(spec, world, dims):
 
 
 @pytest.mark.parametrize("spec,world,words", [
-    ("zero3", 8, "unknown parallel mode 'zero3'"),
+    ("zero4", 8, "unknown parallel mode 'zero4'"),
     ("fsdp:3", 8, "lays out 3 ranks, the world has 8"),
     ("fsdp,tp", 8, "leaves data and tp without a size"),
     ("hsdp", 8, "hsdp needs its shard size"),

@@ -14,3 +14,11 @@ from .capture import capture
 from .simulate import Observer, mark_iteration, now, simulate
 
 __all__ = ["simulate", "Observer", "now", "mark_iteration", "capture"]
+
+import os as _os
+
+from fakepg.sites import skip_package as _skip_package
+
+# fakepg's user_site() skips simddp's frames (the package root: drivers and engines alike);
+# registered here, where simddp first runs programs on fakepg, so `import simddp` stays light
+_skip_package(_os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))))

@@ -120,6 +120,11 @@ def as_contention(value: Any, owner: str) -> Contention | None:
     if value is None or isinstance(value, Contention):
         return value
     if isinstance(value, Mapping):
+        unknown = sorted(set(map(str, value)) - {"slowdown", "per_collective_us", "source",
+                                                 "measurements"})
+        if unknown:
+            raise ValueError(f"{owner}.contention: unknown field(s) {', '.join(unknown)}; the "
+                             f"fields are slowdown (≥ 1), per_collective_us (≥ 0) and source")
         return Contention.from_dict(value)
     raise TypeError(f"{owner}.contention must be a simddp.models.Contention, a dict of its "
                     f"fields or None, got {value!r}")

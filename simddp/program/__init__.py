@@ -4,51 +4,66 @@
   waits, memory) and :class:`StepProgram`, what every planner returns;
 * :mod:`~simddp.program.mesh` — the communicators a program's collectives run on;
 * :mod:`~simddp.program.knobs` — :class:`Knobs`, every what-if choice in one frozen object;
-* :mod:`~simddp.program.parallel` — :class:`Parallel`, a world's layout (``--parallel``);
+* :mod:`~simddp.program.registry` — the parallelism registry: each parallelism's spec name,
+  mesh dimension, capture, captured type and planner, in one place;
+* :mod:`~simddp.program.parallel` — :class:`Parallel`, a world's layout (``--parallel``),
+  parsed once against the registry;
 * :mod:`~simddp.program.captured` — what a capture of the real program holds;
 * planners, one per parallelism: :mod:`~simddp.program.ddp`, :mod:`~simddp.program.fsdp`,
   :mod:`~simddp.program.pipeline` (with :mod:`~simddp.program.schedules`, torch's schedules).
 
-:func:`plan` picks the planner by the capture's type.
+:func:`plan` picks the planner the registry names for the capture's type. Names are imported
+on first use, so ``simddp.program.parallel`` (the CLI's spec parser) loads no torch.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import importlib
+from typing import Any
 
-from .captured import CapturedIteration, CapturedPipeline, CapturedStep
-from .context import CapturedCP, CPProgram, plan_cp
-from .ddp import DDPProgram, plan_ddp
-from .fsdp import FSDPProgram, plan_fsdp
-from .knobs import COMM_HOOKS, CheckedKnobs, Config, Knobs
-from .mesh import DDPMesh, DeviceMesh, Mesh
 from .parallel import PARALLEL_MODES, Parallel
-from .pipeline import PipelineProgram, plan_pipeline, uniform_pipeline
-from .steps import (MEMORY_CATEGORIES, Collective, Compute, Instruction, Issue, Mark, Memory,
-                    Segment, StepProgram, Wait, WaitAll, peak_memory)
+from .registry import REGISTRY, CaptureOptions, CaptureRequest, Parallelism, planner_for, register
 
 __all__ = ["plan", "PLANNERS", "Knobs", "CheckedKnobs", "Config", "COMM_HOOKS", "StepProgram",
            "Collective", "Compute", "Segment", "Mark", "Issue", "Wait", "WaitAll", "Memory",
            "Instruction", "MEMORY_CATEGORIES", "peak_memory", "Mesh", "DDPMesh", "DeviceMesh",
-           "DDPProgram", "plan_ddp", "FSDPProgram", "plan_fsdp", "CapturedStep", "Parallel", "PARALLEL_MODES",
-           "CapturedPipeline", "PipelineProgram", "plan_pipeline", "uniform_pipeline",
-           "CapturedCP", "CPProgram", "plan_cp"]
+           "DDPProgram", "plan_ddp", "FSDPProgram", "plan_fsdp", "CapturedStep", "Parallel",
+           "PARALLEL_MODES", "CapturedIteration", "CapturedPipeline", "PipelineProgram",
+           "plan_pipeline", "uniform_pipeline", "REGISTRY", "Parallelism", "register",
+           "CaptureOptions", "CaptureRequest", "CapturedCP", "CPProgram", "plan_cp"]
 
-# capture type -> its planner; a new parallelism registers its own here
-PLANNERS: dict[type, Callable[[Any, CheckedKnobs], Any]] = {CapturedIteration: plan_ddp,
-                                                             CapturedStep: plan_fsdp,
-                                                             CapturedPipeline: plan_pipeline,
-                                                             CapturedCP: plan_cp}
+# name -> the submodule that defines it (imported on first use)
+_LAZY = {
+    **dict.fromkeys(("CapturedIteration", "CapturedPipeline", "CapturedStep"), "captured"),
+    **dict.fromkeys(("DDPProgram", "plan_ddp"), "ddp"),
+    **dict.fromkeys(("FSDPProgram", "plan_fsdp"), "fsdp"),
+    **dict.fromkeys(("COMM_HOOKS", "CheckedKnobs", "Config", "Knobs"), "knobs"),
+    **dict.fromkeys(("DDPMesh", "DeviceMesh", "Mesh"), "mesh"),
+    **dict.fromkeys(("PipelineProgram", "plan_pipeline", "uniform_pipeline"), "pipeline"),
+    **dict.fromkeys(("CapturedCP", "CPProgram", "plan_cp"), "context"),
+    **dict.fromkeys(("MEMORY_CATEGORIES", "Collective", "Compute", "Instruction", "Issue",
+                     "Mark", "Memory", "Segment", "StepProgram", "Wait", "WaitAll",
+                     "peak_memory"), "steps"),
+}
 
 
-def plan(captured: Any, checked: CheckedKnobs) -> Any:
-    """The step program of ``captured`` for ``checked``'s world and knobs."""
+def __getattr__(name: str) -> Any:
+    if name == "PLANNERS":  # captured type -> planner, as the registry holds them
+        return {p.load("captured"): p.load("planner") for p in REGISTRY.values()
+                if p.captured and p.planner and not p.reserved}
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def plan(captured: Any, checked: Any) -> Any:
+    """The step program of ``captured`` for ``checked``'s world and knobs (a
+    :class:`~simddp.program.knobs.CheckedKnobs`), by the planner the registry names for the
+    capture's type."""
+    from .captured import CapturedPipeline
+
     pipeline = checked.knobs.pipeline_knobs
     if pipeline and not isinstance(captured, CapturedPipeline):
         raise ValueError(f"{', '.join(pipeline)}: pipeline knobs apply to a pipeline capture "
                          f"(CapturedPipeline), not to a {type(captured).__name__}")
-    for kind, planner in PLANNERS.items():
-        if isinstance(captured, kind):
-            return planner(captured, checked)
-    raise TypeError(f"no planner for {type(captured).__name__}: the captures replay knows are "
-                    f"{', '.join(t.__name__ for t in PLANNERS)}")
+    return planner_for(captured)(captured, checked)

@@ -53,7 +53,7 @@ from .parallel import Parallel
 from .steps import (Collective, Instruction, Issue, Mark, Memory, Segment, Wait, WaitAll,
                     peak_memory)
 
-__all__ = ["CapturedCP", "CPMesh", "CPProgram", "plan_cp", "parse_cp", "ring_collectives"]
+__all__ = ["CapturedCP", "CPMesh", "CPProgram", "plan_cp", "ring_collectives"]
 
 _NOISE = {"forward": 0, "backward": 1, "optimizer": 3}
 _ITEMSIZE = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp32": 4, "float32": 4}
@@ -126,29 +126,6 @@ class CPMesh(DeviceMesh):
         return dict(self._own)
 
 
-def parse_cp(spec: str, world: int) -> tuple[Parallel, int]:
-    """A ``--parallel`` spec with a ``cp:N`` dimension (``cp:8,fsdp:8``, ``fsdp,cp:4,tp:2``)
-    for ``world`` ranks: (the layout without CP over ``world / N`` ranks, N)."""
-    parts = [p.strip() for p in str(spec).lower().split(",") if p.strip()]
-    cps = [p for p in parts if p.partition(":")[0] == "cp"]
-    if len(cps) != 1:
-        raise ValueError(f"--parallel {spec!r}: a context-parallel layout names cp:N once "
-                         f"(e.g. cp:8,fsdp:8)")
-    size = cps[0].partition(":")[2]
-    if not size.isdigit() or int(size) < 2:
-        raise ValueError(f"--parallel {spec!r}: cp needs a size of at least 2, e.g. cp:8")
-    cp = int(size)
-    if world % cp:
-        raise ValueError(f"--parallel {spec!r}: cp:{cp} does not divide world size {world}")
-    rest = ",".join(p for p in parts if p not in cps) or "fsdp"
-    par = Parallel.parse(rest, world // cp)
-    if par.data == "ddp" or par.pp > 1:
-        raise ValueError(f"--parallel {spec!r}: context parallelism is replayed with FSDP2 "
-                         f"(fsdp or hsdp:S) sharding over the data-parallel and CP ranks "
-                         f"together, as torchtitan composes them; not with ddp or pp")
-    return par, cp
-
-
 def ring_collectives(events: Sequence[dict[str, Any]]) -> Counter:
     """How many of each op the ring issued (the ``"cp"`` events of a phase profile)."""
     return Counter(e["op"] for e in events if e["scope"] == "cp")
@@ -161,18 +138,27 @@ def _p2p(ev: dict[str, Any]) -> bool:
 
 class CPProgram:
     """A captured context-parallel step as a step program for one world and set of knobs (see
-    the module docstring). ``parallel``: the layout replayed (its spec string)."""
+    the module docstring). ``parallel``: the layout replayed (a
+    :class:`~simddp.program.parallel.Parallel`, ``cp:N`` with ``fsdp``, ``hsdp:S`` or ``dp``,
+    optionally ``tp:T``; ``cp:N`` alone is FSDP2 over the ring's ranks, as torchtitan shards
+    over ``dp_shard_cp``)."""
 
     def __init__(self, cap: CapturedCP, checked: CheckedKnobs) -> None:
         k = checked.knobs
         world = checked.world
         shard_word = "fsdp" if cap.parallel == "fsdp" else f"hsdp:{cap.shard_size}"
-        spec = k.parallel or (f"cp:{cap.cp_size},{shard_word}"
+        spec = k.parallel or (f"{shard_word},cp:{cap.cp_size}"
                               + (f",tp:{cap.tp_size}" if cap.tp_size > 1 else ""))
-        par, cp = parse_cp(spec, world)
-        if par.data != cap.parallel:
+        par = Parallel.parse(spec, world)
+        why = par.not_replayed()
+        if why:
+            raise ValueError(f"parallel={spec!r}: {why}")
+        data = "fsdp" if par.data == "ddp" else par.data  # cp:N alone: FSDP2 over the ring
+        if par.cp < 2 or data != cap.parallel:
             raise ValueError(f"parallel={spec!r} cannot replay a {cap.parallel.upper()} × CP "
-                             f"capture ({cap.name}): capture the layout you replay")
+                             f"capture ({cap.name}): give cp:{cap.cp_size} with "
+                             f"{shard_word.partition(':')[0]} (capture the layout you replay)")
+        cp = par.cp
         if cp != cap.cp_size or par.tp != cap.tp_size:
             raise ValueError(f"parallel={spec!r} has cp={cp}, tp={par.tp}; the capture of "
                              f"{cap.name} ran with cp={cap.cp_size}, tp={cap.tp_size}: each "
@@ -186,11 +172,11 @@ class CPProgram:
                              f"between the two, so each needs its own capture")
         check_sharded_knobs(k, "a context-parallel replay", "CP")
         self.cap, self.world, self.cp = cap, world, cp
-        self.parallel = _Layout(par, cp)
+        self.parallel = par
         dims = {"replicate": par.replicate, "shard": par.shard, "cp": cp, "tp": par.tp}
         self.mesh = CPMesh(world, {d: v for d, v in dims.items()
                                    if v > 1 or d in ("shard", "cp")
-                                   or (d == "replicate" and par.data == "hsdp")})
+                                   or (d == "replicate" and data == "hsdp")})
         self.iterations = checked.iterations
         self.nprofiles = cap.world_size
         self.fsdp_size = par.shard * cp  # FSDP2's group: shard × cp
@@ -318,23 +304,6 @@ class CPProgram:
         marks.append(Mark(tuple(float(q["seconds"]) for q in phases),
                           Memory("communication", -held, "ring buffer freed")))
         return marks
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """The replayed layout: the data-parallel and TP part, and the CP degree."""
-
-    inner: Parallel
-    cp: int
-
-    @property
-    def world_size(self) -> int:
-        return self.inner.world_size * self.cp
-
-    def __str__(self) -> str:
-        parts = str(self.inner).split(",")
-        tp = [x for x in parts if x.startswith("tp:")]
-        return ",".join([x for x in parts if not x.startswith("tp:")] + [f"cp:{self.cp}"] + tp)
 
 
 def plan_cp(cap: CapturedCP, checked: CheckedKnobs) -> CPProgram:

@@ -36,7 +36,6 @@ class Knobs:
     Every parallelism: ``rank_speed`` (rank → speed factor), ``jitter`` (relative standard
     deviation of compute and network times), ``seed``, ``iterations``, ``gpu_memory_gb``
     (device memory for the OOM verdict; None: no verdict).
-    deviation of compute and network times), ``seed``, ``iterations``.
     Cost mechanisms (docs/costs.md; each off by default): ``overlap`` (False: DDP's
     all_reduces after backward), the host (:mod:`simddp.models.host`: ``host_per_sample_us``,
     ``loader_workers``, ``host_cores``, ``ranks_per_host``, ``rank_threads``,
@@ -49,6 +48,9 @@ class Knobs:
     "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
     "DualPipeV"), ``microbatches`` and ``stages_per_rank`` (virtual stages; must be the
     capture's).
+    Compute options (the compute model prices them; ``simddp whatif`` refuses them while no
+    model does): ``compile`` (torch.compile), ``float8`` (Float8 linears), ``async_tp``
+    (async tensor parallelism). Rows show them when set.
     """
 
     bucket_cap_mb: float | None = None
@@ -84,6 +86,9 @@ class Knobs:
     pp_schedule: str | None = None
     microbatches: int | None = None
     stages_per_rank: int | None = None
+    compile: bool = False
+    float8: bool = False
+    async_tp: bool = False
 
     @classmethod
     def of(cls, **kw: Any) -> Knobs:
@@ -181,8 +186,10 @@ class Knobs:
         from ..models.host import HostLoader, core_share_slowdown
         from ..models.nccl_latency import ProtocolLatency
 
-        if not isinstance(self.overlap, bool) or not isinstance(self.protocol_latency, bool):
-            raise ValueError("overlap and protocol_latency must be True or False")
+        if not all(isinstance(getattr(self, n), bool) for n in
+                   ("overlap", "protocol_latency", "compile", "float8", "async_tp")):
+            raise ValueError("overlap, protocol_latency, compile, float8 and async_tp must be "
+                             "True or False")
         integer("sync_points", self.sync_points, minimum=0, hint="host syncs per step, e.g. 1")
         integer("metric_allreduces", self.metric_allreduces, minimum=0,
                 hint="small all_reduces per step (logged metrics), e.g. 1")
@@ -249,7 +256,8 @@ class CheckedKnobs:
         k, default = self.knobs, Knobs()
         names = ("overlap", "host_per_sample_us", "loader_workers", "host_cores",
                  "ranks_per_host", "rank_threads", "samples_per_rank", "sync_points", "sync_us",
-                 "metric_allreduces", "protocol_latency", "gpu_contention")
+                 "metric_allreduces", "protocol_latency", "gpu_contention", "compile", "float8",
+                 "async_tp")
         return {n: getattr(k, n) for n in names if getattr(k, n) != getattr(default, n)}
 
 

@@ -148,7 +148,13 @@ from ..program.knobs import COMM_HOOKS
 from ..program.captured import (CapturedIteration, ParamInfo, RankProfile,
                            assign_buckets)
 from .replaying import replay
-from ..sweep import sweep
+
+
+def __getattr__(name: str):  # simddp.sweep imports replaying: importing it here is a cycle
+    if name == "sweep":
+        from ..sweep import sweep
+        return sweep
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["capture", "capture_workload", "replay", "sweep", "write_csv", "assign_buckets",
            "CapturedIteration", "ParamInfo", "RankProfile", "ReplayResult", "SweepResult",

@@ -1,0 +1,173 @@
+"""Captures reused across commands: an on-disk cache keyed by everything a capture depends on.
+
+A capture is a pure function of the workload (its model, batches, loss and optimizer), the
+layout (the registry's :meth:`~simddp.program.parallel.Parallel.capture_key`), the
+:class:`~simddp.program.registry.CaptureOptions`, the timing it ran under (compute and network
+models), the seed and device — and of the code that captures it and the torch that runs it.
+The key hashes all of those: the source of simddp, fakepg and the zoo (any edit is a new
+key), torch's and Python's versions.
+
+Entries live in ``$SIMDDP_CACHE_DIR``, else ``$XDG_CACHE_HOME/simddp``, else
+``~/.cache/simddp``, one JSON file per capture (written to a temporary file, then renamed,
+so a reader never sees half an entry). An entry that does not load (corrupt, truncated, from
+an incompatible writer) is ignored with a note and written anew. ``SIMDDP_NO_CACHE=1`` (the
+test suite sets it) or ``simddp whatif --no-cache`` bypasses the cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import functools
+import hashlib
+import json
+import os
+import re
+import sys
+import tempfile
+import types
+from pathlib import Path
+from typing import Any, Callable
+
+__all__ = ["cache_dir", "capture_key", "cached", "enabled_by_default", "Unkeyable"]
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+class Unkeyable(Exception):
+    """Something a capture depends on has no stable description (the capture is not
+    cached)."""
+
+
+def cache_dir() -> Path:
+    """Where entries live: ``$SIMDDP_CACHE_DIR``, else ``$XDG_CACHE_HOME/simddp``, else
+    ``~/.cache/simddp``."""
+    if os.environ.get("SIMDDP_CACHE_DIR"):
+        return Path(os.environ["SIMDDP_CACHE_DIR"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "simddp"
+
+
+def enabled_by_default() -> bool:
+    """False when ``$SIMDDP_NO_CACHE`` is set to anything but 0/empty."""
+    return os.environ.get("SIMDDP_NO_CACHE", "").strip() in ("", "0")
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+    """A digest of the source that captures run (simddp, fakepg, the zoo) and the versions of
+    torch and Python: a change to any of them is a new key."""
+    import torch
+
+    h = hashlib.sha256(f"{torch.__version__}|{sys.version_info[:3]}".encode())
+    roots = []
+    for name in ("simddp", "fakepg", "models"):
+        mod = sys.modules.get(name)
+        if mod is not None and getattr(mod, "__file__", None):
+            roots.append(Path(mod.__file__).parent)
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            h.update(str(path.relative_to(root.parent)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def stable(obj: Any, _path: tuple[int, ...] = ()) -> Any:
+    """A JSON-able description of ``obj`` that is the same in every process for equal
+    objects: functions by module, name, code and closure; partials, dataclasses and containers
+    by their parts. Raises :class:`Unkeyable` for an object it cannot describe."""
+    if len(_path) > 40:
+        raise Unkeyable("nested too deep")
+    if id(obj) in _path:  # a recursive function's closure names itself
+        return ["cycle", _path.index(id(obj))]
+    d = _path + (id(obj),)
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return obj
+    if isinstance(obj, float):
+        return repr(obj)
+    if isinstance(obj, enum.Enum):
+        return f"{type(obj).__qualname__}.{obj.name}"
+    if isinstance(obj, (list, tuple)):
+        return [type(obj).__name__, [stable(v, d) for v in obj]]
+    if isinstance(obj, (set, frozenset)):
+        return ["set", sorted(json.dumps(stable(v, d), sort_keys=True) for v in obj)]
+    if isinstance(obj, dict):
+        return ["dict", sorted([json.dumps(stable(k, d)), stable(v, d)] for k, v in obj.items())]
+    if isinstance(obj, functools.partial):
+        return ["partial", stable(obj.func, d), stable(obj.args, d), stable(obj.keywords, d)]
+    if isinstance(obj, types.FunctionType):
+        code = obj.__code__
+        cells = [c.cell_contents for c in obj.__closure__ or ()]
+        return ["function", obj.__module__, obj.__qualname__,
+                hashlib.sha256(code.co_code).hexdigest()[:16],
+                stable([c for c in code.co_consts if not isinstance(c, types.CodeType)], d),
+                stable(cells, d), stable(obj.__defaults__, d)]
+    if isinstance(obj, (type, types.BuiltinFunctionType, types.ModuleType)):
+        return ["named", getattr(obj, "__module__", ""), getattr(obj, "__qualname__",
+                                                                 getattr(obj, "__name__", ""))]
+    if dataclasses.is_dataclass(obj):
+        return [type(obj).__module__, type(obj).__qualname__,
+                {f.name: stable(getattr(obj, f.name), d) for f in dataclasses.fields(obj)}]
+    text = repr(obj)
+    if _ADDRESS.search(text) is None and type(obj).__repr__ is not object.__repr__:
+        return [type(obj).__module__, type(obj).__qualname__, text]
+    if hasattr(obj, "__dict__"):
+        return [type(obj).__module__, type(obj).__qualname__, stable(vars(obj), d)]
+    raise Unkeyable(f"{type(obj).__qualname__} has no stable description")
+
+
+def capture_key(request: Any, layout_key: str) -> str:
+    """The cache key of a :class:`~simddp.program.registry.CaptureRequest` (raises
+    :class:`Unkeyable` when part of it cannot be described)."""
+    parts = {"scenario": stable(request.scenario), "layout": layout_key,
+             "options": stable(request.options), "timing": stable(request.timing),
+             "device": request.device, "seed": request.seed, "code": code_version()}
+    text = json.dumps(parts, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def cached(request: Any, layout_key: str, run: Callable[[], Any], *,
+           enabled: bool = True, note: Callable[[str], None] = lambda text: None
+           ) -> tuple[Any, bool]:
+    """``run()``'s capture for ``request``, from the cache when an entry exists (then
+    ``(capture, True)``), else run and stored (``(capture, False)``). ``note`` hears about a
+    hit, an entry ignored and a capture that cannot be cached."""
+    from .program.captured import CaptureFileError, capture_from_dict
+
+    if not enabled:
+        return run(), False
+    try:
+        key = capture_key(request, layout_key)
+    except Unkeyable as e:
+        note(f"capture not cached ({e})")
+        return run(), False
+    path = cache_dir() / f"{key}.json"
+    if path.exists():
+        try:
+            with open(path, encoding="utf-8") as f:
+                cap = capture_from_dict(json.load(f))
+            note(f"capture loaded from the cache ({path})")
+            return cap, True
+        except (OSError, ValueError, CaptureFileError) as e:
+            note(f"ignoring the cache entry {path}: {e}")
+    cap = run()
+    try:
+        _write(path, cap.to_json())
+    except OSError as e:
+        note(f"could not write the cache entry {path} ({e}); the capture is not cached")
+    return cap, False
+
+
+def _write(path: Path, text: str) -> None:
+    """``text`` into ``path`` atomically (a temporary file in its directory, renamed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
