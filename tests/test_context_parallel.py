@@ -365,3 +365,24 @@ def test_long_context_raises_the_rotary_tables_to_the_sequence():
     assert sc.inputs(0, 1)[0][0].shape[1] == 128
     with pytest.raises(ValueError, match="not a zoo Llama"):
         long_context(zoo.get("mlp"), 128)
+
+
+# -- the registry: cp:N is a registered parallelism -------------------------------------------------
+
+def test_whatif_replays_a_cp_layout_through_the_registry():
+    from simddp.whatif import whatif
+
+    rows = whatif("llama3-tiny", parallel="cp:2,fsdp", world_size=[2, 16], network="dgx-h100",
+                  gpu="h100", cache=False)
+    assert isinstance(rows.captured, CapturedCP) and rows.captured.mesh == {"shard": 1, "cp": 2}
+    assert [(r["world_size"], sorted(r["exposed_comm_by_dim"])) for r in rows] == \
+        [(2, ["cp", "shard_cp"]), (16, ["cp", "shard_cp"])]
+
+
+def test_a_cp_capture_loads_as_itself_from_its_json(tmp_path):
+    from simddp.program.captured import load_capture
+
+    cap = cap_of(shard=1, cp=2)
+    cap.save(tmp_path / "cap.json")
+    back = load_capture(tmp_path / "cap.json")
+    assert type(back) is CapturedCP and back == cap
