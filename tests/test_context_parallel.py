@@ -293,6 +293,8 @@ def test_a_replay_at_scale_keeps_the_ring_and_shards_fsdp_over_shard_times_cp():
     assert ring(big)[:len(ring(small))] == ring(small)
     assert big.memory["parameters"] < small.memory["parameters"]
     assert big.memory["activations"] == small.memory["activations"] == cap.activation_bytes
+    vector = replay(cap, 64, parallel="cp:2,fsdp", engine="vector", progress=False)
+    assert vector.iteration_time == big.iteration_time  # both engines run the program
 
 
 def test_checkpointed_blocks_recompute_their_ring_in_backward_and_hold_their_inputs():
