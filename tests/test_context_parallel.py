@@ -369,7 +369,7 @@ def test_long_context_raises_the_rotary_tables_to_the_sequence():
         long_context(zoo.get("mlp"), 128)
 
 
-# -- the registry: cp:N is a registered parallelism -------------------------------------------------
+# -- the registry: cp:N is a registered parallelism ----------------------------------------
 
 def test_whatif_replays_a_cp_layout_through_the_registry():
     from simddp.whatif import whatif

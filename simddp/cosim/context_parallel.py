@@ -240,8 +240,8 @@ def capture_cp(scenario: Any, nprocs: int | None = None, *, timing: Timing | Non
     ``device="meta"``: at real size without arithmetic (:mod:`simddp.cosim.meta`).
     ``activation_checkpointing``: True or ``"full"`` runs every block under torch's
     ``checkpoint_wrapper`` (:func:`~simddp.cosim.capture_fsdp.checkpoint_units`: backward
-    recomputes each block's forward, its ring attention and collectives included). The other arguments as
-    :func:`~simddp.cosim.capture_fsdp.capture_fsdp`'s."""
+    recomputes each block's forward, its ring attention and collectives included). The other
+    arguments as :func:`~simddp.cosim.capture_fsdp.capture_fsdp`'s."""
     if device not in DEVICES:
         raise ValueError(f"capture_cp: device must be one of {', '.join(DEVICES)}, got "
                          f"{device!r}")

@@ -146,20 +146,20 @@ def _check(a: dict[str, Any], op: str) -> Any:
 def _ring_forward(op_call: Any, args: tuple, kwargs: dict) -> tuple:
     a = _bind(op_call, args, kwargs)
     mesh = _check(a, "SDPA")
-    out = _ring(
-        torch_cp()._templated_ring_attention, mesh.get_group(), 2, _FWD, _local(a["query"]), _local(a["key"]), _local(a["value"]),
-        is_causal=a["is_causal"], dropout_p=a["dropout_p"], scale=a["scale"])
+    out = _ring(torch_cp()._templated_ring_attention, mesh.get_group(), 2, _FWD,
+                _local(a["query"]), _local(a["key"]), _local(a["value"]),
+                is_causal=a["is_causal"], dropout_p=a["dropout_p"], scale=a["scale"])
     return _sequence_sharded(tuple(out[:2]), mesh)
 
 
 def _ring_backward(op_call: Any, args: tuple, kwargs: dict) -> tuple:
     a = _bind(op_call, args, kwargs)
     mesh = _check(a, "SDPA backward")
-    grads = _ring(
-        torch_cp()._templated_ring_attention_backward, mesh.get_group(), 2, _BWD, grad_out=_local(a["grad_out"]), grad_out_name="grad_out",
-        query=_local(a["query"]), key=_local(a["key"]), value=_local(a["value"]),
-        out=_local(a["out"]), logsumexp=_local(a["logsumexp"]), is_causal=a["is_causal"],
-        dropout_p=a["dropout_p"], scale=a["scale"])
+    grads = _ring(torch_cp()._templated_ring_attention_backward, mesh.get_group(), 2, _BWD,
+                  grad_out=_local(a["grad_out"]), grad_out_name="grad_out",
+                  query=_local(a["query"]), key=_local(a["key"]), value=_local(a["value"]),
+                  out=_local(a["out"]), logsumexp=_local(a["logsumexp"]),
+                  is_causal=a["is_causal"], dropout_p=a["dropout_p"], scale=a["scale"])
     return _sequence_sharded(tuple(grads[:3]), mesh)
 
 

@@ -110,8 +110,9 @@ class CapturedCP(_MeshCapture):
 class CPMesh(DeviceMesh):
     """torch's ``DeviceMesh`` of a context-parallel layout: the dimensions ``dims`` in
     torchtitan's row-major order (``replicate``, ``shard``, ``cp``, ``tp``), plus the
-    flattened ``"shard_cp"`` scope — ``shard`` × ``cp`` together, FSDP2's sharding group — whose
-    ranks are the strided range of ``cp``'s stride that the two adjacent dimensions span."""
+    flattened ``"shard_cp"`` scope — ``shard`` × ``cp`` together, FSDP2's sharding group —
+    whose ranks are the strided range of ``cp``'s stride that the two adjacent dimensions
+    span."""
 
     def __init__(self, world: int, dims: dict[str, int]) -> None:
         super().__init__(world, dims)
