@@ -205,6 +205,15 @@ class CPProgram:
     def rank_kinds(self) -> dict[int, tuple]:
         return {}
 
+    def knob_values(self) -> dict[str, Any]:
+        return {}  # no knob is resolved from the capture (torch's rotate method is its own)
+
+    def bubble_fractions(self, timeline: Any) -> list[float] | None:
+        return None  # not a pipeline
+
+    def communication_buckets(self) -> tuple[list[list[int]], list[list[int]]]:
+        return [], []  # no DDP buckets
+
     def static_memory(self) -> dict[str, int]:
         """Per rank before the step: parameters and optimizer state sharded over shard × cp."""
         return {"parameters": int(self.cap.tp_param_bytes / self.fsdp_size),
