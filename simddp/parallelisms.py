@@ -98,12 +98,12 @@ def capture_pipeline(req: CaptureRequest) -> Any:
     """torch's pipelining with ``pp_schedule``, ``microbatches`` of ``microbatch_size``
     (:func:`simddp.cosim.capture_pp.capture_pp`); blocks split over stages as torchtitan
     splits them (the embedding and the head weigh one block each)."""
-    from .cosim.capture_pp import capture_pp
+    from .cosim.deepen import capture_pipeline as capture  # the shallowest pipeline, deepened
 
     o, par = req.options, req.parallel
     mesh = inner_mesh(par)
     fsdp = bool(mesh.keys() - {"tp"})
-    return capture_pp(req.scenario, par.pp, schedule=o.pp_schedule or "1F1B",
+    return capture(req.scenario, par.pp, schedule=o.pp_schedule or "1F1B",
                       microbatches=o.microbatches, stages_per_rank=o.stages_per_rank or 1,
                       mesh=mesh, timing=req.timing, device=req.device, input_weight=1,
                       output_weight=1, activation_checkpointing=_ac(o.activation_checkpointing),

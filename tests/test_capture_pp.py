@@ -323,7 +323,9 @@ def test_tensor_parallel_stages_on_meta_leave_no_collective_unwaited(monkeypatch
         left.clear()
         capture_pp(tiny, 2, schedule="Interleaved1F1B", stages_per_rank=2, microbatches=2,
                    mesh={"tp": 2}, input_weight=1, output_weight=1, device=device)
-        assert left == {0: 0, 1: 0, 2: 0, 3: 0}, device
+        # on meta one rank a stage runs, its TP peer's collectives answered for it
+        # (simddp.cosim.represent): the ranks that ran leave none unwaited
+        assert left == ({0: 0, 2: 0} if device == "meta" else {0: 0, 1: 0, 2: 0, 3: 0}), device
 
 
 # -- bad input ----------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -48,6 +49,11 @@ class Cluster:
         # count), so a second init_process_group is refused as torch refuses it
         self.initialised_by_program: dict[int, Any] = {}
         self.direct_groups: dict[int, int] = {}  # per rank: ProcessGroupGloo(...) built directly
+        # absent rank -> the live rank whose calls stand for its own: the absent rank runs
+        # nothing; once a group's live members issued a collective, copies of a live member's
+        # call fill the absent members' parts (simddp's representative capture: symmetric
+        # ranks do the same work, so one of them stands for the rest; meta tensors only)
+        self.stand_ins: dict[int, int] = {}
 
     # -- groups -----------------------------------------------------------------
     def group(self, name: str, ranks: tuple[int, ...], timeout: float = 1800.0) -> GroupState:
@@ -102,6 +108,8 @@ class Cluster:
         coll.calls[call.grank] = call
         coll.arrived += 1
         self.hooks.collective_issued(call)
+        if self.stand_ins:
+            self._stand_in(group, coll)
         if coll.arrived == group.size:
             del group.pending[seq]
             differing = check_match(coll)
@@ -111,8 +119,28 @@ class Cluster:
                 self._run(coll)
         return coll
 
+    def _stand_in(self, group: GroupState, coll: PendingCollective) -> None:
+        """Once every live member issued ``coll``, each absent member's part is a copy of its
+        stand-in's call (of the first live member's where the stand-in is not in the group)."""
+        absent = [g for g, r in enumerate(group.ranks) if r in self.stand_ins]
+        if not absent or coll.arrived + len(absent) != group.size:
+            return
+        live = {c.rank: c for c in coll.members()}
+        for g in absent:
+            rank = group.ranks[g]
+            src = live.get(self.stand_ins[rank]) or next(iter(live.values()))
+            coll.calls[g] = dataclasses.replace(
+                src, rank=rank, grank=g, work=None, result=None,
+                record=dataclasses.replace(src.record, rank=rank))
+        coll.arrived = group.size
+
     def _issue_p2p(self, group: GroupState, call: Call) -> PendingCollective:
         me = call.grank
+        if self.stand_ins and call.peer is not None and group.ranks[call.peer] in self.stand_ins:
+            raise InvalidCollectiveError(
+                f"rank {call.rank}: {call.op} with rank {group.ranks[call.peer]}, which does not "
+                f"run in this world (a stand-in answers its collectives, not its sends and "
+                f"receives): run both ends of point-to-point traffic")
         call.record.seq = group.next_p2p[me]
         group.next_p2p[me] += 1
         self.hooks.collective_issued(call)
@@ -182,6 +210,8 @@ class Cluster:
         g = coll.group
         for c in calls:
             c.record.state = "started"
+            if c.rank in self.stand_ins:  # an absent member's stand-in has no Work
+                continue
             self._settled[c.rank] += 1
             if not coll.p2p and g.last_done[c.grank] < coll.seq:
                 g.last_done[c.grank] = coll.seq

@@ -35,6 +35,7 @@ from .capture import (_batches, _probe_costs, _train, activation_bytes, saved_by
                       state_bytes)
 from .meta import (DEVICES, fsdp_on_meta, functional_waits_on_meta, fused_attention,
                    in_meta_scope)
+from .represent import choose, fill, represented, stand_ins
 from .simulate import SimResult, now, simulate
 from .tensor_parallel import apply_tensor_parallel
 
@@ -214,14 +215,16 @@ def _phase_profile(res: SimResult, rank: int, marks: Mapping[str, float],
 
 
 def _tp_activation_bytes(scenario: Any, tp: int, device: str, dtype: torch.dtype | None,
-                         sequence_parallel: bool, checkpointed: bool) -> tuple[int, int]:
+                         sequence_parallel: bool, checkpointed: bool,
+                         represent: bool = False) -> tuple[int, int]:
     """What autograd keeps for backward in one forward (and loss) of rank 0 of a TP group of
     ``tp`` ranks (torchtitan's plan applied), on rank 0's first batch: (held, recompute) per
     rank as :func:`~simddp.cosim.capture.saved_bytes` counts them — with ``checkpointed`` the
     blocks' inputs and what is saved outside them, and the largest block's recompute. TP
     divides them (sequence parallelism: all of them; without: those inside the blocks'
     sharded matmuls). Run on an untimed fake world (saved-tensor hooks add ops the compute
-    model would charge)."""
+    model would charge); with ``represent`` (on meta) rank 0 alone, its peers' collectives
+    answered by stand-ins (:mod:`simddp.cosim.represent`)."""
     import fakepg
 
     def run(rank: int) -> tuple[int, int]:
@@ -237,7 +240,9 @@ def _tp_activation_bytes(scenario: Any, tp: int, device: str, dtype: torch.dtype
         return saved_bytes(lambda: scenario.step(model, batch), device,
                            fsdp_units(model) if checkpointed else None, model.parameters())
 
-    held, recompute = fakepg.spawn(run, nprocs=tp).returns[0]
+    # on meta the TP ranks are symmetric: rank 0 runs, its collectives answered for the rest
+    fn = represented(run, stand_ins({"tp": tp}) if represent else {})
+    held, recompute = fakepg.spawn(fn, nprocs=tp).returns[0]
     return int(held), int(recompute)
 
 
@@ -246,7 +251,8 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
                  param_dtype: str | None = None, reduce_dtype: str | None = None,
                  iterations: int = 2, seed: int = 0, device: str = "cpu",
                  activation_checkpointing: bool = False,
-                 sequence_parallel: bool = True) -> CapturedStep:
+                 sequence_parallel: bool = True,
+                 representatives: bool | None = None) -> CapturedStep:
     """Run ``scenario`` with FSDP2 on ``nprocs`` fake ranks under :func:`simddp.simulate` and
     record its last step (see the module docstring). ``mesh``: ``{"shard": n}`` (FSDP, the
     default) or ``{"replicate": r, "shard": s}`` (HSDP), either with an innermost ``"tp": t``
@@ -258,7 +264,12 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
     ``activation_checkpointing``: each block under torch's ``checkpoint_wrapper`` (torchtitan's
     full AC; after tensor parallelism, before FSDP2, as torchtitan orders them): backward
     recomputes its forward (and, under TP, its collectives), and it keeps only its input until
-    then; the recorded activations are per TP rank."""
+    then; the recorded activations are per TP rank. ``representatives``: run one rank for all
+    (:mod:`simddp.cosim.represent`: every rank of the mesh does the same work on its shards,
+    so rank 0 runs and its groups' collectives are answered as the full world answers them;
+    the same capture at the cost of one rank); None (the default): where it holds (on meta,
+    with a symmetric timing and placement), False: every rank runs, True: refuse where it
+    does not hold."""
     if device not in DEVICES:
         raise ValueError(f"capture_fsdp: device must be one of {', '.join(DEVICES)}, "
                          f"got {device!r}")
@@ -276,29 +287,34 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
     tp = mesh_dims.get("tp", 1)
     _dtype(param_dtype), _dtype(reduce_dtype)
     timing = Timing() if timing is None else timing
+    stand = choose(mesh_dims, timing, device, representatives, "capture_fsdp")
+    run = _rank_run(scenario, mesh_dims, iterations, bool(reshard_after_forward),
+                    (param_dtype, reduce_dtype), device, bool(activation_checkpointing),
+                    bool(sequence_parallel))
     with (fsdp_on_meta() if device == "meta" else contextlib.nullcontext()), \
             (functional_waits_on_meta() if device == "meta" else contextlib.nullcontext()), \
             outputs_not_modified_in_place():
-        res = simulate(_rank_run(scenario, mesh_dims, iterations, bool(reshard_after_forward),
-                                 (param_dtype, reduce_dtype), device,
-                                 bool(activation_checkpointing), bool(sequence_parallel)),
-                       (), nprocs, timing=timing, seed=seed)
+        res = simulate(represented(run, stand), (), nprocs, timing=timing,
+                       seed=seed)
         if tp > 1:
-            held, recompute = _tp_activation_bytes(scenario, tp, device, _dtype(param_dtype),
-                                                   bool(sequence_parallel),
-                                                   bool(activation_checkpointing))
+            held, recompute = _tp_activation_bytes(
+                scenario, tp, device, _dtype(param_dtype), bool(sequence_parallel),
+                bool(activation_checkpointing),
+                represent=device == "meta" and representatives is not False)
     if tp == 1:
         held, recompute = activation_bytes(scenario, device, _dtype(param_dtype), fsdp_units,
                                            bool(activation_checkpointing))
     r0 = res.returns[0]
     last = iterations - 1
+    dmesh = DeviceMesh(nprocs, mesh_dims)
+    profiles = [None if r in stand else _phase_profile(res, r, o["marks"], dmesh)
+                for r, o in enumerate(res.returns)]
     return CapturedStep(
         name=str(getattr(scenario, "name", "scenario")),
         parallel="hsdp" if "replicate" in mesh_dims else "fsdp",
         world_size=nprocs, mesh=mesh_dims, reshard_after_forward=bool(reshard_after_forward),
         param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-        profiles=[_phase_profile(res, r, o["marks"], DeviceMesh(nprocs, mesh_dims))
-                  for r, o in enumerate(res.returns)],
+        profiles=fill(profiles, stand),
         param_bytes=int(r0["param_bytes"]),
         local_param_bytes=int(r0["local_param_bytes"]),
         sequence_parallel=bool(sequence_parallel) if tp > 1 else False,

@@ -37,6 +37,7 @@ from .capture_fsdp import (_dtype, checkpoint_blocks, cosim_facts, fsdp_units,
                            outputs_not_modified_in_place, span_profile)
 from .meta import (DEVICES, fsdp_on_meta, functional_waits_on_meta, in_meta_scope,
                    pipelining_on_meta)
+from .represent import choose, represented, stand_ins
 from .simulate import issued, now, simulate
 from .tensor_parallel import apply_tensor_parallel
 
@@ -321,7 +322,8 @@ def _instrument(stage: Any, timed: Callable[..., Any], facts: dict[str, int]) ->
 def _stage_activation_bytes(scenario: Any, num_stages: int, microbatch_size: int,
                             device: str, dtype: torch.dtype | None, tp: int,
                             sequence_parallel: bool, split: Mapping[str, int],
-                            checkpointed: bool) -> list[tuple[int, int]]:
+                            checkpointed: bool, represent: bool = False
+                            ) -> list[tuple[int, int]]:
     """Per stage, what autograd keeps for backward in one microbatch's forward (and, on the
     last stage, its loss) on one rank, the stage's input included (the pipeline keeps it for
     the backward): (held, recompute) as :func:`~simddp.cosim.capture.saved_bytes` counts them
@@ -329,7 +331,8 @@ def _stage_activation_bytes(scenario: Any, num_stages: int, microbatch_size: int
     largest block's recompute (0 for a stage without blocks). Rank 0's first microbatch through
     the stages one after another, each under tensor parallelism over ``tp`` ranks as in the
     capture, on an untimed fake world (saved-tensor hooks add ops a compute model would
-    charge)."""
+    charge); with ``represent`` (on meta) rank 0 alone, its TP peers' collectives answered by
+    stand-ins (:mod:`simddp.cosim.represent`)."""
     import fakepg
 
     from fakepg.zoo.llama import LlamaStage
@@ -343,7 +346,10 @@ def _stage_activation_bytes(scenario: Any, num_stages: int, microbatch_size: int
             model = model.to(dtype)
         tp_mesh = init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",)) if tp > 1 else None
         tokens, targets = _batches(scenario, 0, 1, 1, device)[0]
-        x: torch.Tensor = tokens[:microbatch_size]
+        # one microbatch's own tokens and targets (a slice would count the whole batch's
+        # storage, which the step holds once, not each microbatch in flight)
+        x: torch.Tensor = tokens[:microbatch_size].clone()
+        targets = targets[:microbatch_size].clone()
         loss_fn = _loss_fn(scenario)
         out = []
         for s in range(num_stages):
@@ -356,14 +362,16 @@ def _stage_activation_bytes(scenario: Any, num_stages: int, microbatch_size: int
 
             def forward(stage: Any = stage, x: torch.Tensor = x) -> Any:
                 y.append(stage(x))
-                return loss_fn(y[0], targets[:microbatch_size]) if stage.last else y[0]
+                return loss_fn(y[0], targets) if stage.last else y[0]
             out.append(saved_bytes(forward, device,
                                    list(stage.layers) if checkpointed else None,
                                    stage.parameters()))
             x = y[0]
         return out
 
-    return [(int(h), int(r)) for h, r in fakepg.spawn(run, nprocs=tp).returns[0]]
+    # on meta the TP ranks are symmetric: rank 0 runs, its collectives answered for the rest
+    fn = represented(run, stand_ins({"tp": tp}) if represent else {})
+    return [(int(h), int(r)) for h, r in fakepg.spawn(fn, nprocs=tp).returns[0]]
 
 
 def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
@@ -373,7 +381,8 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
                param_dtype: str | None = None, reduce_dtype: str | None = None,
                sequence_parallel: bool = True, losses: list | None = None,
                input_weight: int = 0, output_weight: int = 0,
-               activation_checkpointing: bool = False) -> CapturedPipeline:
+               activation_checkpointing: bool = False,
+               representatives: bool | None = None) -> CapturedPipeline:
     """Run ``scenario`` (whose model is the zoo's :class:`models.llama.Llama`) pipelined over
     ``pp`` ranks with torch's real ``PipelineStage`` and ``schedule`` (one of
     :data:`SCHEDULES`) under :func:`simddp.simulate`, and record its last step (see the
@@ -395,7 +404,11 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
     block of every stage under torch's ``checkpoint_wrapper`` (torchtitan's full AC, after
     tensor parallelism and before FSDP2): a backward recomputes its stage's forward, and a
     microbatch in flight keeps only the blocks' inputs (the stage's ``activation_bytes``) until
-    then, plus one block's activations while a backward recomputes it (``recompute_bytes``)."""
+    then, plus one block's activations while a backward recomputes it (``recompute_bytes``).
+    ``representatives``: inside each stage one rank runs for its FSDP2 / TP peers
+    (:mod:`simddp.cosim.represent`; every stage's ranks along ``"pp"`` run): the same capture
+    at the cost of ``pp`` ranks; None (the default) where it holds (on meta, with a symmetric
+    timing and placement), False: every rank runs, True: refuse where it does not hold."""
     if device not in DEVICES:
         raise ValueError(f"capture_pp: device must be one of {', '.join(DEVICES)}, "
                          f"got {device!r}")
@@ -448,12 +461,15 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
                iterations=iterations, schedule=name, param_dtype=param_dtype,
                reduce_dtype=reduce_dtype, sequence_parallel=bool(sequence_parallel), split=split,
                activation_checkpointing=bool(activation_checkpointing))
+    stand = choose(mesh_dims, timing, device, representatives, "capture_pp")
+    run = _rank_run(scenario, cfg)
     try:
         with (fsdp_on_meta() if device == "meta" and fsdp else contextlib.nullcontext()), \
                 (pipelining_on_meta() if device == "meta" else contextlib.nullcontext()), \
                 (functional_waits_on_meta() if device == "meta" else contextlib.nullcontext()):
             with outputs_not_modified_in_place():
-                res = simulate(_rank_run(scenario, cfg), (), world, timing=timing, seed=seed)
+                res = simulate(represented(run, stand), (), world,
+                               timing=timing, seed=seed)
     except RankFailedError as e:
         if isinstance(e.__cause__, _ConfigError):
             raise ValueError(str(e.__cause__)) from None
@@ -464,7 +480,8 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
     held = _stage_activation_bytes(scenario, num_stages, batch_size // m, device,
                                    _dtype(param_dtype), mesh_dims.get("tp", 1),
                                    bool(sequence_parallel), split,
-                                   bool(activation_checkpointing))
+                                   bool(activation_checkpointing),
+                                   represent=device == "meta" and representatives is not False)
     stages = []
     for s in range(num_stages):
         rank = placement[s] * per_stage

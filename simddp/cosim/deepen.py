@@ -20,28 +20,54 @@ only the head — the Llama 3 paper's layout) a capture of a 2-block model on 4 
 
 What the copy cannot know is said where it matters: the deep capture has no co-simulated
 iteration time of its own (``cosim_iteration_time`` = 0).
+
+:func:`capture_pipeline` does both steps for a pipeline of any depth: it captures the shallowest
+pipeline whose stages hold what the target's first, middle and last stages hold (torchtitan's
+uneven split: two kinds of middle stage at most), on a few microbatches (the first, middle and
+last one are what a replay reads), and deepens it — a capture whose cost depends on the model's
+stages, not on ``pp``, the microbatch count or the world.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+from typing import Any, Sequence
+
+import torch
 
 from fakepg.arguments import integer
 
 from ..program.captured import CapturedPipeline
-from .capture_pp import stage_ranks
+from .capture_pp import _checked_llama, capture_pp, schedule_class, stage_ranks
 
-__all__ = ["deepen"]
+__all__ = ["deepen", "capture_pipeline", "shallow_plan"]
+
+# microbatches a shallow capture runs: the first, two middle and the last (a replay reads the
+# first, the last and a middle one; any schedule takes 4 on the shallow pipelines below)
+SHALLOW_MICROBATCHES = 4
+
+
+def _counts(n_layers: int, num_stages: int, input_weight: int, output_weight: int) -> list[int]:
+    from fakepg.zoo.llama import stage_layers
+
+    return [len(stage_layers(n_layers, s, num_stages, input_weight=input_weight,
+                             output_weight=output_weight)) for s in range(num_stages)]
 
 
 def deepen(cap: CapturedPipeline, pp: int, stages_per_rank: int | None = None, *,
-           n_layers: int) -> CapturedPipeline:
+           n_layers: int, input_weight: int | None = None,
+           output_weight: int | None = None) -> CapturedPipeline:
     """``cap`` as a pipeline of ``pp × stages_per_rank`` stages of a model with ``n_layers``
     blocks: stage 0 is ``cap``'s first stage, the last is its last, every stage between a copy
     of its middle stages (in turn). ``n_layers`` guards the model: the first, middle and last
     block counts of ``cap`` must add up to it at the new depth (a ValueError says which depth
-    would). The microbatches, schedule and the parallelism inside the stages stay ``cap``'s."""
+    would). With ``input_weight`` / ``output_weight`` the deep pipeline is split as
+    :func:`models.llama.stage_layers` splits it (torchtitan's uneven split, whose middle stages
+    hold one of two block counts): each middle stage is then a copy of a captured middle stage
+    holding as many blocks. The microbatches, schedule and the parallelism inside the stages
+    stay ``cap``'s."""
     pp = integer("deepen: pp", pp, minimum=1)
     v = integer("deepen: stages_per_rank", cap.stages_per_rank if stages_per_rank is None
                 else stages_per_rank, minimum=1)
@@ -52,6 +78,11 @@ def deepen(cap: CapturedPipeline, pp: int, stages_per_rank: int | None = None, *
                          f"rank >= 3)")
     blocks = [st["layers"][1] - st["layers"][0] for st in cap.stages]
     first, middle, last = blocks[0], blocks[1:-1], blocks[-1]
+    if input_weight is not None or output_weight is not None:
+        target = _counts(n_layers, pp * v, integer("deepen: input_weight", input_weight or 0,
+                                                    minimum=0),
+                         integer("deepen: output_weight", output_weight or 0, minimum=0))
+        return _deepened(cap, pp, v, target)
     if len(set(middle)) != 1:
         raise ValueError(f"deepen: the captured middle stages hold {middle} blocks; deepening "
                          f"copies them, so they must hold the same number")
@@ -64,14 +95,38 @@ def deepen(cap: CapturedPipeline, pp: int, stages_per_rank: int | None = None, *
                          f"{last} (last) blocks hold {first + per * max(0, num_stages - 2) + last}"
                          f" blocks, the model {n_layers}{fits}; capture the split the deep "
                          f"pipeline has (capture_pp's input_weight / output_weight)")
+    return _deepened(cap, pp, v, [first] + [per] * (num_stages - 2) + [last])
+
+
+def _deepened(cap: CapturedPipeline, pp: int, v: int, target: Sequence[int]
+              ) -> CapturedPipeline:
+    """``cap`` deepened to stages holding ``target`` blocks each: the first and last stages are
+    ``cap``'s, each middle one a copy of a captured middle stage of its block count (in turn
+    among those)."""
+    num_stages = pp * v
+    blocks = [st["layers"][1] - st["layers"][0] for st in cap.stages]
+    mids: dict[int, list[dict[str, Any]]] = {}
+    for st, n in zip(cap.stages[1:-1], blocks[1:-1]):
+        mids.setdefault(n, []).append(st)
+    for what, want, have in (("first", target[0], blocks[0]), ("last", target[-1], blocks[-1])):
+        if want != have:
+            raise ValueError(f"deepen: the deep pipeline's {what} stage holds {want} blocks, the "
+                             f"captured one {have}; capture the split the deep pipeline has "
+                             f"(capture_pp's input_weight / output_weight)")
+    missing = sorted(set(target[1:-1]) - set(mids))
+    if missing:
+        raise ValueError(f"deepen: the deep pipeline has middle stages of {missing} blocks; the "
+                         f"capture's middle stages hold {sorted(mids)}: capture a pipeline with "
+                         f"such a middle stage")
     placement = stage_ranks(cap.schedule, pp, v)
-    stages, start = [], 0
-    mids = cap.stages[1:-1]
-    for s in range(num_stages):
-        src = cap.stages[0] if s == 0 else cap.stages[-1] if s == num_stages - 1 \
-            else mids[(s - 1) % len(mids)]
+    stages, start, turn = [], 0, dict.fromkeys(mids, 0)
+    for s, n in enumerate(target):
+        if s == 0 or s == num_stages - 1:
+            src = cap.stages[0 if s == 0 else -1]
+        else:
+            src = mids[n][turn[n] % len(mids[n])]
+            turn[n] += 1
         st = copy.deepcopy(src)
-        n = blocks[0] if s == 0 else last if s == num_stages - 1 else per
         st.update(stage=s, rank=placement[s], layers=[start, start + n])
         start += n
         stages.append(st)
@@ -81,3 +136,104 @@ def deepen(cap: CapturedPipeline, pp: int, stages_per_rank: int | None = None, *
         cap, name=f"{cap.name} (deepened to {num_stages} stages)", pp=pp, stages_per_rank=v,
         mesh=mesh, world_size=cap.world_size // cap.pp * pp, stages=stages,
         param_bytes=param_bytes, cosim_iteration_time=0.0, cosim_exposed_comm=0.0)
+
+
+def shallow_plan(n_layers: int, pp: int, stages_per_rank: int, schedule: str, *,
+                 input_weight: int = 0, output_weight: int = 0) -> tuple[int, int] | None:
+    """(pp, n_layers) of the shallowest pipeline (``stages_per_rank`` stages a rank, as the
+    target) whose first and last stages hold what the target's hold and whose middle stages
+    hold each middle block count the target has; None when it has no fewer stages than the
+    target. :func:`models.llama.stage_layers` gives every stage ``per`` or ``per + 1`` blocks of
+    the weighted model (the first ``extra`` ones the more), so a shallow split with the same
+    ``per`` and an ``extra`` of 0, 1, 2 or all-but-one has them all."""
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+
+    num_stages = pp * stages_per_rank
+    target = _counts(n_layers, num_stages, input_weight, output_weight)  # raises if no split
+    weights = input_weight + output_weight
+    per, extra = divmod(n_layers + weights, num_stages)
+    kinds = len(set(target[1:-1]))
+    need = 4 if kinds > 1 else 3  # first, one or two kinds of middle, last
+    shallow_pp = max(2 if not issubclass(schedule_class(schedule), PipelineScheduleSingle)
+                     else 3, -(-need // stages_per_rank))
+    stages = shallow_pp * stages_per_rank
+    if stages >= num_stages:
+        return None
+    shallow_extra = {0: 0, 1: 1}.get(extra, stages - 1 if extra == num_stages - 1 else 2)
+    layers = stages * per + shallow_extra - weights
+    got = _counts(layers, stages, input_weight, output_weight)
+    if (got[0], got[-1]) != (target[0], target[-1]) or set(got[1:-1]) != set(target[1:-1]):
+        raise AssertionError(f"shallow_plan: {got} does not hold the stages of {target}")
+    return shallow_pp, layers
+
+
+class _FirstRows:
+    """A scenario's batches cut to their first ``rows`` samples (fewer microbatches of the
+    same size)."""
+
+    def __init__(self, batches: Any, rows: int) -> None:
+        self.batches, self.rows = batches, rows
+
+    def __call__(self, rank: int, world_size: int) -> list:
+        return [tuple(t[:self.rows] if isinstance(t, torch.Tensor) else t for t in batch)
+                for batch in self.batches(rank, world_size)]
+
+
+def capture_pipeline(scenario: Any, pp: int, *, schedule: str = "1F1B",
+                     microbatches: int | None = None, stages_per_rank: int = 1,
+                     input_weight: int = 0, output_weight: int = 0,
+                     shallow: bool | None = None, **kwargs: Any) -> CapturedPipeline:
+    """:func:`~simddp.cosim.capture_pp.capture_pp`'s capture of ``scenario`` pipelined over
+    ``pp`` ranks, at the cost of the shallowest pipeline that has each of its stages' roles:
+    where :func:`shallow_plan` finds one, that pipeline (the model cut to its blocks) is
+    captured on :data:`SHALLOW_MICROBATCHES` microbatches of the same size and
+    :func:`deepened <deepen>` to ``pp`` — its stages' actions are the deep pipeline's, as
+    co-simulated with their own neighbours; else (few stages, fewer than 4 microbatches, or
+    ``losses`` asked for, which are the whole model's) ``capture_pp`` as asked.
+    ``shallow``: None (the default) decides so, False always captures the whole pipeline, True
+    refuses where no shallow pipeline stands for it. ``kwargs`` go to ``capture_pp`` (mesh,
+    timing, device, …)."""
+    cls = schedule_class(schedule)
+    spr = integer("capture_pipeline: stages_per_rank", stages_per_rank, minimum=1)
+    model = _checked_llama(scenario)
+    split = dict(input_weight=input_weight, output_weight=output_weight)
+    plan = None if shallow is False else shallow_plan(model.args.n_layers, pp, spr, schedule,
+                                                      **split)
+    batch = int(scenario.inputs(0, 1)[0][0].shape[0])
+    m = batch if microbatches is None else integer("capture_pipeline: microbatches",
+                                                   microbatches, minimum=1)
+    if plan is not None and (batch % m or m < SHALLOW_MICROBATCHES
+                             or kwargs.get("losses") is not None):
+        plan = None  # capture_pp says what is wrong with m; too few to cut; the deep losses
+    if plan is None:
+        if shallow:
+            raise ValueError(f"capture_pipeline: no shallower pipeline stands for pp={pp} × "
+                             f"{spr} stages of {model.args.n_layers} blocks with {m} "
+                             f"microbatches ({cls.__name__}); capture it with shallow=False")
+        return capture_pp(scenario, pp, schedule=schedule, microbatches=m,
+                          stages_per_rank=spr, **split, **kwargs)
+    shallow_pp, layers = plan
+    from fakepg.zoo.llama import Llama
+
+    rows = batch // m * SHALLOW_MICROBATCHES
+    cut = scenario.with_(model=functools.partial(
+        Llama, dataclasses.replace(model.args, n_layers=layers)),
+        batches=_FirstRows(scenario.batches, rows))
+    cap = capture_pp(cut, shallow_pp, schedule=schedule, microbatches=SHALLOW_MICROBATCHES,
+                     stages_per_rank=spr, **split, **kwargs)
+    deep = deepen(cap, pp, spr, n_layers=model.args.n_layers, **split)
+    for st in deep.stages:  # m microbatches: the first, the middle ones, the last
+        st["actions"] = {kind: [copy.deepcopy(profs[_captured_microbatch(mb, m, len(profs))])
+                                for mb in range(m)] for kind, profs in st["actions"].items()}
+    return dataclasses.replace(deep, name=str(getattr(scenario, "name", "scenario")),
+                               microbatches=m)
+
+
+def _captured_microbatch(mb: int, m: int, n: int) -> int:
+    """Which of ``n`` captured microbatches stands for microbatch ``mb`` of ``m``: the first,
+    the last, or a middle one (the pipeline planner's rule)."""
+    if mb == 0 or n == 1:
+        return 0
+    if mb == m - 1:
+        return n - 1
+    return min(mb, n - 2) if n > 2 else 0
