@@ -36,6 +36,7 @@ from .capture import _batches, saved_bytes, state_bytes
 from .capture_fsdp import (_dtype, _local_bytes, checkpoint_units, cosim_facts, fsdp_units,
                            outputs_not_modified_in_place, span_profile)
 from .meta import DEVICES, fsdp_on_meta, functional_waits_on_meta, in_meta_scope
+from .represent import choose, fill, represented, stand_ins
 from .ring_attention import (ROTATE_METHODS, apply_context_parallel, cpu_ring_attention,
                              observing_ring, shard_sequence, torch_cp)
 from .simulate import SimResult, issued, now, simulate
@@ -219,7 +220,12 @@ def _cp_activation_bytes(scenario: Any, mesh_dims: Mapping[str, int], device: st
             return saved_bytes(lambda: scenario.step(model, batch), device,
                                fsdp_units(model) if checkpointed else None, model.parameters())
 
-    held, recompute = fakepg.spawn(in_meta_scope(device, run), nprocs=cp * tp).returns[0]
+    # only rank 0's saved tensors are counted: on meta it runs alone, its peers' collectives
+    # answered by stand-ins (simddp.cosim.represent; the ring's calls have the same shapes on
+    # every rank)
+    stand = stand_ins(dims, ("cp", "tp")) if device == "meta" else {}
+    held, recompute = fakepg.spawn(represented(in_meta_scope(device, run), stand),
+                                   nprocs=cp * tp).returns[0]
     return int(held), int(recompute)
 
 
@@ -273,14 +279,18 @@ def capture_cp(scenario: Any, nprocs: int | None = None, *, timing: Timing | Non
     _dtype(param_dtype), _dtype(reduce_dtype)
     timing = Timing() if timing is None else timing
     ring = _RingRecorder(nprocs)
+    # replicas, shards and TP ranks do the same work: on meta one of each runs (the CP ranks
+    # all run: their ring steps differ)
+    stand = choose(dims, timing, device, None, "capture_cp")
     with (fsdp_on_meta() if device == "meta" else contextlib.nullcontext()), \
             (functional_waits_on_meta() if device == "meta" else contextlib.nullcontext()), \
             outputs_not_modified_in_place(), cpu_ring_attention(rotate_method):
         with ring.recording():
-            res = simulate(_rank_run(scenario, dims, iterations, bool(reshard_after_forward),
-                                     (param_dtype, reduce_dtype), device, bool(load_balance),
-                                     bool(sequence_parallel), checkpointed),
-                           (), nprocs, timing=timing, seed=seed)
+            res = simulate(represented(_rank_run(
+                scenario, dims, iterations, bool(reshard_after_forward),
+                (param_dtype, reduce_dtype), device, bool(load_balance),
+                bool(sequence_parallel), checkpointed), stand),
+                (), nprocs, timing=timing, seed=seed)
         held, recompute = _cp_activation_bytes(scenario, dims, device, _dtype(param_dtype),
                                                bool(load_balance), bool(sequence_parallel),
                                                checkpointed)
@@ -291,7 +301,8 @@ def capture_cp(scenario: Any, nprocs: int | None = None, *, timing: Timing | Non
         dims else "hsdp", world_size=nprocs, mesh=dims,
         reshard_after_forward=bool(reshard_after_forward), param_dtype=param_dtype,
         reduce_dtype=reduce_dtype,
-        profiles=[_profile(res, r, o, cpmesh, ring) for r, o in enumerate(res.returns)],
+        profiles=fill([None if r in stand else _profile(res, r, o, cpmesh, ring)
+                       for r, o in enumerate(res.returns)], stand),
         param_bytes=int(r0["param_bytes"]), local_param_bytes=int(r0["local_param_bytes"]),
         sequence_parallel=bool(sequence_parallel) if dims.get("tp", 1) > 1 else False,
         optimizer_state_bytes=int(r0["optimizer_state_bytes"]), activation_bytes=held,
