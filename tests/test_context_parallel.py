@@ -93,7 +93,7 @@ def _reference(steps: int = 2):
         loss.backward()
         opt.step()
         opt.zero_grad()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses, [p.detach() for p in model.parameters()]
 
 
