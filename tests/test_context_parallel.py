@@ -380,10 +380,14 @@ def test_whatif_replays_a_cp_layout_through_the_registry():
     from simddp.whatif import whatif
 
     rows = whatif("llama3-tiny", parallel="cp:2,fsdp", world_size=[2, 16], network="dgx-h100",
-                  gpu="h100", cache=False)
-    assert isinstance(rows.captured, CapturedCP) and rows.captured.mesh == {"shard": 1, "cp": 2}
+                  gpu="h100", cache=False, reshard_after_forward=[True, False])
+    assert all(isinstance(c, CapturedCP) and c.mesh == {"shard": 1, "cp": 2}
+               for c in rows.captures)
+    # FSDP2's options apply to a CP layout: one capture per reshard_after_forward
+    captures = {id(c): c for c in rows.captures}.values()
+    assert sorted(c.reshard_after_forward for c in captures) == [False, True]
     assert [(r["world_size"], sorted(r["exposed_comm_by_dim"])) for r in rows] == \
-        [(2, ["cp", "shard_cp"]), (16, ["cp", "shard_cp"])]
+        [(n, ["cp", "shard_cp"]) for n in (2, 16, 2, 16)]
 
 
 def test_a_cp_capture_loads_as_itself_from_its_json(tmp_path):
