@@ -38,7 +38,8 @@ import time
 
 from fakepg import zoo as models  # the scenario zoo, installed as fakepg.zoo
 from simddp import Compute, Network, Timing
-from simddp.replay import capture, replay, sweep, write_csv
+from simddp.replay import replay, write_csv
+from simddp import capture, sweep
 
 
 def _fmt_ms(s: float) -> str:

@@ -47,7 +47,7 @@ class _Captures:
     def get(self, workload: str, gpu: str):
         from fakepg import zoo
         from simddp import Compute, Network, Timing
-        from simddp.replay import capture
+        from simddp import capture
         from simddp.whatif import step_phases
 
         key = (workload, gpu)

@@ -39,6 +39,9 @@ class LlamaArgs:
     vocab_size: int = 128256
     multiple_of: int = 256  # the SwiGLU hidden size is rounded up to a multiple of this
     ffn_dim_multiplier: float | None = None
+    # the SwiGLU hidden size given outright (a Hugging Face ``intermediate_size``, Megatron's
+    # ``--ffn-hidden-size``); None: computed from multiple_of and ffn_dim_multiplier
+    ffn_dim: int | None = None
     norm_eps: float = 1e-5
     rope_theta: float = 500000.0
     max_seq_len: int = 8192  # rotary tables are built for this many positions
@@ -56,6 +59,10 @@ class LlamaArgs:
         if self.dim % self.n_heads:
             raise ValueError(f"LlamaArgs: dim {self.dim} is not divisible by n_heads "
                              f"{self.n_heads}")
+        if self.ffn_dim is not None and (not isinstance(self.ffn_dim, int)
+                                         or isinstance(self.ffn_dim, bool) or self.ffn_dim < 1):
+            raise ValueError(f"LlamaArgs.ffn_dim must be a positive int or None, got "
+                             f"{self.ffn_dim!r}")
         if self.attention not in ("reference", "sdpa"):
             raise ValueError(f"LlamaArgs.attention must be 'reference' or 'sdpa', got "
                              f"{self.attention!r}")
@@ -76,7 +83,10 @@ class LlamaArgs:
 
     @property
     def ffn_hidden_dim(self) -> int:
-        """The SwiGLU hidden size as the reference ``FeedForward`` computes it."""
+        """The SwiGLU hidden size as the reference ``FeedForward`` computes it (``ffn_dim``
+        when given)."""
+        if self.ffn_dim is not None:
+            return self.ffn_dim
         hidden = int(2 * (4 * self.dim) / 3)
         if self.ffn_dim_multiplier is not None:
             hidden = int(self.ffn_dim_multiplier * hidden)

@@ -21,7 +21,7 @@ from .scenario import Scenario, SeededBatches, cross_entropy_loss, ddp_options
 __all__ = ["WORKLOADS", "resnet50", "resnet101", "resnext101_32x4d", "vgg16", "alexnet",
            "inception_v3", "bert_base", "bert_large", "gpt2", "gpt2_medium",
            "inception_loss", "masked_lm_loss", "causal_lm_loss", "llama3_8b", "llama3_70b",
-           "llama3_405b", "llama3_tiny"]
+           "llama3_405b", "llama3_tiny", "llama_workload"]
 
 WORKLOADS: dict[str, Callable[..., Scenario]] = {}
 
@@ -101,13 +101,26 @@ def resnet101(batch_size: int = 32, image_size: int = 224, iterations: int = 3, 
 
 def _llama3(size: str, batch_size: int, seq_len: int, iterations: int, seed: int,
             bucket_cap_mb: float | None, attention: str = "sdpa") -> Scenario:
+    return llama_workload(llama.LLAMA3_CONFIGS[size], f"llama3-{size}", batch_size=batch_size,
+                          seq_len=seq_len, iterations=iterations, seed=seed,
+                          bucket_cap_mb=bucket_cap_mb, attention=attention,
+                          what=f"Llama 3 {size}")
+
+
+def llama_workload(args: llama.LlamaArgs, name: str, *, batch_size: int = 1,
+                   seq_len: int = 8192, iterations: int = 3, seed: int = 0,
+                   bucket_cap_mb: float | None = None, attention: str = "sdpa",
+                   what: str = "Llama-3-style") -> Scenario:
+    """A Llama-3-style decoder of any shape (``args``) on random token sequences, AdamW: the
+    zoo's ``llama3-*`` workloads, and shapes users give (``simddp.jobs``). ``seq_len`` beyond
+    ``args.max_seq_len`` is refused."""
     # torchtitan trains with F.scaled_dot_product_attention (a fused kernel); "reference" is
     # Meta's written-out attention (LlamaArgs.attention)
-    args = dataclasses.replace(llama.LLAMA3_CONFIGS[size], attention=attention)
+    args = dataclasses.replace(args, attention=attention)
     if not 1 <= seq_len <= args.max_seq_len:
-        raise ValueError(f"llama3-{size}: seq_len must be in 1..{args.max_seq_len}, got {seq_len}")
+        raise ValueError(f"{name}: seq_len must be in 1..{args.max_seq_len}, got {seq_len}")
     return Scenario(
-        name=f"llama3-{size}",
+        name=name,
         model=functools.partial(llama.Llama, args),
         batches=SeededBatches(data.token_sequences, seed, dict(
             iterations=iterations, batch_size=batch_size, seq_len=seq_len,
@@ -117,7 +130,7 @@ def _llama3(size: str, batch_size: int, seq_len: int, iterations: int, seed: int
         optimizer=functools.partial(torch.optim.AdamW, lr=3e-4, weight_decay=0.1),
         iterations=iterations,
         seed=seed,
-        description=f"Llama 3 {size} decoder ({args.num_params():,} parameters), "
+        description=f"{what} decoder ({args.num_params():,} parameters), "
                     f"{batch_size} x {seq_len} tokens per rank, AdamW",
         features=("benchmark", "transformer", "bucketing", "real-size"),
     )

@@ -42,7 +42,8 @@ Trace-driven replay at scale (:mod:`simddp.replay`): capture one DDP iteration o
 cluster, then replay it at thousands of ranks with what-if knobs::
 
     from fakepg import zoo
-    from simddp.replay import capture, replay, sweep
+    from simddp.replay import replay
+    from simddp import capture, sweep
     cap = simddp.capture(zoo.get("transformer_block"), nprocs=2, timing=timing)
     res = replay(cap, 4096, network=Network.preset("ib-ndr", gpus_per_node=8),
                  bucket_cap_mb=5, comm_hook="fp16")

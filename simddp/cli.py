@@ -34,6 +34,7 @@ import sys
 from typing import Any, Callable, Iterator, Sequence
 
 from . import cli_args as A
+from .cli_plan import add_parser as add_plan_parser, run as run_plan
 
 __all__ = ["main"]
 
@@ -315,10 +316,24 @@ def _parser() -> argparse.ArgumentParser:
     w = sub.add_parser("whatif", help="capture a workload once, replay it per configuration",
                        description="One row per configuration of a zoo scenario or script.",
                        epilog_fn=_whatif_epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
-    w.add_argument("workload", help="zoo scenario or benchmark workload (listed below), or a "
-                                    ".py script defining `scenario`")
     # TODO(lead): --gpu PRESET[,field=value...] goes through simddp.models.compute.gpu_spec
     # once the compute helper's change is merged; today it is a preset name
+    w.add_argument("workload", nargs="?", default=None,
+                   help="zoo scenario or benchmark workload (listed below), a .py script "
+                        "defining `scenario`, a Hugging Face config.json, a torchtitan flavor "
+                        "(llama3:8B) or a shape (llama:dim=4096,layers=32,heads=32,...); "
+                        "docs/configurations.md")
+    j = w.add_argument_group("the user's configuration (docs/configurations.md)")
+    j.add_argument("--torchtitan", metavar="FILE", help="torchtitan's job TOML (its model, "
+                   "batch, layout and knobs; --world-size fills a degree left at -1)")
+    j.add_argument("--megatron", metavar="ARGS", help="a Megatron-LM argument line, quoted")
+    j.add_argument("--seq-len", type=A.integer(1, 1 << 24, " tokens"), default=None,
+                   help="tokens per sequence")
+    j.add_argument("--local-batch", type=A.integer(1, 1 << 24, " sequences"), default=None,
+                   help="sequences per rank per microbatch")
+    j.add_argument("--global-batch", type=A.integer(1, 1 << 30, " sequences"), default=None,
+                   help="sequences per optimizer step (gradient accumulation beyond what the "
+                        "layout runs at once)")
     w.add_argument("--gpu", default="a100", help="compute preset for the roofline model "
                    "(listed below; default a100)")
     w.add_argument("--step-time", type=A.real(positive=True, hi=86400.0, what=" seconds"),
@@ -334,6 +349,7 @@ def _parser() -> argparse.ArgumentParser:
                        description="Replay a capture (whatif --out DIR writes DIR/capture.json).")
     r.add_argument("capture", help="a capture JSON (CapturedIteration.save)")
     _grid_flags(r, world_default=None)
+    add_plan_parser(sub)
     c = sub.add_parser("calibrate", help="measure collectives on this machine's backend and "
                        "fit a network model", description="nccl-tests-style timing of "
                        "collectives (gloo on CPU, NCCL with GPUs), one process per rank.")
@@ -511,11 +527,13 @@ _GIB_IN_GB = (1 << 30) / 1e9  # --gpu-memory is GiB; the knob (gpu_memory_gb) co
 
 
 def _whatif(args: argparse.Namespace) -> int:
+    from .jobs.cli import apply_job
     from .whatif import whatif
 
     memory = None if args.gpu_memory is None else args.gpu_memory * _GIB_IN_GB
+    workload = apply_job(args, whatif)  # --torchtitan/--megatron/--seq-len/...: simddp.jobs
     with _executor(args) as ex, _progress(not args.no_progress) as (status, rows, one):
-        res = whatif(args.workload, **_grid_kwargs(args), gpu=args.gpu,
+        res = whatif(workload, **_grid_kwargs(args), gpu=args.gpu,
                      step_time_s=args.step_time, batch_size=args.batch_size,
                      capture_ranks=args.capture_ranks, iterations=args.iterations,
                      jitter=args.jitter, seed=args.seed, parallel=args.parallel,
@@ -703,13 +721,19 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan(args: argparse.Namespace) -> int:
+    with _executor(args) as ex, _progress(not args.no_progress) as (status, _, _):
+        return run_plan(args, ex, status)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``simddp`` console script; returns the exit status."""
     args = _parser().parse_args(argv)
     from .program.parallel import UsageError
 
     try:
-        return {"whatif": _whatif, "replay": _replay, "calibrate": _calibrate}[args.command](args)
+        return {"whatif": _whatif, "replay": _replay, "calibrate": _calibrate,
+                "plan": _plan}[args.command](args)
     except KeyboardInterrupt:
         print("simddp: interrupted", file=sys.stderr)
         return 130

@@ -1,4 +1,4 @@
-"""The simpy core of simddp (``simddp.engine``): communicators, shared links and collectives as simpy processes.
+"""The simpy core of simddp (:mod:`simddp.core`): communicators, shared links and collectives as simpy processes.
 
 Both ways simddp keeps time run on this module:
 

@@ -21,7 +21,7 @@ Steps:
    (:mod:`simddp.models.ddp_overhead`), so a 1-rank DDP iteration is the step plus DDP's
    modelled overhead;
 3. one capture (:func:`simddp.replay.capture`, torch's real DDP on ``capture_ranks`` fake
-   ranks), then one replay per configuration (:func:`simddp.replay.sweep`'s rows), here or on
+   ranks), then one replay per configuration (:func:`simddp.sweep`'s rows), here or on
    an executor. Straggler ranks a world does not have are left out of that world's row.
 """
 
@@ -49,15 +49,18 @@ __all__ = ["whatif", "replay_grid", "load_workload", "step_time", "step_phases",
            "network_for"]
 
 def load_workload(spec: Any, **overrides: Any) -> Any:
-    """The scenario ``spec`` names: a ``Scenario`` as is, a zoo name, or a ``.py`` script
-    defining ``scenario``. ``overrides`` (e.g. ``batch_size=32``) go to the factory."""
+    """The scenario ``spec`` names: a ``Scenario`` as is, a zoo name, a ``.py`` script
+    defining ``scenario``, or any model :func:`simddp.jobs.resolve_model` takes (a Hugging
+    Face config.json, a torchtitan flavor, a shape). ``overrides`` (e.g. ``batch_size=32``)
+    go to the factory."""
     overrides = {k: v for k, v in overrides.items() if v is not None}
     if not isinstance(spec, (str, os.PathLike)):
         if overrides:
             return spec.with_(**overrides)
         return spec
     spec = os.fspath(spec)
-    if spec.endswith(".py") or os.path.sep in spec:
+    if spec.endswith(".py") or (os.path.sep in spec and not spec.endswith(".json")
+                                and not os.path.isdir(spec)):
         if not os.path.isfile(spec):
             raise FileNotFoundError(f"workload script {spec!r} does not exist")
         try:
@@ -92,9 +95,14 @@ def load_workload(spec: Any, **overrides: Any) -> Any:
 
     factory = zoo.SCENARIOS.get(spec) or zoo.WORKLOADS.get(spec)
     if factory is None:
-        known = sorted(zoo.SCENARIOS) + sorted(zoo.WORKLOADS)
-        raise ValueError(f"unknown workload {spec!r}: give a zoo scenario ({', '.join(known)}) "
-                         f"or a path to a .py script defining `scenario`")
+        from .jobs.models import resolve_model, zoo_key
+
+        if zoo_key(spec) is not None:  # the other spelling: llama3_8b, bert-base
+            return load_workload(zoo_key(spec), **overrides)
+        # a Hugging Face config.json, a torchtitan flavor, a shape (simddp.jobs); its error
+        # names every form a workload takes
+        sc = resolve_model(spec)
+        return sc.with_(**overrides) if overrides else sc
     accepted = inspect.signature(factory).parameters
     unknown = [k for k in overrides if k not in accepted]
     if unknown:
@@ -255,8 +263,10 @@ def _pipeline_variants(workload: Any, sc: Any, par: Any, schedules: Any, microba
                                  f"(a replica's batch per step)")
             by_size.setdefault(1 if batch_size is None else batch_size // m, []).append(m)
         for size, ms in by_size.items():
+            # a name, or a workload that resizes itself (simddp.jobs.ModelScenario)
             scenario = load_workload(workload, batch_size=cap_m * size) \
-                if isinstance(workload, (str, os.PathLike)) else sc
+                if isinstance(workload, (str, os.PathLike)) or hasattr(workload, "recipe") \
+                else sc
             opts = base.replace(pp_schedule=name, microbatches=cap_m, microbatch_size=size,
                                 stages_per_rank=v)
             out.append((scenario, opts, [dict(pp_schedule=name, microbatches=m,

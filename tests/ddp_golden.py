@@ -77,7 +77,7 @@ def engines_for(knobs: dict[str, Any]) -> list[str]:
 def captures() -> dict[str, Any]:
     from fakepg import zoo
     from simddp import Compute, Network, Timing
-    from simddp.replay import capture
+    from simddp import capture
     timing = Timing(network=Network.preset("100gbe"), compute=Compute.roofline("a100"))
     out = {}
     for name in sorted(zoo.SCENARIOS):

@@ -115,7 +115,7 @@ def test_a_forward_collective_pays_the_issue_cost_and_slows_the_forward_after_it
 def test_many_buckets_cost_more_than_few_when_each_collective_has_a_fixed_cost(tmp_path):
     from fakepg import zoo
     from simddp import Compute, Timing
-    from simddp.replay import capture
+    from simddp import capture
 
     net = Network.preset("dgx1-v100")
     cap = capture(zoo.get("mlp", depth=6, width=256), 2,

@@ -12,7 +12,8 @@ from simddp.models.gpu_contention import gpu_contention
 from simddp.models.host import HostLoader, core_share_slowdown
 from simddp.models.nccl_latency import ProtocolLatency
 from simddp.models.syncs import METRIC_BYTES
-from simddp.replay import CapturedIteration, capture, replay
+from simddp.replay import CapturedIteration, replay
+from simddp import capture
 
 NET = Network(bandwidth_GBps=1.0, latency_us=20.0, algorithm="ring")
 FREE = Network(bandwidth_GBps=1e9, latency_us=0.0, algorithm="ring")  # communication ~ free

@@ -215,16 +215,15 @@ def test_the_zoo_imports_only_torch_and_the_standard_library() -> None:
     assert not foreign, f"models/ must import only torch (it runs on real backends too): {foreign}"
 
 
-def test_no_fakepg_module_reaches_for_another_modules_private_names() -> None:
-    # `from .cluster import _fresh` or `_store._ACTIVE`: what a module keeps private may change
-    # without notice, so a name another module needs is made public where it is defined.
-    modules = _modules("fakepg")
+def private_names_across_modules(package: str) -> list[str]:
+    """Where a module of ``package`` imports or reads another module's private name."""
+    modules = _modules(package)
     found = []
     for module, (path, is_package) in modules.items():
         tree = ast.parse(path.read_text(), str(path))
-        module_aliases = set()  # local names bound to fakepg modules: `from . import store as _store`
+        module_aliases = set()  # local names bound to the package's modules: `from . import store as _store`
         for node in _imports(tree):
-            if not isinstance(node, ast.ImportFrom) or not (node.level or (node.module or "").startswith("fakepg")):
+            if not isinstance(node, ast.ImportFrom) or not (node.level or (node.module or "").startswith(package)):
                 continue
             source = _imported_names(module, is_package, node)[0]
             for alias in node.names:
@@ -237,6 +236,13 @@ def test_no_fakepg_module_reaches_for_another_modules_private_names() -> None:
                     and node.value.id in module_aliases and node.attr.startswith("_")
                     and not node.attr.startswith("__")):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}: reads {node.value.id}.{node.attr}")
+    return found
+
+
+def test_no_fakepg_module_reaches_for_another_modules_private_names() -> None:
+    # `from .cluster import _fresh` or `_store._ACTIVE`: what a module keeps private may change
+    # without notice, so a name another module needs is made public where it is defined.
+    found = private_names_across_modules("fakepg")
     assert not found, "private names used across fakepg's modules:\n" + "\n".join(found)
 
 
@@ -265,3 +271,64 @@ def test_rooms_import_only_their_own_room_and_the_rooms_below() -> None:
               if ROOMS.index(room_of(edge.target)) > ROOMS.index(room_of(module))]
     assert not upward, "imports that go up a room (rooms, lowest first: " + " < ".join(ROOMS) + "):\n" + \
         "\n".join(upward)
+
+
+# simddp's layers, highest first: a module imports from its own room, from the rooms of lower
+# layers, and (drivers only) from other drivers. The engines (cosim, replay) run what the
+# program layer writes; the models and the analysis know nothing of either.
+SIMDDP_LAYERS = (
+    ("simddp", "simddp.__main__", "simddp.cli"),
+    ("simddp.whatif", "simddp.sweep", "simddp.measure", "simddp.exploration", "simddp.strategies",
+     "simddp.jobs", "simddp.plan", "simddp.cache"),
+    ("simddp.cosim", "simddp.replay"),
+    ("simddp.program", "simddp.timing"),
+    ("simddp.analysis", "simddp.core", "simddp.faults"),
+    ("simddp.models", "simddp.errors", "simddp.compat"),
+)
+_DRIVERS = 1
+
+
+def simddp_room(module: str) -> str:
+    parts = module.split(".")
+    return module if len(parts) == 1 else ".".join(parts[:2])
+
+
+def simddp_layer(module: str) -> int:
+    room = simddp_room(module)
+    for i, rooms in enumerate(SIMDDP_LAYERS):
+        if room in rooms:
+            return i
+    raise LookupError(room)
+
+
+def test_simddp_has_no_import_circle() -> None:
+    cycles = find_cycles(import_graph("simddp"))
+    assert not cycles, (f"{len(cycles)} import circle(s) in simddp; turn one import around (a registry, "
+                        "a hook or a parameter):\n" + "\n\n".join(describe(c) for c in cycles))
+
+
+def test_every_simddp_module_lives_in_a_layer() -> None:
+    unknown = []
+    for module in _modules("simddp"):
+        try:
+            simddp_layer(module)
+        except LookupError:
+            unknown.append(module)
+    assert not unknown, f"simddp modules outside SIMDDP_LAYERS: {unknown} (docs/architecture.md)"
+
+
+def test_simddp_imports_run_down_its_layers() -> None:
+    upward = []
+    for module, edges in sorted(import_graph("simddp").items()):
+        for edge in edges:
+            a, b = simddp_layer(module), simddp_layer(edge.target)
+            same_room = simddp_room(module) == simddp_room(edge.target)
+            if not (same_room or b > a or (a == b == _DRIVERS) or a == 0):
+                upward.append(f"{module} imports {edge.target}  ({edge.where})")
+    assert not upward, "simddp imports that do not run down its layers (" + " > ".join(
+        "/".join(r.split(".")[-1] for r in rooms) for rooms in SIMDDP_LAYERS) + "):\n" + "\n".join(upward)
+
+
+def test_no_simddp_module_reaches_for_another_modules_private_names() -> None:
+    found = private_names_across_modules("simddp")
+    assert not found, "private names used across simddp's modules:\n" + "\n".join(found)

@@ -9,7 +9,8 @@ import pytest
 from fakepg import zoo
 from simddp import MeasuredNetwork, Network, Timing
 from simddp.models import NetworkModel
-from simddp.replay import capture, replay
+from simddp.replay import replay
+from simddp import capture
 
 
 def rows_of(net, op, world_size, sizes):

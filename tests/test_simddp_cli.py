@@ -22,7 +22,8 @@ import simddp
 from fakepg import zoo
 from simddp import Compute, Network, Timing
 from simddp.whatif import calibrate_compute, load_workload, step_time, whatif
-from simddp.replay import capture, replay, sweep
+from simddp.replay import replay
+from simddp import capture, sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = {"world_size", "bucket_cap_mb", "comm_hook", "iteration_time_s", "exposed_comm_s"}

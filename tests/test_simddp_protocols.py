@@ -17,7 +17,8 @@ import simddp
 from simddp import Compute, Network, NetworkModel, Timing
 from simddp.core import at
 from simddp.models import collective_time
-from simddp.replay import capture, replay
+from simddp.replay import replay
+from simddp import capture
 
 
 class FlatLink:

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from fakepg import zoo as models  # the scenario zoo, installed as fakepg.zoo
 from simddp import Compute, Network, Timing
-from simddp.replay import CapturedIteration, capture, replay, sweep
+from simddp.replay import CapturedIteration, replay
+from simddp import capture, sweep
 
 NET = Network.preset("100gbe")
 TIMING = Timing(network=NET, compute=Compute.roofline("a100"))

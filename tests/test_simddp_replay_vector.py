@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from fakepg import zoo as models  # the scenario zoo, installed as fakepg.zoo
 from simddp import Compute, Network, Timing
 from simddp.analysis.arrays import ArrayTimeline
-from simddp.replay import capture, replay
+from simddp.replay import replay
+from simddp import capture
 
 NET = Network.preset("100gbe")
 IB8 = Network.preset("ib-ndr", gpus_per_node=8)

@@ -5,7 +5,8 @@ import pytest
 from fakepg import zoo
 from simddp import Compute, Network, Timing
 from simddp.program import Config, Issue, Knobs, Memory, Parallel, Segment, peak_memory, plan
-from simddp.replay import capture, replay
+from simddp.replay import replay
+from simddp import capture
 from simddp.replay.vector_engine import unsupported
 
 NET = Network.preset("ib-ndr", gpus_per_node=8)

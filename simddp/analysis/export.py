@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .timeline import CommSpan, Timeline
 
-__all__ = ["chrome_trace", "breakdown_csv", "summary", "write_csv"]
+__all__ = ["chrome_trace", "breakdown_csv", "summary", "write_csv", "terminal_width"]
 
 
 def chrome_trace(tl: Timeline, path: str | os.PathLike | None = None) -> dict[str, Any]:
@@ -77,13 +77,19 @@ def breakdown_csv(tl: Timeline, path: str | os.PathLike | None = None) -> str:
     return text
 
 
+def terminal_width() -> int:
+    """The width tables are printed at: ``$COLUMNS``, else 80 (a piped CI log has no terminal)."""
+    try:
+        return int(os.environ.get("COLUMNS", "80"))
+    except ValueError:
+        return 80
+
+
 def summary(tl: Timeline, max_rows: int = 12, width: int | None = None) -> str:
     """The per-iteration table of :meth:`Timeline.summary`, ``width`` columns wide (default:
     ``$COLUMNS``, else 80 — a piped CI log)."""
     from rich.console import Console
     from rich.table import Table
-
-    from .sweeps import terminal_width
 
     its = dict(enumerate(tl.iteration_figures()))
     table = Table(title=f"simddp: {tl.nranks} ranks, {len(its)} iterations, "

@@ -1,7 +1,7 @@
 """What a sweep leaves behind: :class:`SweepResult`, one row per configuration, with a terminal
 table, CSV/JSON, a pandas DataFrame and plots.
 
-A :class:`SweepResult` is a ``list`` of flat dict rows (what :func:`simddp.replay.sweep` always
+A :class:`SweepResult` is a ``list`` of flat dict rows (what :func:`simddp.sweep` always
 returned), so ``rows[0]["iteration_time_s"]`` and ``len(rows)`` keep working::
 
     res = sweep(cap, world_size=[64, 1024], bucket_cap_mb=[1, 25])
@@ -23,9 +23,9 @@ from __future__ import annotations
 import io
 import json
 import os
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, ClassVar, Iterable, Sequence
 
-from .export import write_csv
+from .export import terminal_width, write_csv
 from .timeline import Timeline
 
 __all__ = ["SweepResult", "row_figures", "RESULT_COLUMNS"]
@@ -44,14 +44,6 @@ _SHORT = {"world_size": "ranks", "bucket_cap_mb": "cap MB", "comm_hook": "hook",
           "reshard_after_forward": "reshard", "forward_prefetch": "fwd pf",
           "backward_prefetch": "bwd pf", "pp_schedule": "schedule", "microbatches": "mb",
           "stages_per_rank": "v"}
-
-
-def terminal_width() -> int:
-    """The width tables are printed at: ``$COLUMNS``, else 80 (a piped CI log has no terminal)."""
-    try:
-        return int(os.environ.get("COLUMNS", "80"))
-    except ValueError:
-        return 80
 
 
 def row_figures(tl: Timeline) -> dict[str, Any]:
@@ -92,6 +84,9 @@ class SweepResult(list):
     :func:`~simddp.replay.replay` keywords (None when built from rows alone); :meth:`replay`
     re-runs one row with them, e.g. for its timeline.
     """
+
+    # simddp.replay registers its replay() here: the analysis layer stands below the engines
+    replayer: ClassVar[Callable[..., Any] | None] = None
 
     def __init__(self, rows: Iterable[dict[str, Any]] = (), *, captured: Any = None,
                  configs: Sequence[dict[str, Any]] | None = None,
@@ -293,11 +288,11 @@ class SweepResult(list):
         the :class:`~simddp.ReplayResult`, timeline included."""
         if self.captured is None or self.configs is None:
             raise ValueError("this SweepResult has no capture (built from rows alone), so a "
-                             "row cannot be replayed; use simddp.replay.sweep(cap, ...)")
-        from ..replay.replaying import replay
-
+                             "row cannot be replayed; use simddp.sweep(cap, ...)")
+        if SweepResult.replayer is None:
+            raise RuntimeError("no replay engine is loaded: import simddp.replay first")
         cap = self.captures[index] if self.captures is not None else self.captured
-        return replay(cap, **{**self.configs[index], **changes})
+        return SweepResult.replayer(cap, **{**self.configs[index], **changes})
 
     @classmethod
     def concat(cls, parts: Sequence[SweepResult], title: str | None = None) -> SweepResult:

@@ -14,14 +14,21 @@ from fakepg import ops
 from fakepg.sites import user_site
 
 from ..errors import CollectiveRaceError, CollectiveTimeoutError
-from . import clock  # (clock imports this module too: used at call time only)
 
 if TYPE_CHECKING:
     from .clock import Flight, RankClock
 
-__all__ = ["timeout_error", "race_error"]
+__all__ = ["timeout_error", "race_error", "ptr"]
 
 _Tensor = torch.Tensor
+
+
+def ptr(t: _Tensor) -> int:
+    """The tensor's storage address (0 without storage): which tensors a collective writes."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except Exception:  # noqa: BLE001 - tensors without storage (meta, some subclasses)
+        return 0
 
 
 def _optype(op: str) -> str:
@@ -96,13 +103,13 @@ def _writes(func: Any, args: tuple, kwargs: Any, tensor: _Tensor) -> bool:
     schema = getattr(func, "_schema", None)
     if schema is None:
         return False
-    p = clock.ptr(tensor)
+    p = ptr(tensor)
     for i, arg in enumerate(schema.arguments):
         info = arg.alias_info
         if info is None or not info.is_write:
             continue
         v = args[i] if i < len(args) else kwargs.get(arg.name)
         vs = v if isinstance(v, (list, tuple)) else [v]
-        if any(isinstance(x, _Tensor) and clock.ptr(x) == p for x in vs):
+        if any(isinstance(x, _Tensor) and ptr(x) == p for x in vs):
             return True
     return False

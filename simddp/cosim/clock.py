@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import array
 import math
-import threading
 import types
 import zlib
 from typing import TYPE_CHECKING, Any
@@ -20,6 +19,8 @@ import torch
 from ..models import noise
 from ..models.compute import _moves_no_data
 from . import checks, tape
+from .bound import bind, current
+from .checks import ptr
 from .flight import Flight
 
 if TYPE_CHECKING:
@@ -52,18 +53,7 @@ _FREE_PACKETS = {getattr(torch.ops.profiler, n) for n in
 KIND_NAMES = ("forward", "backward", "optimizer", "callback", "wait")
 
 
-_tls = threading.local()  # .clock: the calling rank thread's RankClock while simulating
 _no_access: dict[Any, bool] = {}  # func -> True when it never reads/writes tensor data
-
-
-def current() -> "RankClock | None":
-    """The calling rank thread's clock (None outside a simulated rank)."""
-    return getattr(_tls, "clock", None)
-
-
-def bind(clock: "RankClock | None") -> None:
-    """Make ``clock`` the calling thread's clock (None: unbind)."""
-    _tls.clock = clock
 
 
 def _stream_name(func: Any, seconds: float) -> bytes:
@@ -375,12 +365,3 @@ class RankClock:
         self._side_spans.append((start, end))
         for f in flights:
             f.cb_end = end if f.cb_end is None or end > f.cb_end else f.cb_end
-
-
-def ptr(t: _Tensor) -> int:
-    """The tensor's storage address (0 without storage): which tensors a collective writes."""
-    try:
-        return t.untyped_storage().data_ptr()
-    except Exception:  # noqa: BLE001 - tensors without storage (meta, some subclasses)
-        return 0
-

@@ -14,7 +14,7 @@
   ``max(issue times of all members, end of the group's previous collective)`` (a communicator
   runs its collectives in order; point-to-point transfers are ordered per (group, src, dst))
   — decided by the simpy engine (:mod:`simddp.core`): each communicator and each
-  point-to-point channel is a :class:`~simddp.engine.Channel` (a simpy environment of its own
+  point-to-point channel is a :class:`~simddp.core.Channel` (a simpy environment of its own
   with a capacity-1 resource) on which the collective runs as a process — and lasts
   ``network.collective_time(op, bytes, group size) × noise`` on the fabric as the group's
   placement sees it (how many members share a node: :meth:`simddp.Network.placed`; send/recv:

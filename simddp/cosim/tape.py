@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from .bound import current
 from .keys import _SCALARS, _TENSORS, _Ineligible, backward_key, note_subgraph, t_meta
 
 if TYPE_CHECKING:
@@ -236,7 +237,6 @@ def _replay(r: "RankClock", tape: Tape, run: Any, phase: int, before: Any) -> An
 
 def _run(orig: Any, t_outputs: Any, *args: Any, **kwargs: Any) -> Any:
     """A backward pass (torch.autograd's ``_engine_run_backward``): a segment."""
-    from .clock import current
     r = current()
     if r is None or not _eligible(r):
         return orig(t_outputs, *args, **kwargs)

@@ -190,3 +190,6 @@ class MeasuredNetwork:
                               name=f"{self.name}-fit")
             self._fits[op] = fit
         return self._fits[op]
+
+
+Network.measured = MeasuredNetwork

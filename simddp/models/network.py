@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from typing import Any, Iterable
+from typing import Any, ClassVar, Iterable
 
 import numpy as np
 
@@ -84,6 +84,9 @@ class Network:
     nics_per_node: int | None = None
     nvls_bandwidth_GBps: float | None = None
     contention: Contention | None = None
+    # simddp.models.measured registers MeasuredNetwork here (it builds on Network, so Network
+    # cannot import it): what from_measurements() returns
+    measured: ClassVar[Any] = None
 
     def __post_init__(self) -> None:
         if self.contention is not None and not isinstance(self.contention, Contention):
@@ -308,11 +311,12 @@ class Network:
         """A :class:`~simddp.models.MeasuredNetwork`: collective times interpolated (piecewise in
         log-size) from ``rows`` of ``{op, world_size, bytes, seconds}`` or the path of a
         ``simddp calibrate --json`` file, with an α–β fit as the fallback."""
-        from .measured import MeasuredNetwork
-
+        measured = Network.measured
+        if measured is None:
+            raise RuntimeError("simddp.models.measured is not loaded: import simddp.models")
         if isinstance(rows, (str, os.PathLike)):
-            return MeasuredNetwork.load(rows, **kw)
-        return MeasuredNetwork(rows, **kw)
+            return measured.load(rows, **kw)
+        return measured(rows, **kw)
 
 
     # ---- presets (simddp.models.presets) ------------------------------------------------------

@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from .contract import Program
 from .captured import CapturedIteration
 from .knobs import CheckedKnobs
 from .mesh import DDPMesh
@@ -129,7 +130,7 @@ def _forward_events(prof) -> list[tuple[float, int, int]]:
     return sorted(ev)
 
 
-class DDPProgram:
+class DDPProgram(Program):
     """A captured DDP iteration as a step program, for one world and set of knobs (see the
     module docstring). ``buckets``/``plans``: the layout and per-bucket plans it replays."""
 
@@ -141,6 +142,12 @@ class DDPProgram:
         if k.metric_allreduces and checked.uneven:
             raise ValueError("metric_allreduces with uneven inputs: a joined rank would not "
                              "issue them (Join shadows DDP's collectives only)")
+        if cap.parallel != "ddp":
+            raise ValueError(f"{cap.name} was captured under {cap.parallel!r} by capture() (the "
+                             f"whole iteration, for co-simulation checks); the DDP planner "
+                             f"replays DDP captures only. Replay an FSDP2 layout from "
+                             f"simddp.cosim.capture_fsdp.capture_fsdp's CapturedStep (simddp "
+                             f"whatif --parallel fsdp captures it)")
         self.cap, self.world, self.iterations = cap, checked.world, checked.iterations
         self.nprofiles = len(cap.profiles)
         self.period = k.period
@@ -199,6 +206,9 @@ class DDPProgram:
         """Ranks whose instructions differ from the others' by more than durations."""
         return {r: ("uneven", n) for r, n in self.uneven.items()}
 
+    def communication_buckets(self) -> tuple[list[list[int]], list[list[int]]]:
+        return self.buckets, [[b for _, b, _ in p.stages] for p in self.plans]
+
     def static_memory(self) -> dict[str, int]:
         """Per rank for the whole step: parameters, their gradients (views of the buckets with
         ``gradient_as_bucket_view``), the Reducer's buckets, the optimizer's state."""
@@ -209,7 +219,7 @@ class DDPProgram:
                                      for b in self.buckets),
                 "optimizer": int(getattr(cap, "optimizer_state_bytes", 0))}
 
-    def memory(self, rank: int = 0) -> tuple[int, dict[str, int]]:
+    def memory(self, rank: int | None = None) -> tuple[int, dict[str, int]]:
         """(peak bytes, bytes per category at the peak): the static memory and the
         activations autograd saves in forward (live from forward's end into backward)."""
         act = int(getattr(self.cap, "activation_bytes", 0))

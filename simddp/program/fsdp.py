@@ -45,6 +45,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Callable, Sequence
 
+from .contract import Program
 from .captured import CapturedStep
 from .knobs import CheckedKnobs, Knobs
 from .parallel import Parallel
@@ -64,7 +65,7 @@ def _fsdp_gather(ev: dict[str, Any]) -> bool:
     return ev["op"] in _GATHERS and ev["scope"] != "tp"
 
 
-class FSDPProgram:
+class FSDPProgram(Program):
     """A captured FSDP2 step as a step program for one world and set of knobs (see the module
     docstring). ``parallel``: the layout replayed; ``memory``: per category at the peak."""
 
@@ -96,8 +97,6 @@ class FSDPProgram:
         self.mesh = par.mesh()
         self.shard_ratio = cap.shard_size / par.shard  # per-rank shard bytes vs the capture's
         self.prefetch = {"forward": k.forward_prefetch, "backward": k.backward_prefetch}
-        self.buckets: list[list[int]] = []
-        self.plans: list[Any] = []
         self.param_bytes = cap.param_bytes
         shapes = {self._shape(p) for p in cap.profiles}
         self._why = None if len(shapes) == 1 else \
@@ -115,18 +114,17 @@ class FSDPProgram:
     def uniform(self) -> str | None:
         return self._why
 
-    def rank_kinds(self) -> dict[int, tuple]:
-        return {}
-
     def static_memory(self) -> dict[str, int]:
         """Per rank before the step: sharded parameters and optimizer state."""
         return {"parameters": int(self.cap.tp_param_bytes / self.parallel.shard),
                 "optimizer": int(self.cap.optimizer_state_bytes * self.shard_ratio)}
 
-    def memory(self, rank: int = 0) -> tuple[int, dict[str, int]]:
-        """(peak bytes, bytes per category at the peak) of ``rank`` in one step."""
-        peak, at_peak, _ = peak_memory(self.iteration(rank, 0), self.static_memory())
-        return peak, at_peak
+    def memory(self, rank: int | None = None) -> tuple[int, dict[str, int]]:
+        """(peak bytes, bytes per category at the peak) of ``rank`` in one step (None: the
+        captured profile with the highest peak)."""
+        ranks = range(self.nprofiles) if rank is None else [rank]
+        return max((peak_memory(self.iteration(r, 0), self.static_memory())[:2] for r in ranks),
+                   key=lambda x: x[0])
 
     # -- the instructions ------------------------------------------------------------------
     @staticmethod

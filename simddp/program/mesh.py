@@ -15,7 +15,10 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["Mesh", "DDPMesh", "DeviceMesh", "ranks_per_node"]
+__all__ = ["Mesh", "DDPMesh", "DeviceMesh", "PipelineMesh", "ranks_per_node"]
+
+# a pipeline's directed p2p channels (PipelineMesh): to the next and the previous pipeline rank
+_P2P = ("pp_send_next", "pp_recv_prev", "pp_send_prev", "pp_recv_next")
 
 
 def ranks_per_node(ranks: Iterable[int], gpus_per_node: int) -> int:
@@ -237,3 +240,66 @@ class DeviceMesh(Mesh):
 
     def describe(self) -> dict[str, Any]:
         return dict(self.dims)
+
+
+class PipelineMesh(Mesh):
+    """A pp × (data) × tp :class:`DeviceMesh` with the pipeline's directed p2p channels.
+
+    Inside a stage, the device mesh's scopes (``shard``, ``replicate``, ``tp``). Between
+    stages, per rank four scopes naming two channels each way: ``pp_send_next`` /
+    ``pp_recv_prev`` (the channel ``pp>c`` from pipeline rank c to c + 1 mod pp, at the same
+    data and tp coordinates) and ``pp_send_prev`` / ``pp_recv_next`` (``pp<c``, to c − 1).
+    Ranks of one pipeline rank behave alike, so replay's equivalence classes are the pipeline
+    coordinate (:meth:`class_code`)."""
+
+    def __init__(self, inner: DeviceMesh) -> None:
+        self.inner = inner
+        self.world = inner.world
+        self.pp = inner.dims["pp"]
+        self.stride = inner.world // self.pp
+        self.scopes = tuple(s for s in inner.scopes if s != "pp") + _P2P
+
+    def coord(self, rank: int) -> int:
+        """The rank's pipeline coordinate."""
+        return rank // self.stride
+
+    def _step(self, rank: int, d: int) -> int:
+        return rank + ((self.coord(rank) + d) % self.pp - self.coord(rank)) * self.stride
+
+    def key(self, rank: int, scope: str) -> tuple:
+        if scope == "pp_send_next":
+            return ("pp>", rank)
+        if scope == "pp_recv_prev":
+            return ("pp>", self._step(rank, -1))
+        if scope == "pp_send_prev":
+            return ("pp<", rank)
+        if scope == "pp_recv_next":
+            return ("pp<", self._step(rank, 1))
+        return self.inner.key(rank, scope)
+
+    def members(self, rank: int, scope: str) -> Sequence[int]:
+        if scope in _P2P:
+            d, src = self.key(rank, scope)
+            return (src, self._step(src, 1 if d == "pp>" else -1))
+        return self.inner.members(rank, scope)
+
+    def codes(self, scope: str) -> tuple[np.ndarray, int]:
+        if scope not in _P2P:
+            return self.inner.codes(scope)
+        ranks = np.arange(self.world, dtype=np.int64)
+        c = ranks // self.stride
+        d = {"pp_send_next": 0, "pp_recv_prev": -1, "pp_send_prev": 0, "pp_recv_next": 1}[scope]
+        return ranks + ((c + d) % self.pp - c) * self.stride, self.world
+
+    def label(self, key: tuple) -> str:
+        return f"{key[0]}{key[1]}" if key[0] in ("pp>", "pp<") else self.inner.label(key)
+
+    def dimension(self, scope: str) -> str:
+        return "pp" if scope in _P2P else scope
+
+    def class_code(self, nprof: int) -> tuple[np.ndarray, int]:
+        ranks = np.arange(self.world, dtype=np.int64)
+        return (ranks // self.stride) * nprof + ranks % nprof, self.pp * nprof
+
+    def describe(self) -> dict[str, Any]:
+        return self.inner.describe()

@@ -55,87 +55,25 @@ import numpy as np
 from fakepg.arguments import integer, number
 
 from ..models import Network
+from .contract import Program
 from .captured import CapturedPipeline
 from .fsdp import _GATHERS, check_sharded_knobs, event_marks
 from .knobs import CheckedKnobs
-from .mesh import DeviceMesh, Mesh
+from .mesh import PipelineMesh
 from .parallel import Parallel
-from .schedules import Op, schedule_class, schedule_ops, stage_ranks
+from .schedules import Op, schedule_name, schedule_ops, stage_ranks
+from .synthetic import uniform_pipeline
 from .steps import (Collective, Compute, Instruction, Issue, Mark, Memory, Segment, Wait,
                     WaitAll, peak_memory)
 
-__all__ = ["PipelineProgram", "PipelineMesh", "plan_pipeline", "uniform_pipeline"]
+__all__ = ["PipelineProgram", "plan_pipeline", "uniform_pipeline"]
 
 _NOISE = {"F": 0, "B": 1, "I": 1, "W": 1}
 _PHASE = {"F": "forward", "B": "backward", "I": "backward", "W": "backward"}
-_P2P = ("pp_send_next", "pp_recv_prev", "pp_send_prev", "pp_recv_next")
 PIPELINE_WAIT = "pipeline: "  # the label prefix of waits on pipeline messages
 
 
-class PipelineMesh(Mesh):
-    """A pp × (data) × tp :class:`DeviceMesh` with the pipeline's directed p2p channels.
-
-    Inside a stage, the device mesh's scopes (``shard``, ``replicate``, ``tp``). Between
-    stages, per rank four scopes naming two channels each way: ``pp_send_next`` /
-    ``pp_recv_prev`` (the channel ``pp>c`` from pipeline rank c to c + 1 mod pp, at the same
-    data and tp coordinates) and ``pp_send_prev`` / ``pp_recv_next`` (``pp<c``, to c − 1).
-    Ranks of one pipeline rank behave alike, so replay's equivalence classes are the pipeline
-    coordinate (:meth:`class_code`)."""
-
-    def __init__(self, inner: DeviceMesh) -> None:
-        self.inner = inner
-        self.world = inner.world
-        self.pp = inner.dims["pp"]
-        self.stride = inner.world // self.pp
-        self.scopes = tuple(s for s in inner.scopes if s != "pp") + _P2P
-
-    def coord(self, rank: int) -> int:
-        """The rank's pipeline coordinate."""
-        return rank // self.stride
-
-    def _step(self, rank: int, d: int) -> int:
-        return rank + ((self.coord(rank) + d) % self.pp - self.coord(rank)) * self.stride
-
-    def key(self, rank: int, scope: str) -> tuple:
-        if scope == "pp_send_next":
-            return ("pp>", rank)
-        if scope == "pp_recv_prev":
-            return ("pp>", self._step(rank, -1))
-        if scope == "pp_send_prev":
-            return ("pp<", rank)
-        if scope == "pp_recv_next":
-            return ("pp<", self._step(rank, 1))
-        return self.inner.key(rank, scope)
-
-    def members(self, rank: int, scope: str) -> Sequence[int]:
-        if scope in _P2P:
-            d, src = self.key(rank, scope)
-            return (src, self._step(src, 1 if d == "pp>" else -1))
-        return self.inner.members(rank, scope)
-
-    def codes(self, scope: str) -> tuple[np.ndarray, int]:
-        if scope not in _P2P:
-            return self.inner.codes(scope)
-        ranks = np.arange(self.world, dtype=np.int64)
-        c = ranks // self.stride
-        d = {"pp_send_next": 0, "pp_recv_prev": -1, "pp_send_prev": 0, "pp_recv_next": 1}[scope]
-        return ranks + ((c + d) % self.pp - c) * self.stride, self.world
-
-    def label(self, key: tuple) -> str:
-        return f"{key[0]}{key[1]}" if key[0] in ("pp>", "pp<") else self.inner.label(key)
-
-    def dimension(self, scope: str) -> str:
-        return "pp" if scope in _P2P else scope
-
-    def class_code(self, nprof: int) -> tuple[np.ndarray, int]:
-        ranks = np.arange(self.world, dtype=np.int64)
-        return (ranks // self.stride) * nprof + ranks % nprof, self.pp * nprof
-
-    def describe(self) -> dict[str, Any]:
-        return self.inner.describe()
-
-
-class PipelineProgram:
+class PipelineProgram(Program):
     """A captured pipeline step as a step program (see the module docstring)."""
 
     nprofiles = 1
@@ -175,7 +113,7 @@ class PipelineProgram:
             raise ValueError(f"reshard_after_forward={k.reshard_after_forward} but the capture "
                              f"ran with {cap.reshard_after_forward}: FSDP2's collectives differ "
                              f"between the two, so each needs its own capture")
-        self.schedule = _name(k.pp_schedule or cap.schedule)
+        self.schedule = schedule_name(k.pp_schedule or cap.schedule)
         self.microbatches = m = k.microbatches or cap.microbatches
         self.ops = schedule_ops(k.pp_schedule or cap.schedule, cap.pp, m, v)
         where = stage_ranks(self.ops)
@@ -185,8 +123,6 @@ class PipelineProgram:
         self.mesh = PipelineMesh(par.mesh())
         self.shard_ratio = cap.shard_size / par.shard
         self.prefetch = {"forward": k.forward_prefetch, "backward": k.backward_prefetch}
-        self.buckets: list[list[int]] = []
-        self.plans: list[Any] = []
         self.param_bytes = cap.param_bytes
         kinds = {op.kind for r in self.ops for op in r}
         self.split = bool(kinds & {"I", "W"})
@@ -212,9 +148,6 @@ class PipelineProgram:
 
     def uniform(self) -> str | None:
         return "pipeline parallelism (each pipeline rank runs its own schedule)"
-
-    def rank_kinds(self) -> dict[int, tuple]:
-        return {}
 
     def knob_values(self) -> dict[str, Any]:
         """The pipeline knobs as replayed (the capture's where a knob was None)."""
@@ -447,117 +380,6 @@ def _default_spec(cap: CapturedPipeline, world: int) -> str:
     return ",".join(parts)
 
 
-def _name(schedule: str) -> str:
-    """torch's name of a schedule (``get_schedule_class``'s key: "1F1B", "Interleaved1F1B")."""
-    return schedule_class(schedule).__name__.removeprefix("Schedule")
-
-
 def plan_pipeline(cap: CapturedPipeline, checked: CheckedKnobs) -> PipelineProgram:
     """The pipeline planner: ``cap`` as a step program for ``checked``'s world and knobs."""
     return PipelineProgram(cap, checked)
-
-
-def uniform_pipeline(pp: int, microbatches: int, forward_s: float, backward_s: float, *,
-                     weight_s: float | None = None, schedule: str | None = None,
-                     stages_per_rank: int = 1, send_bytes: int = 0, param_bytes: int = 0,
-                     activation_bytes: int = 0, recompute_bytes: int = 0,
-                     optimizer_s: float = 0.0,
-                     optimizer_state_bytes: int = 0, tp: int = 1, tp_allreduces: int = 0,
-                     tp_bytes: int = 0, shard: int = 1, network: Any = None,
-                     name: str | None = None) -> CapturedPipeline:
-    """A pipeline of identical stages, as a capture would record it — to study schedules
-    without capturing a model.
-
-    Every stage (``pp × stages_per_rank`` of them) takes ``forward_s`` per microbatch forward
-    and ``backward_s`` per backward (with ``weight_s``: ``backward_s`` is the input-gradient
-    part ``I`` and ``weight_s`` the weight-gradient part ``W``, as zero-bubble schedules split
-    it), sends ``send_bytes`` each way per microbatch, holds ``param_bytes`` of parameters
-    (all of it, before any sharding), ``optimizer_state_bytes`` per rank and
-    ``activation_bytes`` per microbatch in flight (and, with activation checkpointing,
-    ``recompute_bytes`` while a backward recomputes a block), and steps its optimizer in
-    ``optimizer_s``.
-    ``tp > 1``: each forward and backward (``I`` when split) runs ``tp_allreduces`` all-reduces
-    of ``tp_bytes`` on the tensor-parallel group, evenly spread and waited for at once.
-    ``shard > 1``: FSDP over ``shard`` ranks inside each stage — the first forward all-gathers
-    the rank's parameters (bf16), the stage's ``REDUCE_GRAD`` after its last backward
-    reduce-scatters their gradients (fp32). ``schedule``: the captured schedule (default 1F1B, or Interleaved1F1B
-    with ``stages_per_rank > 1``)."""
-    pp = integer("pp", pp, minimum=2, hint="pipeline ranks, e.g. 4")
-    m = integer("microbatches", microbatches, minimum=1, hint="e.g. 8")
-    v = integer("stages_per_rank", stages_per_rank, minimum=1, hint="1, or 2+ (interleaved)")
-    tp = integer("tp", tp, minimum=1, hint="the tensor-parallel size, e.g. 8")
-    shard = integer("shard", shard, minimum=1, hint="the FSDP size inside a stage, e.g. 8")
-    fs = number("forward_s", forward_s, minimum=0, hint="seconds per stage and microbatch")
-    bs = number("backward_s", backward_s, minimum=0, hint="seconds per stage and microbatch")
-    ws = None if weight_s is None else number("weight_s", weight_s, minimum=0,
-                                               hint="seconds of the weight-gradient part")
-    for n, x in (("send_bytes", send_bytes), ("param_bytes", param_bytes),
-                 ("activation_bytes", activation_bytes), ("recompute_bytes", recompute_bytes),
-                 ("optimizer_state_bytes", optimizer_state_bytes), ("tp_allreduces", tp_allreduces),
-                 ("tp_bytes", tp_bytes)):
-        integer(n, x, minimum=0)
-    number("optimizer_s", optimizer_s, minimum=0, hint="seconds")
-    if schedule is None:
-        schedule = "1F1B" if v == 1 else "Interleaved1F1B"
-    rank_params = param_bytes // tp  # one rank's share of the stage before FSDP
-
-    def tp_events(seconds: float) -> list[dict[str, Any]]:
-        if tp == 1 or not tp_allreduces:
-            return []
-        return [{"op": "all_reduce", "bytes": int(tp_bytes), "scope": "tp",
-                 "offset": seconds * (j + 1) / (tp_allreduces + 1),
-                 "wait_at": seconds * (j + 1) / (tp_allreduces + 1)}
-                for j in range(tp_allreduces)]
-
-    def profiles(seconds: float, tp_side: bool, gather: bool) -> list[dict[str, Any]]:
-        out = []
-        for i in range(m):
-            ev = tp_events(seconds) if tp_side else []
-            if gather and shard > 1 and i == 0:
-                ev = [{"op": "all_gather_into_tensor", "bytes": rank_params // 2,
-                       "scope": "shard", "offset": 0.0, "wait_at": 0.0}] + ev
-            out.append({"seconds": seconds, "events": ev})
-        return out
-
-    # FSDP's reduce-scatters: torch's REDUCE_GRAD after the stage's last backward
-    scatter = [{"op": "reduce_scatter_tensor", "bytes": rank_params, "scope": "shard",
-                "offset": 0.0, "wait_at": 0.0}] if shard > 1 else []
-    from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
-
-    v_shaped = _name(schedule) in ("ZBVZeroBubble", "DualPipeV")  # torch's placement
-    where = generate_stage_to_rank_mapping(pp, pp * v, style="v" if v_shaped else "loop")
-    stages = []
-    for s in range(pp * v):
-        actions = {"F": profiles(fs, True, True)}
-        if ws is None:
-            actions["B"] = profiles(bs, True, False)
-        else:
-            actions["I"] = profiles(bs, True, False)
-            actions["W"] = profiles(ws, False, False)
-        stages.append({"stage": s, "rank": where[s], "layers": [s, s + 1],
-                       "param_bytes": int(param_bytes),
-                       "optimizer_state_bytes": int(optimizer_state_bytes),
-                       "activation_bytes": int(activation_bytes),
-                       "recompute_bytes": int(recompute_bytes),
-                       "send_bytes": {"F": int(send_bytes), "B": int(send_bytes)},
-                       "actions": actions, "unshard": [], "reshard": [],
-                       "reduce_grad": {"seconds": 0.0, "events": list(scatter)},
-                       "optimizer": {"seconds": float(optimizer_s), "events": []}})
-    mesh = {"pp": pp}
-    if shard > 1:
-        mesh["shard"] = shard
-    if tp > 1:
-        mesh["tp"] = tp
-    net = None
-    if network is not None:
-        if not isinstance(network, Network):
-            raise TypeError(f"network must be a simddp.Network (stored in the capture), got "
-                            f"{network!r}")
-        net = dataclasses.asdict(network)
-    return CapturedPipeline(
-        name=name or f"uniform pp:{pp} × {v} stages, {m} microbatches",
-        schedule=_name(schedule), pp=pp,
-        stages_per_rank=v, microbatches=m, microbatch_size=1, mesh=mesh,
-        world_size=math.prod(mesh.values()), stages=stages, param_bytes=int(param_bytes) * pp * v,
-        data="fsdp" if shard > 1 else "none", param_dtype="bf16" if shard > 1 else None,
-        network=net, activation_checkpointing=bool(recompute_bytes))

@@ -33,7 +33,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
-__all__ = ["Op", "schedule_ops", "schedule_class", "SCHEDULES", "stage_ranks"]
+__all__ = ["schedule_name", "Op", "schedule_ops", "schedule_class", "SCHEDULES", "stage_ranks"]
 
 # torch 2.13's names, as get_schedule_class takes them (case-insensitive)
 SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
@@ -71,6 +71,11 @@ def schedule_class(name: str) -> type:
         raise ValueError(f"pp_schedule {name!r} is an abstract base class; name a schedule: "
                          f"{', '.join(SCHEDULES)}")
     return cls
+
+
+def schedule_name(schedule: str) -> str:
+    """torch's name of a schedule (``get_schedule_class``'s key: "1F1B", "Interleaved1F1B")."""
+    return schedule_class(schedule).__name__.removeprefix("Schedule")
 
 
 def schedule_ops(schedule: str, pp: int, microbatches: int, stages_per_rank: int

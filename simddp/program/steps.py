@@ -27,10 +27,11 @@ for that slot. Collectives run on the rank's communicator of their ``scope`` (a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence, Union
+from typing import Any, Protocol, Sequence, Union
 
-__all__ = ["Seconds", "Collective", "Compute", "Segment", "Mark", "Issue", "Wait", "WaitAll",
-           "Memory", "Pace", "Instruction", "StepProgram", "MEMORY_CATEGORIES", "peak_memory"]
+__all__ = ["Seconds", "Draw", "Collective", "Compute", "Segment", "Mark", "Issue", "Wait",
+           "WaitAll", "Memory", "Pace", "Instruction", "StepProgram", "MEMORY_CATEGORIES",
+           "peak_memory"]
 
 Seconds = tuple[float, ...]  # per captured profile
 
@@ -38,6 +39,21 @@ Seconds = tuple[float, ...]  # per captured profile
 # _MemRefType), one word each
 MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "buffers",
                      "communication", "temporary")
+
+
+class Draw(Protocol):
+    """What an instruction's durations depend on for a rank in one iteration: its slowness
+    (``slow``, 1 / speed), the value of a per-profile duration for its profile (``pick``) and
+    its jitter factor for a noise slot (``factor``). The simpy engine's draw is one rank's
+    (floats); the vectorised engine's is every rank's at once (numpy arrays, elementwise).
+    Every duration an engine charges comes from the instructions' methods below, so each
+    formula is written once and both engines compute it with the same operations."""
+
+    slow: Any
+
+    def pick(self, per_profile: Seconds) -> Any: ...
+
+    def factor(self, slot: int) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -63,6 +79,10 @@ class Compute:
     noise: int | None = None
     label: str | None = None
 
+    def duration(self, d: Draw) -> Any:
+        t = d.pick(self.seconds) * d.slow
+        return t if self.noise is None else t * d.factor(self.noise)
+
 
 @dataclass(frozen=True)
 class Issue:
@@ -82,6 +102,14 @@ class Issue:
     @property
     def first(self) -> Collective:
         return self.stages[0][0]
+
+    def pre_time(self, scale: Any) -> Any:
+        """The comm hook's compute before the issue, at ``scale`` (slowness × jitter)."""
+        return self.pre * scale
+
+    def callback_time(self, stage: int, scale: Any) -> Any:
+        """Stage ``stage``'s callback on the side stream, at ``scale``."""
+        return self.stages[stage][1] * scale
 
 
 @dataclass(frozen=True)
@@ -118,6 +146,10 @@ class Pace:
     seconds: float
     label: str = "data loading (waiting for the loader)"
 
+    def until(self, began: Any) -> Any:
+        """When the iteration that began at ``began`` may go on."""
+        return began + self.seconds
+
 
 @dataclass(frozen=True)
 class Mark:
@@ -126,6 +158,10 @@ class Mark:
 
     at: Seconds | None
     do: Union[Issue, Wait, Memory]
+
+    def offset(self, d: Draw, scale: Any) -> Any:
+        """Where the mark sits in its segment (``at`` is not None), at ``scale``."""
+        return d.pick(self.at) * scale
 
 
 @dataclass(frozen=True)
@@ -138,6 +174,14 @@ class Segment:
     noise: int
     marks: tuple[Mark, ...]
     anchored: bool = False
+
+    def scale(self, d: Draw) -> Any:
+        """The factor on the segment's durations: slowness × the jitter of its slot."""
+        return d.slow * d.factor(self.noise)
+
+    def length(self, d: Draw, scale: Any) -> Any:
+        """The segment's compute at ``scale``."""
+        return d.pick(self.seconds) * scale
 
 
 Instruction = Union[Compute, Segment, Issue, Wait, WaitAll, Memory, Pace]

@@ -1,14 +1,17 @@
-"""Trace-driven replay: one captured DDP iteration, replayed at any world size on simpy.
+"""Trace-driven replay: a captured step (DDP, FSDP2/HSDP, TP, PP), replayed at any world size.
 
-This module is the public face of replay; the code lives in :mod:`simddp.cosim`
-(``capture``, ``plan``, ``run``, ``sweep``) and the figures in :mod:`simddp.analysis`.
+:func:`replay` has the capture's planner (:mod:`simddp.program`) write the step program and
+runs it on one of two engines (simpy, vectorised). Captures come from :mod:`simddp.cosim`
+(``simddp.capture``, ``capture_fsdp``, ``capture_pp``), sweeps from :func:`simddp.sweep`, the
+figures from :mod:`simddp.analysis`.
 
 Two steps::
 
     import simddp
     from fakepg import zoo
     from simddp import Network, Timing, Compute
-    from simddp.replay import capture, replay, sweep
+    from simddp.replay import replay
+    from simddp import capture, sweep
 
     cap = capture(zoo.get("transformer_block"), nprocs=2,
                   timing=Timing(network=Network.preset("100gbe"), compute=Compute.roofline("a100")))
@@ -143,19 +146,13 @@ and compute is replayed per segment, not per op. The test requires agreement wit
 """
 
 from ..analysis import ReplayResult, SweepResult, write_csv
-from ..cosim.capture import capture, capture_workload
+from ..program.captured import CapturedIteration, ParamInfo, RankProfile, assign_buckets
 from ..program.knobs import COMM_HOOKS
-from ..program.captured import (CapturedIteration, ParamInfo, RankProfile,
-                           assign_buckets)
+from .conformance import PlannerContractError, check_planner
 from .replaying import replay
 
+SweepResult.replayer = replay  # SweepResult.replay(i) re-runs a row on this engine
 
-def __getattr__(name: str):  # simddp.sweep imports replaying: importing it here is a cycle
-    if name == "sweep":
-        from ..sweep import sweep
-        return sweep
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-__all__ = ["capture", "capture_workload", "replay", "sweep", "write_csv", "assign_buckets",
+__all__ = ["replay", "check_planner", "PlannerContractError", "write_csv", "assign_buckets",
            "CapturedIteration", "ParamInfo", "RankProfile", "ReplayResult", "SweepResult",
            "COMM_HOOKS"]

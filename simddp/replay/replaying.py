@@ -91,14 +91,13 @@ def replay(captured: Any, world_size: int | None = None, *,
     peak, by_category = program.memory()
     limit = None if k.gpu_memory_gb is None else int(k.gpu_memory_gb * 1e9)
     # a knob the planner resolved from the capture (a pipeline's schedule) shows its value
-    resolved = program.knob_values() if hasattr(program, "knob_values") else {}
+    resolved = program.knob_values()
+    buckets, bucket_bytes = program.communication_buckets()
     result = dict(world_size=world, iterations=program.iterations,
                   knobs={**checked.describe(), **resolved},
-                  buckets=program.buckets,
-                  bucket_bytes=[[b for _, b, _ in p.stages] for p in program.plans],
+                  buckets=buckets, bucket_bytes=bucket_bytes,
                   peak_memory_bytes=peak, memory=by_category, memory_limit_bytes=limit,
-                  parallel=str(program.parallel) if getattr(program, "parallel", None)
-                  else None)
+                  parallel=None if program.parallel is None else str(program.parallel))
     why = unsupported(program, checked)
     if engine == "vector" and why is not None:
         raise ValueError(f"replay(engine='vector'): not vectorised: {why}")
@@ -143,9 +142,8 @@ def replay(captured: Any, world_size: int | None = None, *,
     colls = [{"name": c.info["name"], "op": c.info["op"], "group": c.info["group"],
               "members": len(c.info["members"]), "seq": c.info["seq"],
               "bytes": c.info["bytes"], "start": c.start, "end": c.end} for c in sim.order]
-    bubbles = getattr(program, "bubble_fractions", None)
     return ReplayResult(
-        **result, collectives=colls, bubble_fraction=bubbles and bubbles(timeline),
+        **result, collectives=colls, bubble_fraction=program.bubble_fractions(timeline),
         rank_collectives=sim.per_rank([len(x) for x in sim.comms]),
         rank_comm_bytes=sim.per_rank([sum(c.info["bytes"] for c, _ in x) for x in sim.comms]),
         timeline=timeline, wall_time=_time.perf_counter() - t_wall,

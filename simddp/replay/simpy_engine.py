@@ -32,6 +32,22 @@ __all__ = ["_Replay"]
 _NO_NOISE = (1.0, 1.0, 1.0, 1.0)
 
 
+class _LaneDraw:
+    """One lane's :class:`~simddp.program.steps.Draw` in one iteration: its profile ``p``,
+    slowness and noise factors."""
+
+    __slots__ = ("p", "slow", "f")
+
+    def __init__(self, p: int, slow: float, f: Sequence[float]) -> None:
+        self.p, self.slow, self.f = p, slow, f
+
+    def pick(self, per_profile: Sequence[float]) -> float:
+        return per_profile[self.p]
+
+    def factor(self, slot: int) -> float:
+        return self.f[slot]
+
+
 def tagged(tag: tuple, it: int | None) -> tuple:
     """A program collective's tag in iteration ``it``: the iteration after its first word."""
     return tag if it is None else (tag[0], it, *tag[1:])
@@ -125,13 +141,13 @@ class _Replay(_Communicators, _ContentionClock):
         stage's callback runs after its collective, and issues (arrives at) the next stage's
         collective, which :meth:`issue` already enqueued in program order."""
         env = self.env
-        for j, ((_, cb), c) in enumerate(zip(issue.stages, colls)):
+        for j, c in enumerate(colls):
             if j:
                 self.arrive(r, c)
             if c.end is None:
                 yield c.done
             s = max(env.now, self.side[r])
-            e = self.side[r] = s + cb * scale
+            e = self.side[r] = s + issue.callback_time(j, scale)
             self._span(r, "callback", s, e, "callback (side stream)")
             if e > env.now:
                 yield at(env, e)
@@ -156,36 +172,33 @@ class _Replay(_Communicators, _ContentionClock):
         elif len(issue.stages) > 1:
             pending.append(self.env.process(self.chain(r, issue, colls, scale)))
         else:
-            pending.append((first, issue.stages[0][1] * scale))
+            pending.append((first, issue.callback_time(0, scale)))
 
     # -- the interpreter -------------------------------------------------------------------
     def run_instructions(self, r: int, it: int | None, instructions: Sequence[Instruction]):
         """Lane r runs ``instructions`` (iteration ``it``; None: the epilogue)."""
-        p = self.rep[r] % self.nprof
         s = self.slow[r]
-        f = self.noise[r, it].tolist() if self.noise is not None and it is not None \
-            else _NO_NOISE
+        d = _LaneDraw(self.rep[r] % self.nprof, s,
+                      self.noise[r, it].tolist() if self.noise is not None and it is not None
+                      else _NO_NOISE)
         pending: list = []
         issued: dict[tuple, CollectiveProcess] = {}
         began = self.env.now
         for ins in instructions:
             kind = type(ins)
             if kind is Compute:
-                seconds = ins.seconds[p] * s
-                if ins.noise is not None:
-                    seconds = seconds * f[ins.noise]
-                yield from self.compute(r, ins.kind, seconds, ins.label)
+                yield from self.compute(r, ins.kind, ins.duration(d), ins.label)
             elif kind is Segment:
-                scale = s * f[ins.noise]
+                scale = ins.scale(d)
                 if not ins.anchored:
-                    yield from self.sequential(r, it, p, ins, scale, pending, issued)
+                    yield from self.sequential(r, it, d, ins, scale, pending, issued)
                 elif self.slowed:
-                    yield from self.anchored_as_work(r, it, p, ins, scale, pending, issued)
+                    yield from self.anchored_as_work(r, it, d, ins, scale, pending, issued)
                 else:
-                    yield from self.anchored(r, it, p, ins, scale, pending, issued)
+                    yield from self.anchored(r, it, d, ins, scale, pending, issued)
             elif kind is Issue:
                 if ins.pre > 0:
-                    yield from self.compute(r, ins.kind, ins.pre * s, "comm hook")
+                    yield from self.compute(r, ins.kind, ins.pre_time(s), "comm hook")
                 if ins.costed:
                     yield from self.issue_cost(r, ins.kind, ins.label or "issue")
                 self.issue(r, it, ins, s, pending, issued)
@@ -195,36 +208,36 @@ class _Replay(_Communicators, _ContentionClock):
                 yield from self.wait_all(r, pending, ins.label)
                 pending = []
             elif kind is Pace:
-                start, target = self.env.now, began + ins.seconds
+                start, target = self.env.now, ins.until(began)
                 if target > start:
                     yield at(self.env, target)
                     self._span(r, "host", start, self.env.now, ins.label)
             elif kind is not Memory:  # pragma: no cover - a planner's bug
                 raise TypeError(f"not an instruction: {ins!r}")
 
-    def sequential(self, r: int, it: int | None, p: int, seg: Segment, scale: float,
+    def sequential(self, r: int, it: int | None, d: _LaneDraw, seg: Segment, scale: float,
                    pending: list, issued: dict):
         """A segment whose marks sit at compute offsets (waits excluded)."""
         done = 0.0
         for mk in seg.marks:
             if mk.at is not None:
-                dt = mk.at[p] * scale - done
+                dt = mk.offset(d, scale) - done
                 if dt > 0:
                     yield from self.compute(r, seg.kind, dt)
                     done += dt
             do = mk.do
             if type(do) is Issue:
                 if do.pre > 0:
-                    yield from self.compute(r, seg.kind, do.pre * scale, "comm hook")
+                    yield from self.compute(r, seg.kind, do.pre_time(scale), "comm hook")
                 if do.costed:
                     yield from self.issue_cost(r, seg.kind, do.label or "issue")
                 self.issue(r, it, do, scale, pending, issued)
             elif type(do) is Wait:
                 yield from self.wait(r, issued[do.tag], do.label)
-        yield from self.compute(r, seg.kind, seg.seconds[p] * scale - done)
+        yield from self.compute(r, seg.kind, seg.length(d, scale) - done)
         self.ticks += 1
 
-    def anchored(self, r: int, it: int | None, p: int, seg: Segment, scale: float,
+    def anchored(self, r: int, it: int | None, d: _LaneDraw, seg: Segment, scale: float,
                  pending: list, issued: dict):
         """A segment whose marks sit at times since its start (grad-ready times), shifted
         by the work issued before them (comm hooks, issue costs)."""
@@ -234,26 +247,26 @@ class _Replay(_Communicators, _ContentionClock):
         shift = 0.0
         for mk in seg.marks:
             if mk.at is not None:
-                t = t_b + mk.at[p] * scale + shift
+                t = t_b + mk.offset(d, scale) + shift
                 if t > env.now:
                     yield at(env, t)
             do = mk.do
             if type(do) is Issue:
                 c = ic if do.costed else 0.0
                 if do.pre > 0 or c > 0:
-                    pre = do.pre * scale + c
+                    pre = do.pre_time(scale) + c
                     yield env.timeout(pre)
                     shift += pre
                 self.issue(r, it, do, scale, pending, issued)
             elif type(do) is Wait:
                 yield from self.wait(r, issued[do.tag], do.label)
-        end = t_b + seg.seconds[p] * scale + shift
+        end = t_b + seg.length(d, scale) + shift
         if end > env.now:
             yield at(env, end)
         self._span(r, seg.kind, t_b, env.now, seg.kind)
 
-    def anchored_as_work(self, r: int, it: int | None, p: int, seg: Segment, scale: float,
-                         pending: list, issued: dict):
+    def anchored_as_work(self, r: int, it: int | None, d: _LaneDraw, seg: Segment,
+                         scale: float, pending: list, issued: dict):
         """An anchored segment as work, slowed while the lane's collectives run (contention)."""
         env = self.env
         ic = self.issue_s
@@ -261,20 +274,20 @@ class _Replay(_Communicators, _ContentionClock):
         work = 0.0
         for mk in seg.marks:
             if mk.at is not None:
-                target = mk.at[p] * scale
+                target = mk.offset(d, scale)
                 if target > work:
                     yield from self._work(r, target - work)
                     work = target
             do = mk.do
             if type(do) is Issue:
                 if do.pre > 0:
-                    yield from self._work(r, do.pre * scale)
+                    yield from self._work(r, do.pre_time(scale))
                 if ic > 0 and do.costed:
                     yield env.timeout(ic)
                 self.issue(r, it, do, scale, pending, issued)
             elif type(do) is Wait:
                 yield from self.wait(r, issued[do.tag], do.label)
-        total = seg.seconds[p] * scale
+        total = seg.length(d, scale)
         if total > work:
             yield from self._work(r, total - work)
         self._span(r, seg.kind, t_b, env.now, seg.kind)

@@ -19,6 +19,23 @@ if TYPE_CHECKING:
 __all__ = ["PlanPass"]
 
 
+class _RowsDraw:
+    """Every pass rank's :class:`~simddp.program.steps.Draw` at once (arrays over the ranks):
+    their profiles' values, slowness, and this iteration's noise factors ``f``."""
+
+    __slots__ = ("eng", "prof", "slow", "f")
+
+    def __init__(self, eng: VectorReplay, prof: np.ndarray, slow: np.ndarray) -> None:
+        self.eng, self.prof, self.slow = eng, prof, slow
+        self.f: np.ndarray | None = None
+
+    def pick(self, per_profile: tuple[float, ...]) -> np.ndarray:
+        return self.eng.per_profile(per_profile)[self.prof]
+
+    def factor(self, slot: int) -> np.ndarray:
+        return self.f[:, slot]
+
+
 class PlanPass:
     """One pass over the program for ``ranks`` of ``eng``: a full pass creates the
     collectives (``eng.steps``: their creation keys, draw indices, start and end, with the
@@ -31,6 +48,7 @@ class PlanPass:
         self.n = n = len(ranks)
         self.prof = ranks % eng.nprof
         self.s = eng.slow[ranks]
+        self.draw = _RowsDraw(eng, self.prof, self.s)
         self.codes = {k: sc.code[ranks] for k, sc in eng.scopes.items()}
         self.free = {k: np.full(sc.ncode, -np.inf) for k, sc in eng.scopes.items()}
         self.seqs = {k: 0 for k in eng.scopes}
@@ -55,25 +73,23 @@ class PlanPass:
                 progress(ticks, total)
 
     def run_instructions(self, it: int, instructions, f: np.ndarray) -> None:
-        eng, s = self.eng, self.s
+        s, d = self.s, self.draw
+        d.f = f
         issued: dict[tuple, Step] = {}
         began = self.now
         for ins in instructions:
             kind = type(ins)
             if kind is Compute:
-                seconds = eng.per_profile(ins.seconds)[self.prof] * s
-                if ins.noise is not None:
-                    seconds = seconds * f[:, ins.noise]
-                self.compute(ins.kind, seconds, ins.label)
+                self.compute(ins.kind, ins.duration(d), ins.label)
             elif kind is Segment:
-                scale = s * f[:, ins.noise]
+                scale = ins.scale(d)
                 if ins.anchored:
                     self.anchored(it, ins, scale, issued)
                 else:
                     self.sequential(it, ins, scale, issued)
             elif kind is Issue:
                 if ins.pre > 0:
-                    self.compute(ins.kind, ins.pre * s, "comm hook")
+                    self.compute(ins.kind, ins.pre_time(s), "comm hook")
                 self.issue(it, ins, s, issued)
             elif kind is Wait:
                 st = issued[ins.tag]
@@ -84,7 +100,7 @@ class PlanPass:
                 self.now = e
                 self.target = np.full(self.n, -np.inf)
             elif kind is Pace:  # as the simpy engine: the clock jumps to the target exactly
-                new = np.maximum(self.now, began + ins.seconds)
+                new = np.maximum(self.now, ins.until(began))
                 self.rec.compute("host", self.now, new, ins.label)
                 self.now = new
             elif kind is not Memory:  # pragma: no cover - a planner's bug
@@ -158,11 +174,11 @@ class PlanPass:
     # -- instructions ------------------------------------------------------------------------
     def sequential(self, it: int, seg: Segment, scale: np.ndarray, issued: dict) -> None:
         """A segment whose marks sit at compute offsets (waits excluded)."""
-        rec, prof = self.rec, self.prof
+        rec, d = self.rec, self.draw
         done = np.zeros(self.n)
         for mk in seg.marks:
             if mk.at is not None:
-                dt = self.eng.per_profile(mk.at)[prof] * scale - done
+                dt = mk.offset(d, scale) - done
                 m = dt > 0
                 new = np.where(m, self.now + dt, self.now)
                 rec.compute(seg.kind, self.now, new)
@@ -171,34 +187,34 @@ class PlanPass:
             do = mk.do
             if type(do) is Issue:
                 if do.pre > 0:
-                    self.compute(seg.kind, do.pre * scale, "comm hook")
+                    self.compute(seg.kind, do.pre_time(scale), "comm hook")
                 self.issue(it, do, scale, issued)
             elif type(do) is Wait:
                 st = issued[do.tag]
                 self.wait(st, st.scope, do.label)
-        self.compute(seg.kind, self.eng.per_profile(seg.seconds)[prof] * scale - done)
+        self.compute(seg.kind, seg.length(d, scale) - done)
 
     def anchored(self, it: int, seg: Segment, scale: np.ndarray, issued: dict) -> None:
         """A segment whose marks sit at times since its start, shifted by the work issued
         before them."""
-        prof = self.prof
+        d = self.draw
         t_b = self.now
         shift = np.zeros(self.n)
         for mk in seg.marks:
             if mk.at is not None:
-                t = t_b + self.eng.per_profile(mk.at)[prof] * scale + shift
+                t = t_b + mk.offset(d, scale) + shift
                 self.now = np.maximum(self.now, t)
             do = mk.do
             if type(do) is Issue:
                 if do.pre > 0:
-                    pre = do.pre * scale
+                    pre = do.pre_time(scale)
                     self.now = self.now + pre
                     shift = shift + pre
                 self.issue(it, do, scale, issued)
             elif type(do) is Wait:
                 st = issued[do.tag]
                 self.wait(st, st.scope, do.label)
-        end = t_b + self.eng.per_profile(seg.seconds)[prof] * scale + shift
+        end = t_b + seg.length(d, scale) + shift
         self.now = np.maximum(self.now, end)
         self.rec.compute(seg.kind, t_b, self.now)
 
@@ -218,11 +234,11 @@ class PlanPass:
         """A chained (PowerSGD) issue: each stage after the last's callback on the side
         stream. Returns when its last callback ends."""
         arrive = issue_t = self.now
-        for c, cb in issue.stages:
+        for j, (c, _) in enumerate(issue.stages):
             st = self.coll((c.tag[0], it, *c.tag[1:]), c.scope, c.op, c.nbytes, issue_t,
                            arrive, c.in_backward)
             s0 = np.maximum(self.end_of(st, c.scope), self.side)
-            self.side = s0 + cb * scale
+            self.side = s0 + issue.callback_time(j, scale)
             self.rec.callback(s0, self.side)
             arrive = self.side
         return self.side
@@ -230,12 +246,12 @@ class PlanPass:
     def single(self, it: int, issue: Issue, scale: np.ndarray) -> tuple[Step, np.ndarray]:
         """A single-stage issue, and its callback on the side stream (in issue order).
         Returns the collective and when its value is ready."""
-        c, cb = issue.stages[0]
+        c = issue.first
         now = self.now
         st = self.coll((c.tag[0], it, *c.tag[1:]), c.scope, c.op, c.nbytes, now, now,
                        c.in_backward)
         val = self.end_of(st, c.scope)
-        cbs = cb * scale
+        cbs = issue.callback_time(0, scale)
         m = cbs > 0
         if m.any():
             s0 = np.maximum(self.side, val)

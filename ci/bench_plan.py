@@ -1,0 +1,73 @@
+"""simddp plan's speed and answers at the issue's scales, cold (no capture cache):
+
+* Llama 3 70B on 256 H100 (DGX H100 fabric), sequence 8,192, 1,024 sequences a step — goal:
+  at least 100 layouts evaluated (given a memory verdict or replayed) in at most 5 minutes;
+* Llama 3.1 405B on 16,384 H100, sequence 8,192, 2,048 sequences a step (16M tokens, the
+  Llama 3 paper's batch) — goal: at most 10 minutes.
+
+For each it prints the layouts, captures, replays, wall time, the top 5, and where the layout
+practitioners published lands (torchtitan's 70B FSDP 32 × TP 8 on 256 H100; the Llama 3
+paper's 405B TP 8 × PP 16 × DP 128 on 16,384 H100, interleaved 1F1B).
+
+    python ci/bench_plan.py            # both
+    python ci/bench_plan.py 70b        # one
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+
+CASES = {
+    "70b": dict(model="llama3-70b", gpus=256, global_batch=1024,
+                published=("fsdp:32,tp:8", None, "torchtitan docs/performance.md, Table 4")),
+    "405b": dict(model="llama3-405b", gpus=16384, global_batch=2048,
+                 published=("pp:16,fsdp:128,tp:8", "Interleaved1F1B",
+                            "The Llama 3 Herd of Models, Table 4")),
+}
+
+
+def run(name: str) -> None:
+    from simddp.plan import plan
+
+    case = CASES[name]
+    spec, sched, source = case["published"]
+    t0 = time.perf_counter()
+    res = plan(case["model"], gpus=case["gpus"], gpu="h100", network="dgx-h100", seq_len=8192,
+               global_batch=case["global_batch"], top=5,
+               status=lambda s: print(f"  [{time.perf_counter() - t0:6.1f} s] {s}", flush=True))
+    wall = time.perf_counter() - t0
+    f = res.facts
+    evaluated = f["passed_rules"]
+    print(f"\n{case['model']} on {case['gpus']} H100: {f['layouts']} layouts, {evaluated} "
+          f"evaluated (memory verdict or replay), {f['replayed']} replayed from "
+          f"{f['captures']} captures ({f['capture_seconds']:.0f} s capturing); {f['feasible']} "
+          f"fit; wall {wall:.0f} s")
+    print(res.table(), end="")
+    ranked = [c for c in res.candidates if c.feasible]
+    ranked.sort(key=lambda c: -c.tokens_per_s_per_gpu)
+    mine = [c for c in res.candidates if c.parallel == spec and
+            (sched is None or c.layout.schedule == sched)]
+    best = max((c for c in mine if c.feasible), key=lambda c: c.tokens_per_s_per_gpu,
+               default=None)
+    if best is None:
+        why = "; ".join(sorted({c.reason for c in mine})) or "not enumerated"
+        print(f"published layout {spec} ({source}): not feasible in simddp's answer: {why}")
+    else:
+        rank = ranked.index(best) + 1
+        print(f"published layout {spec} ({source}): rank {rank} of {len(ranked)} feasible, "
+              f"{best.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
+              f"{best.tokens_per_s_per_gpu / ranked[0].tokens_per_s_per_gpu:.1%} of the best "
+              f"({ranked[0].layout.label()})")
+
+
+def main() -> None:
+    os.environ.setdefault("SIMDDP_CACHE_DIR", tempfile.mkdtemp(prefix="simddp-bench-plan-"))
+    for name in sys.argv[1:] or list(CASES):
+        run(name)
+
+
+if __name__ == "__main__":
+    main()

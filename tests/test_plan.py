@@ -1,0 +1,162 @@
+"""simddp plan: the layouts it enumerates, the rules and memory that prune them, the captures
+it shares, and what it reports (ranked table, JSON, whatif line, torchtitan TOML, Pareto front)."""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from fakepg.zoo.llama import LLAMA3_70B, LLAMA3_TINY
+from simddp.plan import Candidate, Layout, Shape, plan
+from simddp.plan.report import pareto_front
+from simddp.plan.space import layouts, rule_out, static_bytes
+
+SHAPE_70B = Shape.of_llama("llama3-70b", LLAMA3_70B)
+
+
+@pytest.fixture(scope="module")
+def small():
+    # up to 4 GPUs of 2 per node (fewer with the cost objective): tp 1/2, pp 1/2, FSDP or
+    # HSDP; the tiny Llama captured for real
+    return plan("llama3-tiny", gpus=4, gpus_per_node=2, gpu="h100", network="dgx-h100",
+                seq_len=32, global_batch=8, max_pp=2, max_cp=1, ac_modes=("full",),
+                objective="cost")
+
+
+def test_every_layout_lays_out_all_gpus_and_the_global_batch():
+    for lay in layouts(SHAPE_70B, 256, gpus_per_node=8, seq_len=8192, global_batch=1024):
+        assert lay.tp * lay.cp * lay.pp * lay.dp == 256
+        assert lay.sequences_per_step == 1024
+
+
+def test_the_shape_counts_the_models_parameters():
+    assert SHAPE_70B.params == LLAMA3_70B.num_params()
+    assert Shape.of_llama("t", LLAMA3_TINY).params == LLAMA3_TINY.num_params()
+
+
+def test_rules_say_why_a_layout_cannot_run():
+    base = Layout(256, tp=8, pp=1, shard=32, microbatches=32)
+    assert rule_out(base, SHAPE_70B, gpus_per_node=8, seq_len=8192) is None
+    assert "spans nodes" in rule_out(base.replace(tp=16, shard=16), SHAPE_70B,
+                                      gpus_per_node=8, seq_len=8192)
+    few = Layout(256, tp=8, pp=8, shard=4, schedule="1F1B", microbatches=4)
+    assert "at least one per rank" in rule_out(few, SHAPE_70B, gpus_per_node=8, seq_len=8192)
+    deep = Layout(256, tp=1, pp=64, shard=4, schedule="Interleaved1F1B", stages_per_rank=4,
+                  microbatches=64)
+    assert "pipeline stages for 80 blocks" in rule_out(deep, SHAPE_70B, gpus_per_node=8,
+                                                       seq_len=8192)
+
+
+def test_static_memory_shrinks_with_every_sharding_dimension():
+    one = static_bytes(Layout(8, shard=8), SHAPE_70B)
+    assert one == 16 * SHAPE_70B.params // 8
+    assert static_bytes(Layout(64, tp=8, shard=8), SHAPE_70B) == one // 8
+    assert static_bytes(Layout(64, pp=8, shard=8, schedule="1F1B"), SHAPE_70B) < one // 4
+
+
+def test_the_search_prunes_by_rules_then_memory_then_replays_the_rest(small):
+    stages = {c.stage for c in small.candidates}
+    assert stages <= {"rules", "memory", "replay"} and "replay" in stages
+    for c in small.candidates:
+        assert (c.feasible is False) == bool(c.reason) or c.reason == "OOM in the replay"
+    assert small.facts["replayed"] == sum(c.stage == "replay" for c in small.candidates)
+
+
+def test_layouts_that_differ_in_data_parallel_size_share_a_capture(small):
+    assert small.facts["captures"] < small.facts["passed_rules"]
+
+
+def test_the_top_layouts_fit_and_have_their_figures(small):
+    assert all(c.feasible for c in small.top)
+    assert all(c.peak_memory_bytes > 0 and 0 < c.mfu < 1 for c in small.top)
+
+
+def test_the_json_holds_every_candidate_with_the_documented_fields(small, tmp_path):
+    data = json.loads(open(small.to_json(tmp_path / "plan.json")).read())
+    assert len(data["candidates"]) == len(small.candidates) and data["top"]
+    for row in data["candidates"]:
+        assert {"parallel", "feasible", "reason", "tokens_per_s_per_gpu", "mfu",
+                "peak_memory_bytes"} <= set(row)
+
+
+def test_the_toml_fragment_is_torchtitans_and_lays_out_the_gpus(small):
+    for c in small.top:
+        cfg = tomllib.loads(small.torchtitan_toml(c))
+        p = cfg["parallelism"]
+        assert math.prod([p["data_parallel_replicate_degree"], p["data_parallel_shard_degree"],
+                          p["tensor_parallel_degree"], p["context_parallel_degree"],
+                          p["pipeline_parallel_degree"]]) == c.layout.gpus
+        assert cfg["training"]["global_batch_size"] == 8
+
+
+def test_each_winner_has_the_whatif_line_that_answers_for_it(small):
+    line = small.whatif_line(small.top[0])
+    assert line.startswith("simddp whatif llama3-tiny --parallel ")
+    assert f"--parallel {small.top[0].parallel} --world-size {small.top[0].layout.gpus}" in line
+
+
+def test_the_same_question_gives_the_same_answer():
+    def ask():
+        return plan("llama3-tiny", gpus=2, gpus_per_node=2, gpu="h100", network="dgx-h100",
+                    seq_len=32, global_batch=4, max_pp=2, max_cp=1, ac_modes=("full",))
+    assert [c.to_dict() for c in ask().candidates] == [c.to_dict() for c in ask().candidates]
+
+
+def test_the_cost_objective_tries_fewer_gpus_and_ranks_by_tokens_per_gpu_second(small):
+    assert {c.layout.gpus for c in small.candidates} == {4, 2, 1}
+    tps = [c.tokens_per_s_per_gpu for c in small.top]
+    assert tps == sorted(tps, reverse=True)
+
+
+def test_the_pareto_plot_is_written(small, tmp_path):
+    path = small.plot(tmp_path / "pareto.png")
+    assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 100), st.floats(1, 1e4)), min_size=1, max_size=30))
+def test_no_layout_on_the_pareto_front_is_beaten_on_both_speed_and_memory(points):
+    cands = [Candidate(Layout(8, shard=8), feasible=True, peak_memory_bytes=m,
+                       tokens_per_s_per_gpu=t) for m, t in points]
+    front = pareto_front(cands)
+    for f in front:
+        assert not any(c.peak_memory_bytes <= f.peak_memory_bytes and
+                       c.tokens_per_s_per_gpu > f.tokens_per_s_per_gpu for c in cands)
+    best = max(c.tokens_per_s_per_gpu for c in cands)
+    assert front[-1].tokens_per_s_per_gpu == best
+
+
+def test_the_command_line_prints_the_ranking_and_writes_json(tmp_path, capsys):
+    from simddp.cli import main
+
+    out = tmp_path / "plan.json"
+    status = main(["plan", "llama3-tiny", "--gpus", "2", "--gpus-per-node", "2", "--seq-len",
+                   "32", "--global-batch", "4", "--max-pp", "2", "--max-cp", "1",
+                   "--activation-checkpointing", "full", "--no-progress", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert status == 0 and "the best layout as a what-if:" in text and "[parallelism]" in text
+    assert json.loads(out.read_text())["top"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--gpus", "0"], "out of range"),
+    (["--gpus", "8", "--activation-checkpointing", "sometimes"], "give some of"),
+])
+def test_bad_plan_arguments_are_usage_errors_naming_the_accepted_values(argv, message, capsys):
+    from simddp.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "llama3-tiny", "--global-batch", "4", *argv])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_time_to_tokens_without_a_token_count_says_what_to_add(capsys):
+    from simddp.cli import main
+
+    status = main(["plan", "llama3-tiny", "--global-batch", "4", "--gpus", "8",
+                   "--objective", "time-to-tokens"])
+    assert status == 1 and "needs --tokens" in capsys.readouterr().err
