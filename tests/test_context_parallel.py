@@ -21,7 +21,7 @@ from simddp.cosim.context_parallel import capture_cp
 from simddp.cosim.ring_attention import (RingAttention, apply_context_parallel,
                                          cpu_ring_attention, long_context, shard_sequence)
 from simddp.program import CapturedCP, Knobs, plan
-from simddp.program.context import CPMesh, ring_collectives
+from simddp.program.context import CPMesh, plan_cp, ring_collectives
 from simddp.program.parallel import Parallel
 from simddp.replay import replay
 
@@ -318,6 +318,19 @@ def test_checkpointed_blocks_recompute_their_ring_in_backward_and_hold_their_inp
 def test_a_cp_rank_saves_about_one_over_cp_of_the_activations():
     a2, a4 = cap_of(shard=1, cp=2).activation_bytes, cap_of(shard=1, cp=4).activation_bytes
     assert 0.4 < a4 / a2 < 0.6
+
+
+@pytest.mark.parametrize("mesh,spec,world", [
+    ({"shard": 1, "cp": 2}, "cp:2,fsdp", 64),
+    ({"shard": 1, "cp": 2, "tp": 2}, "fsdp,cp:2,tp:2", 32),
+    ({"replicate": 2, "shard": 1, "cp": 2}, "hsdp:2,cp:2", 16)], ids=["fsdp", "tp", "hsdp"])
+def test_the_cp_planner_keeps_the_planner_contract(mesh, spec, world):
+    from simddp.program.contract import Program
+    from simddp.replay import check_planner
+
+    prog = check_planner(plan_cp, cap_of(**mesh), Knobs(parallel=spec).checked(world,
+                                                                                TIMING.network))
+    assert isinstance(prog, Program) and prog.communication_buckets() == ([], [])
 
 
 def test_the_planner_refuses_another_cp_degree_than_the_captures():

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .captured import _MeshCapture
+from .contract import Program
 from .fsdp import check_sharded_knobs, event_marks
 from .knobs import CheckedKnobs
 from .mesh import DeviceMesh
@@ -137,7 +138,7 @@ def _p2p(ev: dict[str, Any]) -> bool:
     return ev["op"].startswith("all_to_all")
 
 
-class CPProgram:
+class CPProgram(Program):
     """A captured context-parallel step as a step program for one world and set of knobs (see
     the module docstring). ``parallel``: the layout replayed (a
     :class:`~simddp.program.parallel.Parallel`, ``cp:N`` with ``fsdp``, ``hsdp:S`` or ``dp``,
@@ -183,8 +184,6 @@ class CPProgram:
         self.fsdp_size = par.shard * cp  # FSDP2's group: shard × cp
         self.shard_ratio = (cap.shard_size * cap.cp_size) / self.fsdp_size
         self.prefetch = {"forward": k.forward_prefetch, "backward": k.backward_prefetch}
-        self.buckets: list[list[int]] = []
-        self.plans: list[Any] = []
         self.param_bytes = cap.param_bytes
         shapes = {self._shape(p) for p in cap.profiles}
         self._why = None if len(shapes) == 1 else \
@@ -202,17 +201,6 @@ class CPProgram:
     def uniform(self) -> str | None:
         return self._why
 
-    def rank_kinds(self) -> dict[int, tuple]:
-        return {}
-
-    def knob_values(self) -> dict[str, Any]:
-        return {}  # no knob is resolved from the capture (torch's rotate method is its own)
-
-    def bubble_fractions(self, timeline: Any) -> list[float] | None:
-        return None  # not a pipeline
-
-    def communication_buckets(self) -> tuple[list[list[int]], list[list[int]]]:
-        return [], []  # no DDP buckets
 
     def static_memory(self) -> dict[str, int]:
         """Per rank before the step: parameters and optimizer state sharded over shard × cp."""
