@@ -1,9 +1,9 @@
 """Benchmark: capture of a Llama 3 training step with context parallelism (torch's ring
 attention) × FSDP2 at real size, on the meta device (no arithmetic), as
-``simddp.cosim.context_parallel.capture_cp`` captures it (``long_context`` raises the zoo
-model's rotary tables to the sequence).
+``simddp.cosim.context_parallel.capture_cp`` captures it (``simddp.jobs.resolve_model`` builds
+the zoo model at the sequence length, its rotary tables raised to it, as ``--seq-len`` does).
 
-Each row is one ``capture_cp(long_context(zoo.get(name), S), mesh={"shard": 1, "cp": C},
+Each row is one ``capture_cp(resolve_model(name, seq_len=S), mesh={"shard": 1, "cp": C},
 device="meta", param_dtype="bf16", reduce_dtype="fp32")`` (C fake ranks: every CP rank runs
 its part of the ring; two steps, the last recorded; the activations counted on a CP world of
 their own) in a fresh subprocess: its wall time (the issue's goal: ``cp:8`` at 131,072 tokens
@@ -23,13 +23,12 @@ from bench_capture_realsize import run_child
 _CHILD = r"""
 import json, sys, time
 name, cp, seq = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-from fakepg import zoo
 from simddp import Compute, Network, Timing
 from simddp.cosim.context_parallel import capture_cp
-from simddp.cosim.ring_attention import long_context
+from simddp.jobs import resolve_model
 timing = Timing(network=Network.preset("dgx-h100"), compute=Compute.roofline("h100"))
 t0, c0 = time.perf_counter(), time.process_time()
-cap = capture_cp(long_context(zoo.get(name), seq), timing=timing, mesh={"shard": 1, "cp": cp},
+cap = capture_cp(resolve_model(name, seq_len=seq), timing=timing, mesh={"shard": 1, "cp": cp},
                  device="meta", param_dtype="bf16", reduce_dtype="fp32")
 wall, cpu = time.perf_counter() - t0, time.process_time() - c0
 ring = sum(e["scope"] == "cp" for ph in cap.profiles[0].values() for e in ph["events"])

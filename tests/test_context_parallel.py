@@ -19,7 +19,7 @@ from simddp import Compute, Network, Timing
 from simddp.cosim.capture_fsdp import checkpoint_units, fsdp_units
 from simddp.cosim.context_parallel import capture_cp
 from simddp.cosim.ring_attention import (RingAttention, apply_context_parallel,
-                                         cpu_ring_attention, long_context, shard_sequence)
+                                         cpu_ring_attention, shard_sequence)
 from simddp.program import CapturedCP, Knobs, plan
 from simddp.program.context import CPMesh, plan_cp, ring_collectives
 from simddp.program.parallel import Parallel
@@ -377,14 +377,6 @@ def test_capture_refuses_written_out_attention_and_bad_meshes():
         capture_cp(_scenario(), timing=TIMING, mesh={"shard": 2, "cp": 1})
     with pytest.raises(ValueError, match="rotate_method"):
         capture_cp(_scenario(), timing=TIMING, mesh={"shard": 1, "cp": 2}, rotate_method="ring")
-
-
-def test_long_context_raises_the_rotary_tables_to_the_sequence():
-    sc = long_context(zoo.get("llama3-tiny"), 128)
-    assert sc.build_model().args.max_seq_len == 128
-    assert sc.inputs(0, 1)[0][0].shape[1] == 128
-    with pytest.raises(ValueError, match="not a zoo Llama"):
-        long_context(zoo.get("mlp"), 128)
 
 
 # -- the registry: cp:N is a registered parallelism ----------------------------------------

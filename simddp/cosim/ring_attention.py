@@ -44,17 +44,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import threading
 from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
 
-from fakepg.arguments import integer
 
 __all__ = ["cpu_ring_attention", "RingAttention", "apply_context_parallel", "shard_sequence",
-           "long_context", "observing_ring", "torch_cp", "ROTATE_METHODS"]
+           "observing_ring", "torch_cp", "ROTATE_METHODS"]
 
 ROTATE_METHODS = ("allgather", "alltoall")
 _FWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
@@ -277,7 +275,8 @@ def apply_context_parallel(model: torch.nn.Module, cp_mesh: Any, seq_len: int,
         if rope[0].shape[0] < seq_len:
             raise ValueError(f"the model's rotary tables hold {rope[0].shape[0]} positions, "
                              f"fewer than the sequence of {seq_len} tokens: raise "
-                             f"max_seq_len (long_context)")
+                             f"max_seq_len (simddp.jobs.resolve_model(..., seq_len=...) "
+                             f"does; simddp whatif --seq-len)")
         model.rope = tuple(shard_sequence(cp_mesh, [t[:seq_len] for t in rope], seq_len,
                                           load_balance, seq_dim=0))
     ring = parallelize_module(RingAttention(), cp_mesh, cpa._ContextParallel(
@@ -298,24 +297,3 @@ def shard_sequence(cp_mesh: Any, tensors: list[torch.Tensor], seq_len: int,
     lb = _load_balancer(seq_len, cp, tensors[0].device.type) if load_balance else None
     return list(torch_cp()._context_parallel_shard(cp_mesh, tensors, [seq_dim] * len(tensors),
                                                     load_balancer=lb))
-
-
-def long_context(scenario: Any, seq_len: int) -> Any:
-    """A zoo Llama scenario at ``seq_len`` tokens per sequence, its rotary tables built for
-    that many positions (``max_seq_len``): the zoo's Llama 3 defaults to 8,192."""
-    from fakepg.zoo import llama as zoo_llama
-    from fakepg.zoo.scenario import SeededBatches
-
-    seq_len = integer("seq_len", seq_len, minimum=1)
-    model = getattr(scenario, "model", None)
-    args = getattr(model, "args", ())
-    if not (isinstance(model, functools.partial) and model.func is zoo_llama.Llama and args):
-        raise ValueError(f"long_context: {getattr(scenario, 'name', scenario)!r} is not a zoo "
-                         f"Llama scenario (llama3-*)")
-    largs = dataclasses.replace(args[0], max_seq_len=max(seq_len, args[0].max_seq_len))
-    b = scenario.batches
-    if not isinstance(b, SeededBatches) or "seq_len" not in b.kwargs:
-        raise ValueError("long_context: the scenario's batches are not the zoo's token "
-                         "sequences")
-    return scenario.with_(model=functools.partial(zoo_llama.Llama, largs),
-                          batches=dataclasses.replace(b, kwargs={**b.kwargs, "seq_len": seq_len}))
