@@ -260,7 +260,7 @@ def _whatif_epilog() -> str:
                           (f" [{p.reserved}]" if p.reserved else "")], width)
           for name, p in REGISTRY.items()),
     ])
-# the cost mechanisms' flags (docs/costs.md): flag → (Knobs field, type, help); all off by default
+# the cost mechanisms' flags (docs/costs.md): flag → (Knobs field, type, help)
 _COSTS: dict[str, tuple[str, Any, str]] = {
     "--no-overlap": ("overlap", None, "all_reduce after backward (a framework that does not "
                      "overlap communication with backward)"),
@@ -278,17 +278,22 @@ _COSTS: dict[str, tuple[str, Any, str]] = {
     "--sync-points": ("sync_points", int, "host syncs per step (loss.item(), ...)"),
     "--sync-us": ("sync_us", float, "µs per host sync (default 10)"),
     "--metric-allreduces": ("metric_allreduces", int, "small all_reduces per step (metrics)"),
-    "--protocol-latency": ("protocol_latency", None, "NCCL's per-collective base latency by "
-                           "protocol (tuning.cc)"),
+    "--protocol-latency": ("protocol_latency", None, "NCCL's tuning model (tuning.cc: latency, "
+                           "algorithm and protocol per collective; default on NCCL fabrics)"),
+    "--no-protocol-latency": ("protocol_latency", False, "the plain α-β network, without "
+                              "NCCL's tuning model (a study)"),
     "--gpu-contention": ("gpu_contention", str, "NCCL's SM share as compute contention: "
-                         "v100, a100, h100 or GPU:CHANNELS"),
+                         "v100, a100, h100 or GPU:CHANNELS (default: the preset's GPU)"),
+    "--no-gpu-contention": ("gpu_contention", False, "no SM share nor launch cost (a study)"),
 }
 
 
 def _cost_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("cost mechanisms (docs/costs.md; each off by default)")
+    g = p.add_argument_group("cost mechanisms (docs/costs.md)")
     for flag, (dest, kind, text) in _COSTS.items():
-        if kind is None:
+        if kind is False:  # an opt-out of a mechanism on by default
+            g.add_argument(flag, dest=f"cost_off_{dest}", action="store_true", help=text)
+        elif kind is None:
             g.add_argument(flag, dest=f"cost_{dest}", action="store_true", help=text)
         else:
             checked = {int: A.integer(0, 1 << 30), float: A.real(0.0)}.get(kind, kind)
@@ -300,6 +305,10 @@ def _cost_knobs(args: argparse.Namespace) -> dict[str, Any]:
     """The cost mechanisms' Knobs fields the command line set."""
     out: dict[str, Any] = {}
     for dest, kind, _ in _COSTS.values():
+        if kind is False:
+            if getattr(args, f"cost_off_{dest}"):
+                out[dest] = False if dest == "protocol_latency" else "off"
+            continue
         v = getattr(args, f"cost_{dest}")
         if kind is None and v:
             out[dest] = dest != "overlap"  # --no-overlap sets overlap=False

@@ -5,6 +5,13 @@ scenario captured once, each replayed under a set of knob configurations on both
 figures kept as exact float hex. ``tests/test_ddp_replay_regression.py`` replays the stored
 captures and asserts the figures are bit for bit these. Regenerate only when a change of the
 *model* is intended, and say so in the commit.
+
+The first twelve configurations are the α–β network as it was: NCCL's tuning model and the
+GPU's contention, on by default on NCCL presets since, are switched off explicitly
+(:data:`PLAIN`), so their figures stay bit for bit those of before the defaults. The
+``defaults-*`` configurations pin the defaults themselves (``"defaults": true``).
+``python tests/ddp_golden.py --add`` computes only the results missing from the file, on its
+stored captures.
 """
 
 from __future__ import annotations
@@ -33,7 +40,12 @@ CONFIGS: list[tuple[str, int, dict[str, Any]]] = [
     ("shared-nic", 32, {"network": "ib8", "groups": 2, "shared_nic": True}),
     ("uneven", 8, {"uneven": {1: 1, 5: 0}, "iterations": 2}),
     ("contention", 16, {"network": "ib8-contention"}),
+    ("defaults-ib8", 16, {"network": "ib8", "defaults": True}),
+    ("defaults-dgx-a100", 16, {"network": "dgx-a100", "defaults": True,
+                               "bucket_cap_mb": 0.01}),
 ]
+# the mechanisms on by default since, off for the configurations pinned before them
+PLAIN = {"protocol_latency": False, "gpu_contention": "off"}
 
 
 def networks() -> dict[str, Any]:
@@ -41,11 +53,14 @@ def networks() -> dict[str, Any]:
     return {"100gbe": Network.preset("100gbe"), "ib8": Network.preset("ib-ndr", gpus_per_node=8),
             "ib4": Network.preset("ib-ndr", gpus_per_node=4),
             "ib8-contention": Network.preset("ib-ndr", gpus_per_node=8).with_(
-                contention=Contention(slowdown=1.2, per_collective_us=5.0))}
+                contention=Contention(slowdown=1.2, per_collective_us=5.0)),
+            "dgx-a100": Network.preset("dgx-a100")}
 
 
 def replay_kwargs(knobs: dict[str, Any]) -> dict[str, Any]:
     kw = dict(knobs)
+    if not kw.pop("defaults", False):
+        kw.update(PLAIN)
     kw["network"] = networks()[kw.get("network", "100gbe")]
     for k in ("rank_speed", "uneven"):
         if k in kw:
@@ -68,7 +83,7 @@ def figures(res: Any) -> dict[str, Any]:
 
 
 def engines_for(knobs: dict[str, Any]) -> list[str]:
-    if knobs.get("uneven") or knobs.get("network") == "ib8-contention" or (
+    if knobs.get("uneven") or knobs.get("network") in ("ib8-contention", "dgx-a100") or (
             knobs.get("shared_nic") and knobs.get("groups", 1) > 1):
         return ["simpy"]
     return ["simpy", "vector"]
@@ -85,12 +100,19 @@ def captures() -> dict[str, Any]:
     return out
 
 
-def generate() -> dict[str, Any]:
-    from simddp.replay import replay
+def generate(old: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every result; with ``old`` (the file as it is), only those it lacks, on its captures."""
+    from simddp.replay import CapturedIteration, replay
     data: dict[str, Any] = {"captures": {}, "configs": CONFIGS, "results": {}}
-    for name, cap in captures().items():
-        data["captures"][name] = cap.to_dict()
+    caps = captures() if old is None else {
+        n: CapturedIteration.from_dict(d) for n, d in old["captures"].items()}
+    if old is not None:
+        data["results"].update(old["results"])
+    for name, cap in caps.items():
+        data["captures"][name] = cap.to_dict() if old is None else old["captures"][name]
         for cid, world, knobs in CONFIGS:
+            if old is not None and any(k.startswith(f"{name}/{cid}/") for k in old["results"]):
+                continue
             if knobs.get("uneven") and world > 8:
                 continue
             for engine in engines_for(knobs):
@@ -106,7 +128,11 @@ def generate() -> dict[str, Any]:
 
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    d = generate()
+    old = None
+    if "--add" in sys.argv[1:]:
+        with open(PATH) as f:
+            old = json.load(f)
+    d = generate(old)
     with open(PATH, "w") as f:
         json.dump(d, f, sort_keys=True, indent=0)
     print(f"wrote {PATH}: {len(d['captures'])} captures, {len(d['results'])} results")

@@ -115,28 +115,50 @@ def test_without_overlap_every_bucket_waits_for_the_end_of_backward(cap, engine)
     assert flat.exposed_comm[0] == pytest.approx(comm, rel=1e-9)
 
 
-def test_nccl_protocol_latency_is_ll_for_small_and_simple_for_large_messages():
+def test_nccl_tuning_model_is_ll_for_small_and_simple_for_large_messages():
+    # a flat fabric: every rank its own node (N = n = 8, one rank a node), NCCL's ring
     inner = Network(bandwidth_GBps=10.0, latency_us=5.0, algorithm="ring")
     net = ProtocolLatency(inner)
-    small = net.collective_time("all_reduce", 64, 8) - inner.collective_time("all_reduce", 64, 8)
-    big = net.collective_time("all_reduce", 1 << 28, 8) - inner.collective_time(
-        "all_reduce", 1 << 28, 8)
-    # LL: its baseLat, and its bandwidth penalty (half the bandwidth: the β term once more)
-    beta = 2 * 7 / 8 * 64 / 10e9
-    assert small == pytest.approx(6.6e-6 + beta, rel=1e-9)
-    assert big == pytest.approx(8.4e-6, rel=1e-12)  # Simple's
+    beta = lambda s: 2 * 7 / 8 * s / 10e9  # noqa: E731 - the ring's bandwidth term
+    # tuning.cc: 2(n-1) = 14 steps, 2N = 16 across nodes (-2 inside, NCCL's own count); LL:
+    # baseLat 6.6, the inside steps at the 1 µs net overhead, 2.7 µs a network step, 1/4 of
+    # the bus bandwidth
+    assert net.chosen("all_reduce", 64, 8) == ("ring", "LL")
+    assert net.collective_time("all_reduce", 64, 8) == pytest.approx(
+        (6.6 - 2 * 1.0 + 16 * 2.7) * 1e-6 + 4 * beta(64), rel=1e-12)
+    # Simple: 8.4 + (-2)·max(3.4, 3·1) + 16·14 µs, × 1.4 (the ring's plateau) once each rank's
+    # share of a channel is 64 bytes; the full bandwidth
+    big = 1 << 28
+    assert net.chosen("all_reduce", big, 8) == ("ring", "Simple")
+    assert net.collective_time("all_reduce", big, 8) == pytest.approx(
+        (8.4 - 2 * 3.4 + 16 * 14.0) * 1.4e-6 + beta(big), rel=1e-12)
     assert net.collective_time("all_reduce", 1 << 20, 1) == 0.0  # one rank: nothing
 
 
+def test_a_measured_model_gets_nccls_base_latency_added():
+    from simddp.models import MeasuredNetwork
+    rows = [{"op": "all_reduce", "world_size": 8, "bytes": b, "seconds": s}
+            for b, s in [(1 << 10, 1e-4), (1 << 30, 1e-2)]]
+    inner = MeasuredNetwork(rows)
+    net = ProtocolLatency(inner)
+    # measured times hold their own latency: only NCCL's fixed cost of the cheapest protocol
+    assert net.collective_time("all_reduce", 1 << 30, 8) == pytest.approx(
+        inner.collective_time("all_reduce", 1 << 30, 8) + 8.4e-6, rel=1e-12)
+
+
 @pytest.mark.parametrize("engine", ENGINES)
-def test_protocol_latency_adds_its_base_latency_to_each_bucket(cap, engine):
+def test_protocol_latency_costs_each_bucket_with_nccls_tuning_model(cap, engine):
     base = replay(cap, 2, network=NET, engine=engine, progress=False, overlap=False)
     more = replay(cap, 2, network=NET, engine=engine, progress=False, overlap=False,
                   protocol_latency=True)
-    # per bucket, back to back after backward: the cheaper of LL (6.6 µs + its half-bandwidth
-    # penalty, β once more) and Simple (8.4 µs); at 1 GB/s these 20 KiB buckets take Simple
-    extra = [min(6.6e-6 + 2 * 1 / 2 * sum(b) / 1e9, 8.4e-6) for b in base.bucket_bytes]
-    assert extra == [8.4e-6] * len(extra)
+    # per bucket, back to back after backward: NCCL's time for it instead of the α–β one
+    tuned = ProtocolLatency(NET)
+    extra = [tuned.collective_time("all_reduce", sum(b), 2)
+             - NET.collective_time("all_reduce", sum(b), 2) for b in base.bucket_bytes]
+    # 2 ranks on 2 "nodes": LL128 (14 - 2·1.9 + 4·4.0 = 26.2 µs, 0.7 of the bandwidth at one
+    # rank a node) beats Simple (8.4 - 2·3.4 + 4·14 = 57.6 µs) on these 20 KiB buckets
+    assert {tuned.chosen("all_reduce", sum(b), 2) for b in base.bucket_bytes} == \
+        {("ring", "LL128")}
     assert more.iteration_time - base.iteration_time == pytest.approx(sum(extra), rel=1e-9)
 
 
@@ -164,18 +186,34 @@ def test_gpu_contention_without_overlap_costs_the_launch_of_each_collective(cap)
         > replay(cap, 2, network=NET, progress=False).iteration_time
 
 
-def test_the_mechanisms_are_off_by_default_and_bad_values_are_named(cap):
+def test_the_host_mechanisms_are_off_by_default_and_bad_values_are_named(cap):
     from simddp.program import Knobs
     k = Knobs()
     assert (k.overlap, k.host_per_sample_us, k.sync_points, k.metric_allreduces,
             k.protocol_latency, k.gpu_contention, k.rank_threads) == \
-        (True, 0.0, 0, 0, False, None, None)
+        (True, 0.0, 0, 0, None, None, None)
     with pytest.raises(ValueError, match="loader_workers"):
         replay(cap, 2, network=NET, progress=False, host_per_sample_us=1.0, loader_workers=-1)
     with pytest.raises(ValueError, match="rank_threads needs host_cores"):
         replay(cap, 2, network=NET, progress=False, rank_threads=1.0)
     with pytest.raises(ValueError, match="sync_points"):
         replay(cap, 2, network=NET, progress=False, sync_points=-1)
+
+
+def test_nccl_and_the_gpus_contention_are_on_by_default_on_a_gpu_preset():
+    from simddp.program import Knobs
+    dgx = Network.preset("dgx-h100")
+    on = Knobs().checked(16, dgx).network
+    assert isinstance(on, ProtocolLatency)
+    assert on.contention == gpu_contention("h100")  # SM share and launch cost of NCCL on H100
+    off = Knobs(protocol_latency=False, gpu_contention="off").checked(16, dgx).network
+    assert off is dgx
+    # a NIC preset runs NCCL (its tuning model) but names no GPU (no SM share); gloo, neither
+    ib = Knobs().checked(16, Network.preset("ib-ndr", gpus_per_node=8)).network
+    assert isinstance(ib, ProtocolLatency) and ib.contention is None
+    gloo = Network.preset("gloo-loopback")
+    assert Knobs().checked(4, gloo).network is gloo
+    assert Knobs().checked(4, NET).network is NET  # a Network you build: α–β as written
 
 
 def test_the_mechanisms_switched_on_are_columns_of_the_row(cap):

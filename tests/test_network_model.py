@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from fakepg import ops
-from simddp.models.network import PRESETS, Network
+from simddp.models.network import Network
+from simddp.models.presets import PRESETS
 
 # every name fakepg's op registry knows: trace names and their torch/c10d aliases
 ALL_OPS = sorted({a for name in ops.names() for a in (name, *ops.get(name).aliases)})

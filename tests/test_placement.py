@@ -19,6 +19,8 @@ from simddp.program.parallel import Parallel
 from simddp.replay import replay
 
 DGX = Network.preset("dgx-h100")  # 8 GPUs a node, NVLink 370.8 GB/s, 8 NICs of 50 GB/s
+# the α–β formulas alone (NCCL's tuning model and the GPU's contention off): the closed forms
+PLAIN = dict(protocol_latency=False, gpu_contention="off")
 A, A_IN, NIC, NVL = 5e-6, 2e-6, 50e9, 18 * 20.6e9
 S = 256 << 20
 OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast",
@@ -219,9 +221,9 @@ def _all_reduces(res, rank=0):
 @pytest.mark.parametrize("engine", ["simpy", "vector"])
 def test_replay_costs_hsdp_replica_all_reduces_on_one_nic_per_node(caps, engine):
     res = replay(caps["hsdp"], 64, parallel="hsdp:8", network=DGX, engine=engine,
-                 progress=False)
+                 progress=False, **PLAIN)
     before = replay(caps["hsdp"], 64, parallel="hsdp:8", network=Contiguous(DGX),
-                    engine=engine, progress=False)
+                    engine=engine, progress=False, **PLAIN)
     assert res.engine == engine
     ars = _all_reduces(res)
     assert ars and all(c.group_ranks == tuple(range(0, 64, 8)) for c in ars)
@@ -235,8 +237,8 @@ def test_replay_costs_hsdp_replica_all_reduces_on_one_nic_per_node(caps, engine)
 
 def test_one_dimensional_fsdp_replays_bitwise_as_before(caps):
     for world in (8, 12, 64):
-        a = replay(caps["fsdp"], world, network=DGX, progress=False)
-        b = replay(caps["fsdp"], world, network=Contiguous(DGX), progress=False)
+        a = replay(caps["fsdp"], world, network=DGX, progress=False, **PLAIN)
+        b = replay(caps["fsdp"], world, network=Contiguous(DGX), progress=False, **PLAIN)
         assert a.iteration_times == b.iteration_times
         assert a.timeline.rank_comms(world - 1) == b.timeline.rank_comms(world - 1)
 
@@ -244,7 +246,7 @@ def test_one_dimensional_fsdp_replays_bitwise_as_before(caps):
 @pytest.mark.parametrize("jitter", [0.0, 0.05])
 def test_both_engines_agree_where_communicators_of_one_dimension_sit_differently(caps, jitter):
     kw = dict(parallel="hsdp:3", network=DGX, jitter=jitter, seed=5, iterations=2,
-              progress=False)
+              progress=False, **PLAIN)
     fast = replay(caps["hsdp"], 12, engine="vector", **kw)
     slow = replay(caps["hsdp"], 12, engine="simpy", **kw)
     assert fast.engine == "vector" and slow.engine == "simpy"

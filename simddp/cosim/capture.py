@@ -12,7 +12,6 @@ is :func:`_train`, the one piece to swap for the zoo's own loop.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
@@ -267,7 +266,7 @@ def _ddp_config(model: Any) -> dict[str, Any]:
 def _wrap(module: torch.nn.Module, parallel: str, kwargs: Mapping[str, Any],
           device: str) -> Any:
     """``module`` under DDP, or sharded with FSDP2 as torchtitan shards a decoder: each
-    block (:func:`~simddp.cosim.capture_fsdp.fsdp_units`), then the root, on a 1-D mesh of
+    block (:func:`~simddp.cosim.blocks.fsdp_units`), then the root, on a 1-D mesh of
     the world."""
     if parallel == "ddp":
         if device == "meta":
@@ -278,7 +277,7 @@ def _wrap(module: torch.nn.Module, parallel: str, kwargs: Mapping[str, Any],
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from .capture_fsdp import fsdp_units
+    from .blocks import fsdp_units
 
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     for block in fsdp_units(module):
@@ -445,7 +444,7 @@ def capture(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None,
         bucket_indices=parse_indices(logging.get("rebuilt_per_bucket_param_indices", "")),
         bucket_bytes=[c.bytes for c in bucket_recs], profiles=profiles,
         backward_collectives=extra,
-        network=(dataclasses.asdict(timing.network)
+        network=(timing.network.to_dict()
                  if isinstance(timing.network, Network) else None),
         compute=repr(timing.compute), costs=_probe_costs(timing.compute),
         cosim_iteration_time=res.timeline.iteration_times()[last],

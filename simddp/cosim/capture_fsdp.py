@@ -19,7 +19,6 @@ for backward (a ``saved_tensors_hooks`` count of non-parameter storages).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import warnings
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -31,6 +30,7 @@ from ..models import Network
 from ..program.captured import CapturedStep
 from ..program.mesh import DeviceMesh
 from ..timing import Timing
+from .blocks import fsdp_units
 from .capture import (_batches, _probe_costs, _train, activation_bytes, saved_bytes,
                       state_bytes)
 from .meta import (DEVICES, fsdp_on_meta, functional_waits_on_meta, fused_attention,
@@ -55,16 +55,6 @@ def outputs_not_modified_in_place() -> Iterator[None]:
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view "
                                 "tensor")
         yield
-
-
-def fsdp_units(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The modules ``fully_shard`` wraps before the root: the elements of the model's first
-    ``nn.ModuleList`` (transformer blocks, residual stages), else each child with
-    parameters."""
-    for m in model.modules():
-        if isinstance(m, torch.nn.ModuleList) and len(m):
-            return list(m)
-    return [c for c in model.children() if any(True for _ in c.parameters())]
 
 
 def _dtype(name: str | None) -> torch.dtype | None:
@@ -327,7 +317,7 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
 def cosim_facts(timing: Timing, res: SimResult, it: int) -> dict[str, Any]:
     """What a sharded capture keeps of its co-simulation: the network and compute models,
     and iteration ``it``'s time and exposed communication (to check replay against)."""
-    return dict(network=(dataclasses.asdict(timing.network)
+    return dict(network=(timing.network.to_dict()
                          if isinstance(timing.network, Network) else None),
                 compute=repr(timing.compute), costs=_probe_costs(timing.compute),
                 cosim_iteration_time=res.timeline.iteration_times()[it],

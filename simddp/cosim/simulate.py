@@ -95,7 +95,7 @@ from ..errors import CollectiveRaceError, CollectiveTimeoutError
 from ..faults import SlowLink, link_slowdown
 from ..faults import check as check_faults
 from ..models import collective_time, noise
-from ..program.mesh import ranks_per_node
+from ..models.placement import placement_of
 from ..timing import Timing
 from .clock import CB, KIND_NAMES, OPT, Flight, RankClock, bind, current, ptr
 from . import modules, optim_steps, tape
@@ -191,9 +191,9 @@ class Simulator(WorldHooks):
             key = id(coll.group)
             op, n = coll.op, coll.group.size
             nbytes = max(c.record.bytes for c in members)
-        G = self.network.gpus_per_node  # placement: as replay, from the members' ranks
+        # placement: as replay, from the members' ranks (simddp.models.placement)
         dur = collective_time(self.network, op, nbytes, n,
-                              None if G is None else ranks_per_node((c.rank for c in members), G))
+                              placement_of((c.rank for c in members), self.network))
         if self.net_noise is not None:
             dur *= self.net_noise.next()
         channel = self.channels.get(key)

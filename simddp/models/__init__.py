@@ -3,6 +3,8 @@
 * :class:`NetworkModel` / :class:`ComputeModel`: the protocols both engines accept;
 * :class:`Network`: NCCL's α–β model (flat or two-level), with calibration; its formulas in
   :mod:`~simddp.models.algorithms`, its named fabrics in :mod:`~simddp.models.presets`;
+* :class:`Placement` / :class:`Tier`: where a communicator sits on a tiered fabric
+  (:mod:`~simddp.models.placement`, one computation for every engine);
 * :class:`Contention`: how a rank's communication slows its compute, and the fixed cost of
   issuing a collective (carried by a network model; replay applies it);
 * :class:`MeasuredNetwork`: collective times interpolated from this machine's measurements;
@@ -17,10 +19,11 @@ from .contention import Contention
 from .measured import MeasuredNetwork
 from .netspec import load_network_spec, parse_network
 from .network import Network
+from .placement import Placement, Tier
 from .presets import PRESETS
 from .protocols import ComputeModel, NetworkModel, collective_time
 
 __all__ = ["NetworkModel", "ComputeModel", "collective_time", "Network", "MeasuredNetwork", "PRESETS",
            "parse_network", "load_network_spec", "Contention", "Compute",
            "DevicePreset", "DEVICES", "RooflineCompute", "ConstantCompute", "ProfileCompute",
-           "ScaledCompute", "noise"]
+           "ScaledCompute", "noise", "Placement", "Tier"]

@@ -87,6 +87,13 @@ contiguous layout, unchanged. Models that do not know placement (a
 :class:`~simddp.models.MeasuredNetwork`) are asked as if contiguous
 (:func:`simddp.models.collective_time`).
 
+Tiers (``Network.tiers``, :mod:`simddp.models.placement`): switch tiers above the node, each
+with the oversubscription of the uplinks that leave one of its domains. A communicator placed
+across D > 1 domains of an oversubscribed tier (``Network.crossing``, set by ``placed``) sends a
+share f of its inter-node bytes out of a domain — D/N for rings, trees and chains (its only
+crossing hops are the D domain boundaries), 1 − 1/D for all_to_all — and, every node being as
+busy as this one, sees B_node / max(1, f · oversubscription) (:func:`node_bandwidth`).
+
 Until this version the hierarchical all_reduce was a sequence intra reduce_scatter → inter
 all_reduce of S/G → intra all_gather (times added, latency 2(G−1)+2(N−1) steps). NCCL does not
 do that for ring/tree: it under-predicted multi-node bus bandwidth (DGX A100, 8×HDR: 153 GB/s
@@ -101,7 +108,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .network import Network
 
 __all__ = ["NVLS_LATENCY_US", "NVLS_ALGBW_RATIO", "TREE_BUS_BW_FRACTION", "flat_coefficients",
-           "flat_time", "all_reduce_time", "other_time", "candidates"]
+           "flat_time", "all_reduce_time", "other_time", "candidates", "node_bandwidth"]
 
 TREE_BUS_BW_FRACTION = 0.9  # NCCL tuning.cc: `if (a == NCCL_ALGO_TREE) busBw = ... busBw*.9`
 # NCCL tuning.cc (2.19-2.2x) hwLat[NCCL_HW_NVLINK][NCCL_ALGO_NVLS][NCCL_PROTO_SIMPLE] = 23 µs
@@ -138,6 +145,21 @@ def flat_time(kind: str, nbytes: float, n: int, alpha: float, bw: float, algorit
     return steps * alpha + factor * nbytes / bw
 
 
+def node_bandwidth(net: "Network", N: int, all_to_all: bool = False) -> float:
+    """B_node (bytes/s) as a collective over N nodes sees it through the oversubscribed tiers
+    it crosses (``net.crossing``, see "Tiers" above): divided by max(1, f·o) per tier, f the
+    share of its inter-node bytes that leave a domain (D/N for rings, trees and chains, whose
+    only crossing hops are the D domain boundaries; 1 − 1/D for all_to_all)."""
+    B = net.node_bandwidth_Bps
+    if not net.crossing:
+        return B
+    worst = 1.0
+    for D, o in net.crossing:
+        f = (1.0 - 1.0 / D) if all_to_all else min(1.0, D / max(N, 1))
+        worst = max(worst, f * o)
+    return B / worst
+
+
 def candidates(net: "Network") -> tuple[str, ...]:
     """The all_reduce algorithms NCCL's tuner chooses among on ``net`` ("auto")."""
     return ("ring", "tree", "nvls") if net.nvls_bandwidth_GBps is not None else ("ring", "tree")
@@ -158,7 +180,7 @@ def all_reduce_time(net: "Network", algorithm: str, S: float, n: int) -> float:
             return lat + S / nvls_bw
         N = -(-n // G)
         a_x = max(net.alpha_s, a_in)
-        inter = net.node_bandwidth_Bps * NVLS_ALGBW_RATIO * (1.0 if N <= 2 else 0.5)
+        inter = node_bandwidth(net, N) * NVLS_ALGBW_RATIO * (1.0 if N <= 2 else 0.5)
         return lat + 2 * log2_ceil(N) * a_x + S / min(nvls_bw, inter)
     if n <= G:
         if algorithm == "tree":  # NCCL's tree inside one node is a chain
@@ -166,7 +188,7 @@ def all_reduce_time(net: "Network", algorithm: str, S: float, n: int) -> float:
         return flat_time("all_reduce", S, n, a_in, b_in, algorithm)
     N = -(-n // G)
     a_x = max(net.alpha_s, a_in)
-    bw = min(b_in, net.node_bandwidth_Bps)
+    bw = min(b_in, node_bandwidth(net, N))
     if algorithm == "tree":
         return (2 * (G - 1) * a_in + 2 * log2_ceil(N) * a_x
                 + 2.0 / TREE_BUS_BW_FRACTION * S / bw)
@@ -183,12 +205,14 @@ def other_time(net: "Network", kind: str, S: float, n: int) -> float:
         return flat_time(kind, S, n, a_in, b_in, "ring")
     a, b = net.alpha_s, net.bandwidth_Bps
     g, N = G, -(-n // G)
-    bw = min(b_in, net.node_bandwidth_Bps)
+    bw = min(b_in, node_bandwidth(net, N))
     if kind in ("reduce_scatter", "all_gather"):
         return (n - N) * a_in + (N - 1) * max(a, a_in) + (n - 1) / n * S / bw
     if kind in ("broadcast", "reduce"):
         return (N - 1) * a + (n - N) * a_in + S / bw
     if kind in ("all_to_all", "gather", "scatter"):
         return ((g - 1) * a_in + (n - g) * a
-                + (g - 1) / n * S / b_in + (n - g) / n * S / (net.node_bandwidth_Bps / g))
+                + (g - 1) / n * S / b_in + (n - g) / n * S / (node_bandwidth(net, N, True) / g))
+    if net.crossing:  # p2p across nodes: one flow on one NIC, through the tiers it crosses
+        b = net.bandwidth_Bps * node_bandwidth(net, 2) / net.node_bandwidth_Bps
     return a + S / b  # p2p across nodes: one flow on one NIC

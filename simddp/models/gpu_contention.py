@@ -22,13 +22,17 @@ cost of issuing a collective: the launch the issuing stream pays.
 1.1111111111111112
 >>> gpu_contention("a100:8").slowdown                # A100 with 8 channels
 1.08
+
+Replay applies it by default on a network that runs NCCL on a GPU named here
+(:func:`default_contention`: the dgx1-v100, dgx-a100, dgx-h100, dgx-superpod and llama3-roce
+presets); ``gpu_contention="off"`` (``--no-gpu-contention``) switches it off.
 """
 
 from __future__ import annotations
 
 from .contention import NCCL_BASE_LATENCY_US, Contention
 
-__all__ = ["GPU_SMS", "NCCL_CHANNELS", "gpu_contention"]
+__all__ = ["GPU_SMS", "NCCL_CHANNELS", "gpu_contention", "default_contention"]
 
 GPU_SMS = {"v100": 80, "a100": 108, "h100": 132}
 NCCL_CHANNELS = {"v100": 8, "a100": 24, "h100": 24}
@@ -51,3 +55,13 @@ def gpu_contention(spec: str) -> Contention:
         "" if ch else f" ({_SOURCES[gpu]})")
     return Contention.sm_share(GPU_SMS[gpu], channels, per_collective_us=NCCL_BASE_LATENCY_US,
                                source=src)
+
+
+def default_contention(net: object) -> str | None:
+    """The GPU whose contention replay applies by default on ``net``: its ``gpu`` where the
+    network runs NCCL (``nccl``) and the GPU's SMs and channels are known here; else None."""
+    gpu = getattr(net, "gpu", None)
+    if not getattr(net, "nccl", False) or gpu is None:
+        return None
+    gpu = str(gpu).lower()
+    return gpu if gpu in GPU_SMS else None

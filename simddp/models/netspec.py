@@ -69,6 +69,30 @@ def _gbit(text: str) -> float:
     return _float(text) / 8.0
 
 
+def _bool(text: str) -> bool:
+    low = text.lower()
+    if low not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+        raise ValueError("not true or false")
+    return low in ("true", "1", "yes", "on")
+
+
+def _tiers(text: str) -> tuple:
+    """``NAME:GPUS:OVERSUBSCRIPTION`` items joined by ``+``, innermost first."""
+    from .placement import Tier
+
+    out = []
+    for item in text.split("+"):
+        parts = item.split(":")
+        if len(parts) != 3:
+            raise ValueError(f"not NAME:GPUS:OVERSUBSCRIPTION ({item!r}), e.g. su:256:1")
+        out.append(Tier(parts[0], _int(parts[1]), _float(parts[2])))
+    return tuple(out)
+
+
+def _tiers_text(tiers: tuple) -> str:
+    return "+".join(f"{t.name}:{t.gpus}:{t.oversubscription}" for t in tiers)
+
+
 FIELDS: dict[str, _Field] = {
     "preset": _Field("preset", str, "a preset to start from (simddp.Network.preset)"),
     "nic:GBps": _Field("bandwidth_GBps", _float, "bandwidth per NIC, GB/s"),
@@ -85,6 +109,11 @@ FIELDS: dict[str, _Field] = {
     "nvls:GBps": _Field("nvls_bandwidth_GBps", _float, "NVLink SHARP all_reduce bandwidth, GB/s"),
     "algorithm": _Field("algorithm", str, "ring, tree, nvls or auto"),
     "name": _Field("name", str, "the label tables show"),
+    "nccl": _Field("nccl", _bool, "whether the fabric runs NCCL (its tuning model; true/false)"),
+    "gpu": _Field("gpu", str, "the nodes' GPU (v100, a100, h100...): NCCL's constants, SM share"),
+    "intra-link": _Field("intra_link", str, "nvlink or pci, the link inside a node"),
+    "collnet": _Field("collnet", _bool, "in-network reduction (SHARP): NCCL's CollNet"),
+    "tiers": _Field("tiers", _tiers, "switch tiers above the node, NAME:GPUS:OVERSUB joined by +"),
     "contention:slowdown": _Field("contention.slowdown", _float,
                                   "compute slowdown while a collective runs (>= 1)"),
     "contention:us": _Field("contention.per_collective_us", _float,
@@ -92,8 +121,9 @@ FIELDS: dict[str, _Field] = {
 }
 
 _OPTIONAL = {"nics_per_node", "gpus_per_node", "intra_bandwidth_GBps", "intra_latency_us",
-             "nvls_bandwidth_GBps", "contention"}
-_DEFAULTS = {"latency_us": 5.0, "algorithm": "auto"}  # without a preset: IB-class α, NCCL's tuner
+             "nvls_bandwidth_GBps", "contention", "gpu"}
+# without a preset: IB-class α, NCCL's algorithm choice and tuning model
+_DEFAULTS = {"latency_us": 5.0, "algorithm": "auto", "nccl": True}
 
 
 def _accepted() -> str:
@@ -200,7 +230,7 @@ def spec_of(net: Network) -> str:
     """``net`` written as a spec (every field it sets), to edit or to pass as ``--network``.
 
     >>> spec_of(Network.preset("dgx1-p100"))
-    'nic:GBps=12.5,nic:us=5.0,algorithm=auto,gpus-per-node=8,nvlink:GBps=72.0,nvlink:us=2.0,name=dgx1-p100,nics-per-node=4'
+    'nic:GBps=12.5,nic:us=5.0,algorithm=auto,gpus-per-node=8,nvlink:GBps=72.0,nvlink:us=2.0,name=dgx1-p100,nics-per-node=4,gpu=p100'
     """
     first = {}  # the first key of each target: nic:GBps over nic:Gbps, nvlink: over pcie:
     for key, f in FIELDS.items():
@@ -212,6 +242,16 @@ def spec_of(net: Network) -> str:
         value = getattr(net, target)
         if value is not None:
             items.append(f"{first[target]}={value}")
+    if not net.nccl:
+        items.append("nccl=false")
+    if net.gpu is not None:
+        items.append(f"gpu={net.gpu}")
+    if net.intra_link != "nvlink":
+        items.append(f"intra-link={net.intra_link}")
+    if net.collnet:
+        items.append("collnet=true")
+    if net.tiers:
+        items.append(f"tiers={_tiers_text(net.tiers)}")
     if net.contention is not None:
         items += [f"contention:slowdown={net.contention.slowdown}",
                   f"contention:us={net.contention.per_collective_us}"]

@@ -13,13 +13,16 @@ The formulas — NCCL's own performance model (ring, tree, NVLS; flat and two-le
 byte convention of nccl-tests) — live in :mod:`simddp.models.algorithms`; the named fabrics and
 their sources in :mod:`simddp.models.presets`; how communication slows the rank's compute, and
 what issuing a collective costs it, in :mod:`simddp.models.contention` (a network's
-``contention``).
+``contention``); where a communicator sits on the fabric's tiers in
+:mod:`simddp.models.placement` (:meth:`Network.placed`). A network that runs NCCL (``nccl``,
+every NCCL preset) is costed in replay by NCCL's tuning model on top of these formulas
+(:mod:`simddp.models.nccl_latency`); ``collective_time`` itself is the α–β model.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, ClassVar, Iterable
 
 import numpy as np
@@ -30,8 +33,9 @@ from fakepg.arguments import integer, number
 from . import algorithms as _alg
 from .algorithms import NVLS_LATENCY_US
 from .contention import Contention, as_contention
+from .placement import Placement, Tier, as_placement
 
-__all__ = ["Network", "PRESETS", "NVLS_LATENCY_US"]
+__all__ = ["Network", "NVLS_LATENCY_US"]
 
 _ALGORITHMS = ("ring", "tree", "nvls", "auto")
 _FIT_ALGORITHMS = ("ring", "tree")  # what calibrate() can fit: fixed step/byte coefficients
@@ -69,6 +73,20 @@ class Network:
     contention: how this fabric's collectives slow the issuing rank's compute while in flight,
         and the fixed compute-stream cost of issuing one (:class:`~simddp.models.Contention`, or
         a dict of its fields); None = neither. Replay applies it; co-simulation does not yet.
+    nccl: the fabric runs NCCL, so replay costs its collectives with NCCL's tuning model
+        (:mod:`simddp.models.nccl_latency`: per-collective latency, algorithm and protocol by
+        size and scale) unless the ``protocol_latency`` knob says otherwise. NCCL presets set
+        it; a ``Network(...)`` you build is the plain α–β model unless you set it.
+    gpu: the GPU of the nodes ("v100", "a100", "h100", ...; None = not stated): NCCL's
+        tuning constants by generation, and the SM-share contention replay applies by default
+        (:mod:`simddp.models.gpu_contention`).
+    intra_link: "nvlink" or "pci", the link inside a node (NCCL's hardware latencies).
+    collnet: the switches reduce in-network (SHARP), so NCCL's CollNet algorithms are
+        candidates for all_reduce across nodes (NCCL_COLLNET_ENABLE=1 with the SHARP plugin).
+    tiers: the switch tiers above the node (:class:`~simddp.models.placement.Tier`: a leaf
+        group, a pod...), innermost first, each with its uplinks' oversubscription.
+    crossing: set by :meth:`placed`: the (domains spanned, oversubscription) of each
+        oversubscribed tier the communicator crosses; () for a fabric as a whole.
 
     ``alpha_s = latency_us * 1e-6`` and ``bandwidth_Bps = bandwidth_GBps * 1e9`` are what the
     formulas use. Frozen: derive variants with ``dataclasses.replace(net, bandwidth_GBps=...)``.
@@ -87,8 +105,25 @@ class Network:
     # simddp.models.measured registers MeasuredNetwork here (it builds on Network, so Network
     # cannot import it): what from_measurements() returns
     measured: ClassVar[Any] = None
+    # likewise simddp.models.presets registers its preset() here (its table builds Networks)
+    presets: ClassVar[Any] = None
+    nccl: bool = False
+    gpu: str | None = None
+    intra_link: str = "nvlink"
+    collnet: bool = False
+    tiers: tuple[Tier, ...] = ()
+    crossing: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
+        # a capture's JSON (dataclasses.asdict) gives lists and dicts back: restore them
+        if not isinstance(self.tiers, tuple) or any(isinstance(t, dict) for t in self.tiers):
+            object.__setattr__(self, "tiers", tuple(
+                Tier(**t) if isinstance(t, dict) else t for t in self.tiers))
+        if not isinstance(self.crossing, tuple) or any(
+                not isinstance(c, tuple) for c in self.crossing):
+            object.__setattr__(self, "crossing", tuple(
+                (int(d), float(o)) for d, o in self.crossing))
+        self._check_fabric()
         if self.contention is not None and not isinstance(self.contention, Contention):
             object.__setattr__(self, "contention", as_contention(self.contention, "Network"))
         _check_number("bandwidth_GBps", self.bandwidth_GBps, allow_zero=False,
@@ -133,6 +168,25 @@ class Network:
                              "does not have (nvls_bandwidth_GBps is None); use a preset that has "
                              "it (dgx-h100, dgx-b200), set nvls_bandwidth_GBps, or use "
                              "algorithm='auto'")
+
+    def _check_fabric(self) -> None:
+        if self.intra_link not in ("nvlink", "pci"):
+            raise ValueError(f"Network.intra_link must be 'nvlink' or 'pci', got "
+                             f"{self.intra_link!r}")
+        if not self.tiers:
+            return
+        if self.gpus_per_node is None:
+            raise ValueError("Network.tiers describe switches above the node, so they need "
+                             "gpus_per_node; pass gpus_per_node=8 (say) as well, or drop tiers")
+        inner = self.gpus_per_node
+        for t in self.tiers:
+            if not isinstance(t, Tier):
+                raise TypeError(f"Network.tiers must hold simddp.models.placement.Tier, got "
+                                f"{t!r}")
+            if t.gpus % inner:
+                raise ValueError(f"tier {t.name!r} of {t.gpus} GPUs does not hold whole "
+                                 f"domains of the tier below ({inner} GPUs); give a multiple")
+            inner = t.gpus
 
     def describe(self) -> dict[str, Any]:
         """The parameters a sweep table shows (:class:`~simddp.models.NetworkModel`)."""
@@ -184,13 +238,15 @@ class Network:
         return _alg.other_time(self, kind, nbytes, nranks)
 
 
-    def placed(self, per_node: int) -> Network:
-        """The fabric as a communicator with ``per_node`` of its members on each node sees it
-        (see :mod:`simddp.models.algorithms`, "Placement"): nodes of ``per_node`` ranks,
-        each with ``per_node / gpus_per_node`` of the node's NIC bandwidth (the node runs
+    def placed(self, placement: Placement | int) -> Network:
+        """The fabric as a communicator placed as ``placement`` sees it (a
+        :class:`~simddp.models.placement.Placement`, or a bare count of members per node; see
+        :mod:`simddp.models.algorithms`, "Placement"): nodes of ``per_node`` ranks, each with
+        ``per_node / gpus_per_node`` of the node's NIC bandwidth (the node runs
         ``gpus_per_node / per_node`` such communicators at once), NVLS only where a node holds
-        several members. ``per_node >= gpus_per_node`` (contiguous) or a flat fabric: ``self``.
-        Cached per instance.
+        several members, and the oversubscribed tiers it crosses (``crossing``).
+        ``per_node >= gpus_per_node`` (contiguous) crossing no oversubscribed tier, or a flat
+        fabric: ``self``. Cached per instance.
 
         >>> net = Network.preset("dgx-h100")
         >>> one = net.placed(1)                       # one member per node: one NIC each
@@ -200,20 +256,29 @@ class Network:
         True
         """
         G = self.gpus_per_node
-        per_node = integer("per_node", per_node, minimum=1,
-                           hint="how many of the communicator's ranks share one node")
-        if G is None or per_node >= G:
+        p = as_placement(placement)
+        if G is None:
+            return self
+        crossing = p.crossing(self.tiers)
+        per_node = p.per_node
+        if per_node >= G and not crossing:
             return self
         cache = self.__dict__.setdefault("_placed", {})
-        net = cache.get(per_node)
+        key = (per_node, crossing) if crossing else per_node
+        net = cache.get(key)
         if net is None:
-            # per_node "NICs" of the node's per-GPU NIC share: B_node · per_node / G in all
-            nvls = self.nvls_bandwidth_GBps if per_node > 1 else None
-            algorithm = "auto" if self.algorithm == "nvls" and nvls is None else self.algorithm
-            net = cache[per_node] = replace(
-                self, gpus_per_node=per_node, nics_per_node=per_node,
-                bandwidth_GBps=self.node_bandwidth_Bps / G / 1e9, nvls_bandwidth_GBps=nvls,
-                algorithm=algorithm)
+            if per_node >= G:
+                net = replace(self, crossing=crossing)
+            else:
+                # per_node "NICs" of the node's per-GPU NIC share: B_node · per_node / G in all
+                nvls = self.nvls_bandwidth_GBps if per_node > 1 else None
+                algorithm = "auto" if self.algorithm == "nvls" and nvls is None else \
+                    self.algorithm
+                net = replace(self, gpus_per_node=per_node, nics_per_node=per_node,
+                              bandwidth_GBps=self.node_bandwidth_Bps / G / 1e9,
+                              nvls_bandwidth_GBps=nvls, algorithm=algorithm,
+                              tiers=(), crossing=crossing)
+            cache[key] = net
         return net
 
     def chosen_algorithm(self, op: str, nbytes: int, nranks: int) -> str:
@@ -333,19 +398,19 @@ class Network:
         positional-only, so ``name`` is a field). NCCL presets default to ``algorithm="auto"``;
         "gloo-loopback" stays "ring" (gloo's).
         """
-        from .presets import preset as _preset
+        if Network.presets is None:
+            raise RuntimeError("simddp.models.presets is not loaded: import simddp.models")
+        return Network.presets(preset, **kw)
 
-        return _preset(preset, **kw)
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as JSON holds them (lists, not tuples), so a capture that stores its
+        network compares equal after a round trip; ``Network(**d)`` rebuilds it."""
+        d = asdict(self)
+        d["tiers"] = [dict(t) for t in d["tiers"]]
+        d["crossing"] = [list(c) for c in d["crossing"]]
+        return d
 
     def with_(self, **changes: Any) -> Network:
         """A copy with some fields changed, e.g. ``net.with_(bandwidth_GBps=net.bandwidth_GBps/2)``
         for a degraded link."""
         return replace(self, **changes)
-
-
-def __getattr__(name: str) -> Any:  # PRESETS lives in simddp.models.presets (imports Network)
-    if name == "PRESETS":
-        from .presets import PRESETS
-
-        return PRESETS
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

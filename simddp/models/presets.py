@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from .algorithms import NVLS_ALGBW_RATIO as _NVLS_ALGBW_RATIO
 from .network import Network
+from .placement import Tier
 
 __all__ = ["PRESETS", "preset"]
 
@@ -69,7 +70,7 @@ def gloo_loopback(**kw: Any) -> Network:
     (:meth:`calibrate`) from a microbenchmark on the host you compare against. gloo runs
     rings (no NCCL tuner), so the algorithm stays "ring"."""
     return _make(dict(bandwidth_GBps=3.0, latency_us=30.0, name="gloo-loopback",
-                          algorithm="ring"), kw, False)
+                          algorithm="ring", nccl=False), kw, False)
 
 
 def dgx1_v100(**kw: Any) -> Network:
@@ -82,7 +83,7 @@ def dgx1_v100(**kw: Any) -> Network:
     4 NICs × 12.5 GB/s per node.)"""
     defaults = dict(bandwidth_GBps=12.5, latency_us=5.0, gpus_per_node=8, nics_per_node=4,
                     intra_bandwidth_GBps=6 * 20.0, intra_latency_us=2.0, name="dgx1-v100",
-                    algorithm="auto")
+                    algorithm="auto", gpu="v100")
     return _make(defaults, kw, False)
 
 
@@ -97,7 +98,7 @@ def dgx1_p100(**kw: Any) -> Network:
     (the convention of "dgx1-v100")."""
     defaults = dict(bandwidth_GBps=12.5, latency_us=5.0, gpus_per_node=8, nics_per_node=4,
                     intra_bandwidth_GBps=4 * 18.0, intra_latency_us=2.0, name="dgx1-p100",
-                    algorithm="auto")
+                    algorithm="auto", gpu="p100")
     return _make(defaults, kw, False)
 
 
@@ -113,7 +114,7 @@ def pcie_server(**kw: Any) -> Network:
     pass ``intra_bandwidth_GBps`` (``pcie:GBps=``) for those."""
     defaults = dict(bandwidth_GBps=12.5, latency_us=10.0, gpus_per_node=8, nics_per_node=1,
                     intra_bandwidth_GBps=12.0, intra_latency_us=3.0, name="pcie-server",
-                    algorithm="auto")
+                    algorithm="auto", intra_link="pci")
     return _make(defaults, kw, False)
 
 
@@ -125,7 +126,7 @@ def dgx_a100(**kw: Any) -> Network:
     further ConnectX-6 are for storage). No NVLS (second-gen NVSwitch has no SHARP)."""
     defaults = dict(bandwidth_GBps=25.0, latency_us=5.0, gpus_per_node=8, nics_per_node=8,
                     intra_bandwidth_GBps=12 * 20.0, intra_latency_us=2.0, name="dgx-a100",
-                    algorithm="auto")
+                    algorithm="auto", gpu="a100")
     return _make(defaults, kw, False)
 
 
@@ -138,7 +139,7 @@ def dgx_h100(**kw: Any) -> Network:
     defaults = dict(bandwidth_GBps=50.0, latency_us=5.0, gpus_per_node=8, nics_per_node=8,
                     intra_bandwidth_GBps=18 * 20.6, intra_latency_us=2.0,
                     nvls_bandwidth_GBps=16 * 20.6 * _NVLS_ALGBW_RATIO, name="dgx-h100",
-                    algorithm="auto")
+                    algorithm="auto", gpu="h100")
     return _make(defaults, kw, False)
 
 
@@ -152,12 +153,37 @@ def dgx_b200(**kw: Any) -> Network:
     defaults = dict(bandwidth_GBps=50.0, latency_us=5.0, gpus_per_node=8, nics_per_node=8,
                     intra_bandwidth_GBps=18 * 40.1, intra_latency_us=2.0,
                     nvls_bandwidth_GBps=16 * 40.1 * _NVLS_ALGBW_RATIO, name="dgx-b200",
-                    algorithm="auto")
+                    algorithm="auto", gpu="b200")
     return _make(defaults, kw, False)
 
 
+def dgx_superpod(**kw: Any) -> Network:
+    """DGX H100 SuperPOD: DGX H100 nodes ("dgx-h100": 8 H100, NVLink4 + NVLS, 8 × ConnectX-7
+    NDR 400 Gb/s per node) on a rail-optimised NDR InfiniBand compute fabric: scalable units
+    (SUs) of 32 nodes (256 GPUs), each node's NIC i on the SU's leaf switch of rail i, SUs
+    joined by spine switches; full fat-tree, no oversubscription at either tier. Source:
+    NVIDIA DGX SuperPOD Reference Architecture, DGX H100 (RA-11333-001): "32 DGX H100 systems
+    per SU", "rail-optimized", "full fat-tree". A communicator of one rank per node stays on
+    one rail (one leaf hop inside its SU). For an oversubscribed what-if pass your own
+    ``tiers=(Tier("su", 256, 2.0),)``."""
+    defaults = dict(name="dgx-superpod", tiers=(Tier("su", 256, 1.0),))
+    return dgx_h100(**{**defaults, **kw})
+
+
+def llama3_roce(**kw: Any) -> Network:
+    """The Llama 3 training cluster (Llama 3 paper, "The Llama 3 Herd of Models", 2024,
+    §3.3.1 Network): 24K H100 (80 GB HBM3, 700 W) in Grand Teton servers of 8 GPUs on NVLink
+    (HGX H100 baseboard: NVSwitch, NVLS, as "dgx-h100"), 400 Gb/s RoCE per GPU; a three-layer
+    Clos: a rack of 16 GPUs (2 servers) on one ToR switch; 192 racks (3,072 GPUs) per pod with
+    full bisection bandwidth; 8 pods joined by aggregation switches at 1:7 oversubscription.
+    α = 10 µs as "400gbe" (RoCE class)."""
+    defaults = dict(name="llama3-roce", latency_us=10.0,
+                    tiers=(Tier("rack", 16, 1.0), Tier("pod", 3072, 7.0)))
+    return dgx_h100(**{**defaults, **kw})
+
+
 def _make(defaults: dict[str, Any], kw: dict[str, Any], nvlink_inside: bool) -> Network:
-    defaults = {"algorithm": "auto", **defaults}  # NCCL presets: NCCL's tuner picks
+    defaults = {"algorithm": "auto", "nccl": True, **defaults}  # NCCL presets: NCCL's tuner
     fields = {**defaults, **kw}
     if nvlink_inside and fields.get("gpus_per_node") is not None:
         fields.setdefault("intra_bandwidth_GBps", 450.0)  # NVLink4, as in nvlink()
@@ -167,7 +193,8 @@ def _make(defaults: dict[str, Any], kw: dict[str, Any], nvlink_inside: bool) -> 
     except TypeError as e:
         raise ValueError(f"bad preset argument ({e}); accepted: bandwidth_GBps, latency_us, "
                          "algorithm, gpus_per_node, intra_bandwidth_GBps, intra_latency_us, "
-                         "nics_per_node, nvls_bandwidth_GBps, contention, name") from None
+                         "nics_per_node, nvls_bandwidth_GBps, contention, name, nccl, gpu, "
+                         "intra_link, collnet, tiers") from None
 
 
 PRESETS: dict[str, Callable[..., Network]] = {
@@ -183,4 +210,9 @@ PRESETS: dict[str, Callable[..., Network]] = {
     "dgx-h100": dgx_h100,
     "dgx-b200": dgx_b200,
     "pcie-server": pcie_server,
+    "dgx-superpod": dgx_superpod,
+    "llama3-roce": llama3_roce,
 }
+
+
+Network.presets = preset  # Network.preset(name) reads the table through this

@@ -47,23 +47,27 @@ class ComputeModel(Protocol):
 
 
 def collective_time(network: NetworkModel, op: str, nbytes: int, nranks: int,
-                    per_node: int | None = None) -> float:
+                    per_node: Any = None) -> float:
     """``network.collective_time``; an op fakepg's registry does not know (a name a layer
-    above invented) is costed as an all_reduce of its bytes. ``per_node``: how many of the
-    communicator's ranks share a node (:meth:`simddp.program.mesh.Mesh.per_node`), None =
-    contiguous; fewer than ``nranks`` asks the network's ``placed(per_node)`` where it has
-    one (see :class:`NetworkModel`)."""
+    above invented) is costed as an all_reduce of its bytes. ``per_node``: where the
+    communicator's ranks sit — a :class:`~simddp.models.placement.Placement` (its members per
+    node and the fabric tiers they span) or a bare count of members per node; None =
+    contiguous. A communicator with fewer than ``nranks`` members per node asks the network's
+    ``placed(...)`` where it has one (see :class:`NetworkModel`), as does one that crosses an
+    oversubscribed tier."""
     try:
         ops.cost_kind(op)
     except ValueError:
         op = "all_reduce"
-    if per_node is not None and per_node < nranks:
-        network = placed(network, per_node)
+    if per_node is not None:
+        g = per_node if isinstance(per_node, int) else per_node.per_node
+        if g < nranks:
+            network = placed(network, per_node)
     return network.collective_time(op, nbytes, nranks)
 
 
-def placed(network: NetworkModel, per_node: int) -> NetworkModel:
-    """``network.placed(per_node)``, or ``network`` itself for a model that does not know
+def placed(network: NetworkModel, placement: Any) -> NetworkModel:
+    """``network.placed(placement)``, or ``network`` itself for a model that does not know
     placement (the documented contiguous fallback)."""
     place = getattr(network, "placed", None)
-    return network if place is None else place(per_node)
+    return network if place is None else place(placement)

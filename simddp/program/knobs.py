@@ -36,13 +36,16 @@ class Knobs:
     Every parallelism: ``rank_speed`` (rank → speed factor), ``jitter`` (relative standard
     deviation of compute and network times), ``seed``, ``iterations``, ``gpu_memory_gb``
     (device memory for the OOM verdict; None: no verdict).
-    Cost mechanisms (docs/costs.md; each off by default): ``overlap`` (False: DDP's
+    Cost mechanisms (docs/costs.md): ``overlap`` (False: DDP's
     all_reduces after backward), the host (:mod:`simddp.models.host`: ``host_per_sample_us``,
     ``loader_workers``, ``host_cores``, ``ranks_per_host``, ``rank_threads``,
     ``samples_per_rank``), per-step synchronisations (:mod:`simddp.models.syncs`:
-    ``sync_points``, ``sync_us``, ``metric_allreduces``), NCCL's per-collective latency
-    (``protocol_latency``, :mod:`simddp.models.nccl_latency`) and SM contention
-    (``gpu_contention``, :mod:`simddp.models.gpu_contention`).
+    ``sync_points``, ``sync_us``, ``metric_allreduces``) are off by default; NCCL's tuning
+    model (``protocol_latency``, :mod:`simddp.models.nccl_latency`) and the GPU's SM share
+    and launch cost (``gpu_contention``, :mod:`simddp.models.gpu_contention`) default (None)
+    to what the network is: on for a network that runs NCCL (``Network.nccl``, every NCCL
+    preset) and for the GPU it names (``Network.gpu``: dgx-a100, dgx-h100...); False / "off"
+    switch them off for a study.
     Pipeline parallelism (:mod:`simddp.program.pipeline`; None: the capture's):
     ``pp_schedule`` (torch's schedule name as ``get_schedule_class`` takes it: "GPipe",
     "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
@@ -81,7 +84,7 @@ class Knobs:
     sync_points: int = 0
     sync_us: float | None = None
     metric_allreduces: int = 0
-    protocol_latency: bool = False
+    protocol_latency: bool | None = None
     gpu_contention: str | None = None
     pp_schedule: str | None = None
     microbatches: int | None = None
@@ -182,14 +185,16 @@ class Knobs:
         """The cost mechanisms' models: (the network with NCCL's latency and the GPU's
         contention, the host loader or None, the compute slowdown of shared cores, the ranks
         per host)."""
-        from ..models.gpu_contention import gpu_contention
+        from ..models.gpu_contention import default_contention, gpu_contention
         from ..models.host import HostLoader, core_share_slowdown
         from ..models.nccl_latency import ProtocolLatency
 
         if not all(isinstance(getattr(self, n), bool) for n in
-                   ("overlap", "protocol_latency", "compile", "float8", "async_tp")):
-            raise ValueError("overlap, protocol_latency, compile, float8 and async_tp must be "
-                             "True or False")
+                   ("overlap", "compile", "float8", "async_tp")):
+            raise ValueError("overlap, compile, float8 and async_tp must be True or False")
+        if self.protocol_latency not in (None, True, False):
+            raise ValueError("protocol_latency must be True, False or None (the network's own: "
+                             "on for NCCL fabrics)")
         integer("sync_points", self.sync_points, minimum=0, hint="host syncs per step, e.g. 1")
         integer("metric_allreduces", self.metric_allreduces, minimum=0,
                 hint="small all_reduces per step (logged metrics), e.g. 1")
@@ -199,12 +204,18 @@ class Knobs:
         if rph is None:
             rph = getattr(net, "gpus_per_node", None) or 1
         rph = min(integer("ranks_per_host", rph, minimum=1, hint="ranks per node"), world)
-        if self.gpu_contention is not None:
+        contention = self.gpu_contention
+        if contention is None and getattr(net, "contention", None) is None:
+            contention = default_contention(net)  # the network's GPU, where it names one
+        if contention is not None and str(contention).lower() not in ("off", "none", "false"):
             if not hasattr(net, "with_"):
                 raise TypeError(f"gpu_contention needs a simddp.Network or MeasuredNetwork, "
                                 f"got {net!r}")
-            net = net.with_(contention=gpu_contention(self.gpu_contention))
-        if self.protocol_latency:
+            net = net.with_(contention=gpu_contention(contention))
+        tuned = self.protocol_latency
+        if tuned is None:
+            tuned = bool(getattr(net, "nccl", False))
+        if tuned:
             net = ProtocolLatency(net)
         loader = None
         if self.host_per_sample_us:

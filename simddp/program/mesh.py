@@ -11,23 +11,17 @@ that stays inside a node when it fits).
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Any, Iterable, Sequence
 
 import numpy as np
+
+from ..models.placement import Placement, placement_of, placements_of_codes, ranks_per_node
 
 __all__ = ["Mesh", "DDPMesh", "DeviceMesh", "PipelineMesh", "ranks_per_node"]
 
 # a pipeline's directed p2p channels (PipelineMesh): to the next and the previous pipeline rank
 _P2P = ("pp_send_next", "pp_recv_prev", "pp_send_prev", "pp_recv_next")
-
-
-def ranks_per_node(ranks: Iterable[int], gpus_per_node: int) -> int:
-    """How many of ``ranks`` share their busiest node, nodes being ``gpus_per_node``
-    consecutive ranks (torchrun's layout): a communicator's placement."""
-    nodes: dict[int, int] = {}
-    for r in ranks:
-        nodes[r // gpus_per_node] = nodes.get(r // gpus_per_node, 0) + 1
-    return max(nodes.values())
 
 
 class Mesh:
@@ -60,6 +54,15 @@ class Mesh:
         (a pipeline's p2p channel between two nodes: 1) has it."""
         return ranks_per_node(self.members(rank, scope), gpus_per_node)
 
+    def placement(self, rank: int, scope: str, network: Any) -> Placement | None:
+        """Where rank's communicator in ``scope`` sits on ``network``'s fabric (its members
+        per node, the tiers it spans: :mod:`simddp.models.placement`); None on a flat fabric."""
+        return placement_of(self.members(rank, scope), network)
+
+    def placements(self, scope: str, network: Any) -> np.ndarray | None:
+        """:meth:`placement` for every communicator of ``scope`` at once, by code."""
+        return placements_of_codes(*self.codes(scope), network)
+
     def per_node_codes(self, scope: str, gpus_per_node: int) -> np.ndarray:
         """:meth:`per_node` for every communicator of ``scope`` at once, indexed by its code
         (:meth:`codes`; 0 for a code no rank has). By default counted from :meth:`codes`."""
@@ -87,20 +90,25 @@ class Mesh:
         ranks = np.arange(self.world, dtype=np.int64)
         return ranks % nprof, nprof
 
-    def placement_code(self, gpus_per_node: int | None) -> tuple[np.ndarray, int]:
+    def placement_code(self, network: Any) -> tuple[np.ndarray, int]:
         """Per rank an integer that tells apart ranks whose communicators of some scope sit
-        differently on nodes (:meth:`per_node_codes` unequal: a dimension that straddles node
-        boundaries unevenly), so the network costs them differently; and how many there are.
-        All zeros (1) where every scope's communicators are placed alike."""
+        differently on the fabric (:meth:`placements` unequal: a dimension that straddles node
+        or tier boundaries unevenly), so the network costs them differently; and how many
+        there are. All zeros (1) where every scope's communicators are placed alike.
+        ``network`` may be a bare ``gpus_per_node`` (nodes only, no tiers)."""
         code, width = np.zeros(self.world, dtype=np.int64), 1
-        if gpus_per_node is None:
+        if network is None or isinstance(network, int):
+            network = SimpleNamespace(gpus_per_node=network, tiers=())
+        if getattr(network, "gpus_per_node", None) is None:
             return code, width
         for scope in self.scopes:
-            place = self.per_node_codes(scope, gpus_per_node)[self.codes(scope)[0]]
-            if place.min() != place.max():
-                uniq, inv = np.unique(place, return_inverse=True)
-                code += width * inv.reshape(-1)
-                width *= len(uniq)
+            per_code = self.placements(scope, network)
+            kinds = sorted(set(per_code.tolist()))
+            if len(kinds) > 1:
+                index = {p: i for i, p in enumerate(kinds)}
+                inv = np.array([index[p] for p in per_code.tolist()], dtype=np.int64)
+                code += width * inv[self.codes(scope)[0]]
+                width *= len(kinds)
         return code, width
 
 
@@ -161,7 +169,21 @@ class DDPMesh(Mesh):
     def per_node_codes(self, scope: str, gpus_per_node: int) -> np.ndarray:
         return np.full(self.codes(scope)[1], gpus_per_node, dtype=np.int64)
 
-    def placement_code(self, gpus_per_node: int | None) -> tuple[np.ndarray, int]:
+    def placement(self, rank: int, scope: str, network: Any) -> Placement | None:
+        """Contiguous per node (as :meth:`per_node`), spanning the tiers its members span."""
+        p = placement_of(self.members(rank, scope), network)
+        return None if p is None else Placement(network.gpus_per_node, p.spans)
+
+    def placements(self, scope: str, network: Any) -> np.ndarray | None:
+        per_code = placements_of_codes(*self.codes(scope), network)
+        if per_code is None:
+            return None
+        G = network.gpus_per_node
+        out = np.empty(len(per_code), dtype=object)
+        out[:] = [Placement(G, p.spans) for p in per_code.tolist()]
+        return out
+
+    def placement_code(self, network: Any) -> tuple[np.ndarray, int]:
         return np.zeros(self.world, dtype=np.int64), 1
 
     def class_code(self, nprof: int) -> tuple[np.ndarray, int]:

@@ -47,7 +47,6 @@ waits it is ``1 − (compute + in-stage communication waits) / T``.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any, Sequence
 

@@ -3,7 +3,6 @@ and check closed forms without capturing a model (:func:`uniform_pipeline`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
@@ -112,7 +111,7 @@ def uniform_pipeline(pp: int, microbatches: int, forward_s: float, backward_s: f
         if not isinstance(network, Network):
             raise TypeError(f"network must be a simddp.Network (stored in the capture), got "
                             f"{network!r}")
-        net = dataclasses.asdict(network)
+        net = network.to_dict()
     return CapturedPipeline(
         name=name or f"uniform pp:{pp} × {v} stages, {m} microbatches",
         schedule=schedule_name(schedule), pp=pp,

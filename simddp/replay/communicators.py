@@ -4,7 +4,7 @@
 of the program's mesh (DDP's groups and node subgroups, FSDP's shard and replicate groups…),
 the collectives enqueued on them in program order with their sequence numbers and durations
 (the network's time for the communicator's size and placement: how many of its members share
-a node, :meth:`~simddp.program.mesh.Mesh.per_node`), and a lane's arrivals at them.
+a node and which fabric tiers it spans, :meth:`~simddp.program.mesh.Mesh.placement`), and a lane's arrivals at them.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ class _Communicators:
                 key = mesh.key(r, scope)
                 self.lanes_in[key] = self.lanes_in.get(key, 0) + 1
         self.colls: dict[tuple, CollectiveProcess] = {}
+        self.placements: dict[Any, Any] = {}  # per communicator: its Placement (or None)
         self.order: list[CollectiveProcess] = []
         self.seq: dict[Any, int] = {}
 
@@ -51,10 +52,11 @@ class _Communicators:
         if c is None:
             members = mesh.members(rank, scope)
             n = len(members)
-            G = self.net.gpus_per_node  # placement: how many members share a node
-            g = None if G is None else mesh.per_node(rank, scope, G)
-            dur = collective_time(self.net, op, nbytes, n, g) * self._net_factor() if n > 1 \
-                else 0.0
+            place = self.placements.get(key, self)  # nodes and tiers it spans, once per key
+            if place is self:
+                place = self.placements[key] = mesh.placement(rank, scope, self.net)
+            dur = collective_time(self.net, op, nbytes, n, place) * self._net_factor() \
+                if n > 1 else 0.0
             seq = self.seq.get(key, 0)
             self.seq[key] = seq + 1
             group = mesh.label(key)

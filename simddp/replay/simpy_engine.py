@@ -70,7 +70,7 @@ class _Replay(_Communicators, _ContentionClock):
         # communicators where they matter, noise) follow identical trajectories, so one
         # representative lane per class is simulated (see _classes).
         code, width = self.mesh.class_code(self.nprof)
-        place, kinds = self.mesh.placement_code(net.gpus_per_node)  # costed differently
+        place, kinds = self.mesh.placement_code(net)  # costed differently
         rank_class, reps = _classes(world, (code + width * place, width * kinds), speeds,
                                     program.rank_kinds(), jitter > 0, classes)
         self.rank_class = rank_class  # numpy int array per rank, or None: lane r is rank r

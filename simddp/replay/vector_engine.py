@@ -7,7 +7,7 @@ each one updates an array over ranks (one pass: :class:`~simddp.replay.vector_pa
 Each collective is one scalar per communicator (a DDP group's, or a node subgroup's):
 ``start = max(latest arrival of its members, end of the communicator's previous
 collective)``, ``end = start + duration``, the duration being the network model's time (for
-the communicator's size and placement, :meth:`~simddp.program.mesh.Mesh.per_node_codes`) times
+the communicator's size and placement, :meth:`~simddp.program.mesh.Mesh.placements`) times
 the same noise factor the simpy engine draws (:mod:`simddp.models.noise`: one factor per
 collective, in the order the collectives are created — see :meth:`VectorReplay.run` for how
 that order is found when several communicators interleave). Every float is computed with the
@@ -71,7 +71,9 @@ def unsupported(program: Any, checked: CheckedKnobs) -> str | None:
     net = checked.network
     contention = getattr(net, "contention", None)
     if contention is not None and contention.active:
-        return "the network's Contention (compute slowed while communicating)"
+        return ("the network's Contention (compute slowed while communicating; on GPU "
+                "presets by default: gpu_contention='off' / --no-gpu-contention for a study "
+                "without it)")
     mesh = program.mesh
     if getattr(mesh, "shared_nic", False) and mesh.groups > 1 and \
             checked.world > (net.gpus_per_node or checked.world):
@@ -107,9 +109,8 @@ class VectorReplay(ResultRecords):
                                          (world, self.iterations, 4))
         used = {c.scope for it in range(self.iterations)
                 for x in issues_of(program.iteration(0, it)) for c, _ in x.stages}
-        G = self.net.gpus_per_node  # placement: per communicator, its members per node
-        self.scopes = {k: Scope(k, *self.mesh.codes(k),
-                                None if G is None else self.mesh.per_node_codes(k, G))
+        # placement: per communicator, its members per node and the tiers it spans
+        self.scopes = {k: Scope(k, *self.mesh.codes(k), self.mesh.placements(k, self.net))
                        for k in self.mesh.scopes if k in used}
         self.multi = sum(len(s.present) for s in self.scopes.values()) > 1
         self.steps: dict[tuple, Step] = {}

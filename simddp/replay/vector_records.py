@@ -28,9 +28,10 @@ class Step:
 class Scope:
     """One kind of communicator over the world: the DDP groups (``dp``) or the node subgroups
     (``node``), a mesh dimension. ``code[r]``: rank r's communicator; per code its size and
-    (``per_node``, None on a flat fabric) how many of its members share a node. ``shapes``:
-    (size, per node, mask of codes) of the communicators of more than one rank, alike in
-    both, which the network costs alike."""
+    (``per_node``, None on a flat fabric) where its members sit (a
+    :class:`~simddp.models.placement.Placement`). ``shapes``: (size, placement, mask of
+    codes) of the communicators of more than one rank, alike in both, which the network
+    costs alike."""
 
     def __init__(self, name: str, code: np.ndarray, ncode: int,
                  per_node: np.ndarray | None = None) -> None:
@@ -39,12 +40,12 @@ class Scope:
         self.present = np.flatnonzero(self.size)
         sizes = self.size[self.present]
         places = sizes if per_node is None else per_node[self.present]
-        self.shapes: list[tuple[int, int | None, np.ndarray]] = []
+        self.shapes: list[tuple[int, Any, np.ndarray]] = []
         for size, g in sorted(set(zip(sizes.tolist(), places.tolist()))):
             if size > 1:
                 m = self.size == size
                 if per_node is not None:
-                    m &= per_node == g
+                    m &= np.fromiter((p == g for p in per_node), dtype=bool, count=ncode)
                 self.shapes.append((size, None if per_node is None else g, m))
         self._first: np.ndarray | None = None
         self.single = ncode == 1
