@@ -363,6 +363,12 @@ class CapturedStep(_MeshCapture):
     # sequence-parallel
     local_param_bytes: int = 0
     sequence_parallel: bool = False
+    # the storages counted in activation_bytes, in the order autograd saved them (the
+    # allocations the caching allocator model replays; empty: one share per unit)
+    activation_sizes: list[int] = field(default_factory=list)
+    # the most bytes live at once in a plain forward, loss and backward beyond what is saved,
+    # the parameters and their gradients (the loss's fp32 logits gradients, ...)
+    temporary_bytes: int = 0
 
 
     @property
