@@ -207,6 +207,11 @@ class CPProgram(Program):
         return {"parameters": int(self.cap.tp_param_bytes / self.fsdp_size),
                 "optimizer": int(self.cap.optimizer_state_bytes * self.shard_ratio)}
 
+    def memory_programs(self) -> list[tuple[Sequence[Instruction], dict[str, int]]]:
+        """Each distinct rank's step and its memory before the step (for
+        :func:`~simddp.program.steps.job_memory`, the caching allocator's replay)."""
+        return [(prog, self.static_memory()) for prog in self._by_profile]
+
     def memory(self, rank: int | None = None) -> tuple[int, dict[str, int]]:
         """(peak bytes, bytes per category at the peak) of ``rank`` in one step (every rank
         runs the same memory events: None is any rank)."""
