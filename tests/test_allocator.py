@@ -252,6 +252,9 @@ def test_the_oom_verdict_compares_the_reserved_peak_with_the_card_less_context_a
 
 def test_a_planner_without_memory_programs_keeps_its_program_order_peak() -> None:
     class Old:
+        def memory_programs(self):  # the contract's default: memory() only
+            return None
+
         def memory(self):
             return 3 * MiB, {"parameters": 3 * MiB}
 

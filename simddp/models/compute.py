@@ -32,7 +32,7 @@ from torch.utils.flop_counter import (flop_registry, sdpa_backward_flop_count, s
 
 from fakepg.arguments import number
 
-from .kernels import Kernels, attention_flops, op_kind
+from .kernels import Kernels, attention_flops, moves_no_data, op_kind
 
 __all__ = ["Compute", "DevicePreset", "DEVICES", "RooflineCompute", "ConstantCompute",
            "ProfileCompute", "ScaledCompute", "gpu_spec", "GPU_FIELDS", "op_kind"]
@@ -234,28 +234,6 @@ def gpu_spec(text: str | DevicePreset) -> DevicePreset:
     if not changes:
         return preset
     return replace(preset, name=text.strip(), **changes)
-
-
-# Ops that move no tensor data although func.is_view is False: aliasing reshapes, allocations
-# without initialisation, and metadata queries (whose tensor inputs are only looked at).
-_NO_DATA_PACKETS = frozenset(
-    getattr(_aten, name) for name in (
-        "_unsafe_view", "_reshape_alias", "lift_fresh", "empty", "empty_like", "empty_strided",
-        "new_empty", "new_empty_strided", "resize_", "set_", "size", "sym_size", "stride",
-        "sym_stride", "storage_offset", "sym_storage_offset", "numel", "sym_numel", "dim",
-        "is_contiguous", "sym_is_contiguous", "is_strides_like_format",
-        "is_non_overlapping_and_dense", "is_same_size")
-    if hasattr(_aten, name)) | {torch.ops.prim.device, torch.ops.prim.layout}
-# funcol's autograd wrapper of a collective's output (DTensor: tensor parallelism) aliases the
-# tensor for autograd and reads nothing the collective is still writing; it is registered from
-# Python when torch.distributed._functional_collectives is imported, so it goes by name
-_NO_DATA_NAMES = frozenset({"_c10d_functional::_wrap_tensor_autograd"})
-
-
-def _moves_no_data(func: Any) -> bool:
-    packet = getattr(func, "_overloadpacket", None)
-    return bool(getattr(func, "is_view", False)) or packet in _NO_DATA_PACKETS or \
-        getattr(packet, "_qualified_op_name", None) in _NO_DATA_NAMES
 
 
 _SHAPE_WRAPPER_CODE = shape_wrapper(lambda: 0).__code__
@@ -524,7 +502,7 @@ class RooflineCompute(Compute):
         info = self._ops.get(func)
         if info is None:
             info = self._ops[func] = (
-                _moves_no_data(func), _flop_formula(func))
+                moves_no_data(func), _flop_formula(func))
         no_data, formula = info
         if no_data:
             return self._overhead_s

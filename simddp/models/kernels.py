@@ -34,7 +34,7 @@ import torch
 if TYPE_CHECKING:
     from .compute import DevicePreset
 
-__all__ = ["Kernels", "op_kind", "ATTENTION_CURVES", "POWER_EXPONENT",
+__all__ = ["Kernels", "op_kind", "moves_no_data", "ATTENTION_CURVES", "POWER_EXPONENT",
            "COMPILE_POINTWISE_TRAFFIC", "FLOAT8_CAST_BYTES"]
 
 _aten = torch.ops.aten
@@ -107,18 +107,39 @@ for _name, _bwd, _kernel in (
 _REDUCTION_TAG = getattr(torch.Tag, "reduction", None)
 
 
+# Ops that move no tensor data although func.is_view is False: aliasing reshapes, allocations
+# without initialisation, and metadata queries (whose tensor inputs are only looked at).
+_NO_DATA_PACKETS = frozenset(
+    getattr(_aten, name) for name in (
+        "_unsafe_view", "_reshape_alias", "lift_fresh", "empty", "empty_like", "empty_strided",
+        "new_empty", "new_empty_strided", "resize_", "set_", "size", "sym_size", "stride",
+        "sym_stride", "storage_offset", "sym_storage_offset", "numel", "sym_numel", "dim",
+        "is_contiguous", "sym_is_contiguous", "is_strides_like_format",
+        "is_non_overlapping_and_dense", "is_same_size")
+    if hasattr(_aten, name)) | {torch.ops.prim.device, torch.ops.prim.layout}
+# funcol's autograd wrapper of a collective's output (DTensor: tensor parallelism) aliases the
+# tensor for autograd and reads nothing the collective is still writing; it is registered from
+# Python when torch.distributed._functional_collectives is imported, so it goes by name
+_NO_DATA_NAMES = frozenset({"_c10d_functional::_wrap_tensor_autograd"})
+
+
+def moves_no_data(func: Any) -> bool:
+    """Whether aten op ``func`` moves no tensor data (a view, an allocation, a metadata query)."""
+    packet = getattr(func, "_overloadpacket", None)
+    return bool(getattr(func, "is_view", False)) or packet in _NO_DATA_PACKETS or \
+        getattr(packet, "_qualified_op_name", None) in _NO_DATA_NAMES
+
+
 def op_kind(func: Any) -> str:
     """The kernel family of an aten op: "gemm", "attention", "pointwise" (elementwise and the
     reductions torch.compile fuses with them), "view" (no data moved), or "other" (copies,
     optimizer foreach ops, embeddings, ...)."""
-    from .compute import _moves_no_data
-
     packet = getattr(func, "_overloadpacket", None)
     if packet in _GEMM_PACKETS:
         return "gemm"
     if packet in _ATTENTION_PACKETS:
         return "attention"
-    if _moves_no_data(func):
+    if moves_no_data(func):
         return "view"
     tags = getattr(func, "tags", ())
     if torch.Tag.pointwise in tags or (_REDUCTION_TAG is not None and _REDUCTION_TAG in tags) \
