@@ -142,4 +142,8 @@ def describe(req: CaptureRequest) -> str:
             else par.reshard_after_forward
         return (f"capturing {name} (torch's FSDP2 fully_shard{tp}, reshard_after_forward="
                 f"{raf}) on {n} fake ranks")
+    if owner.name == "cp":  # simddp.cosim.context_parallel.capture_request's mesh
+        n = par.cp * par.tp * (2 if par.data == "hsdp" else 1)
+        return (f"capturing {name} (torch's ring attention cp={par.cp} × FSDP2 over shard × "
+                f"cp{tp}) on {n} fake ranks")
     return f"capturing {name} ({owner.name}, {par}) on {n} fake ranks"

@@ -500,14 +500,17 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
         if owner.name == "pp":
             variants = _pipeline_variants(workload, sc, par, pp_schedule, microbatches,
                                           stages_per_rank, batch_size, base)
-        elif owner.data in ("fsdp", "hsdp") and par.reshard_after_forward is None:
+        # FSDP2's capture options and knobs: its flavours', and context parallelism's (FSDP2
+        # over shard × cp)
+        elif (owner.data in ("fsdp", "hsdp") or owner.name == "cp") and \
+                par.reshard_after_forward is None:
             variants = [(sc, base.replace(reshard_after_forward=bool(raf)),
                          [dict(reshard_after_forward=bool(raf),
                                forward_prefetch=forward_prefetch,
                                backward_prefetch=backward_prefetch)])
                         for raf in (_as_list(reshard_after_forward)
                                     if reshard_after_forward is not None else [True])]
-        elif owner.data in ("fsdp", "hsdp"):
+        elif owner.data in ("fsdp", "hsdp") or owner.name == "cp":
             variants = [(sc, base.replace(reshard_after_forward=par.reshard_after_forward),
                          [dict(reshard_after_forward=par.reshard_after_forward,
                                forward_prefetch=forward_prefetch,

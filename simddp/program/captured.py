@@ -457,6 +457,12 @@ _HUGE = float(1 << 60)
 
 def _kind_of(d: Mapping[str, Any]) -> type | None:
     kinds = {c.__name__: c for c in (CapturedIteration, CapturedStep, CapturedPipeline)}
+    if isinstance(d.get("kind"), str) and d["kind"] not in kinds:
+        from .registry import REGISTRY, resolve  # a registered parallelism's captured type
+
+        for p in REGISTRY.values():
+            if p.captured and not p.reserved and p.captured.endswith(":" + d["kind"]):
+                kinds[d["kind"]] = resolve(p.captured)
     if "kind" in d:
         return kinds.get(d["kind"]) if isinstance(d["kind"], str) else None
     if "stages" in d and "schedule" in d:
