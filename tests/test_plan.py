@@ -160,3 +160,17 @@ def test_time_to_tokens_without_a_token_count_says_what_to_add(capsys):
     status = main(["plan", "llama3-tiny", "--global-batch", "4", "--gpus", "8",
                    "--objective", "time-to-tokens"])
     assert status == 1 and "needs --tokens" in capsys.readouterr().err
+
+
+def test_the_winners_whatif_line_answers_with_the_same_step_time(small, tmp_path):
+    import shlex
+
+    from simddp.cli import main
+
+    best = small.top[0]
+    out = tmp_path / "rows.json"
+    argv = shlex.split(small.whatif_line(best))[1:] + ["--no-progress", "--json", str(out)]
+    assert main(argv) == 0
+    row = json.loads(out.read_text())[0]
+    steps = best.layout.microbatches if best.layout.pp == 1 else 1  # gradient accumulation
+    assert row["iteration_time_s"] * steps == pytest.approx(best.step_time_s, rel=1e-9)

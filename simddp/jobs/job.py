@@ -136,16 +136,8 @@ class Job:
             for key in ("pp_schedule", "microbatches", "stages_per_rank"):
                 k.pop(key, None)  # no pipeline: nothing to schedule
         ac = k.pop("activation_checkpointing", None)
-        if ac is not None:
-            annotation = str(params["activation_checkpointing"].annotation) \
-                if "activation_checkpointing" in params else ""
-            if "str" in annotation:
-                kw["activation_checkpointing"] = ac
-            elif ac in ("full", "none"):
-                kw["activation_checkpointing"] = ac == "full"
-            else:
-                missing.append(f"activation_checkpointing={ac}: this simddp captures full "
-                               f"activation checkpointing or none; run without it")
+        if ac is not None:  # whatif takes torchtitan's policies by name
+            kw["activation_checkpointing"] = ac
         names = {part.partition(":")[0].strip() for part in self.parallel.split(",")}
         raf = k.pop("reshard_after_forward", None)
         ddp = "ddp" in names

@@ -108,15 +108,15 @@ def plan(model: str, *, gpus: int, gpu: str = "h100", network: str = "dgx-h100",
     ``ac_modes=("full",)``, ``microbatch_sizes=(1,)``, ``max_pp=8``)."""
     from ..models import Compute, Network
     from ..timing import Timing
-    from ..models.compute import DEVICES
+    from ..models.compute import gpu_spec
 
-    dev = DEVICES[gpu.lower()]
+    dev = gpu_spec(gpu)  # a preset, or PRESET,field=value...
     net = Network.preset(network) if isinstance(network, str) else network
     per_node = gpus_per_node or net.gpus_per_node or 8
-    mem = gpu_memory_gib if gpu_memory_gib is not None else dev.memory_GB * 1e9 / (1 << 30)
+    mem = gpu_memory_gib if gpu_memory_gib is not None else dev.memory_GB * 1e9 / (1 << 30)  # as cards are sold (GiB)
     scenario = LlamaWorkload(model, seq_len)
     shape = Shape.of_llama(model, scenario.args())
-    timing = Timing(network=net, compute=Compute.roofline(gpu))
+    timing = Timing(network=net, compute=Compute.kernels(gpu))  # whatif's default model
     cands, best, facts = _search(shape, scenario, gpus=gpus, gpus_per_node=per_node,
                                  seq_len=seq_len, global_batch=global_batch, timing=timing,
                                  network=net, memory_bytes=int(mem * (1 << 30)),

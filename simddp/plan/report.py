@@ -24,7 +24,8 @@ def whatif_line(c: Candidate, *, model: str, gpu: str, network: str, seq_len: in
     out = [f"simddp whatif {model} --parallel {lay.parallel} --world-size {lay.gpus}",
            f"--gpu {gpu} --network {network} --seq-len {seq_len}",
            f"--global-batch {global_batch} --local-batch {lay.microbatch}",
-           f"--activation-checkpointing {lay.ac}"]
+           f"--activation-checkpointing {lay.ac}",
+           "--param-dtype bf16 --reduce-dtype fp32"]  # torchtitan's mixed precision, as captured
     if lay.pp > 1:
         out.append(f"--pp-schedule {lay.schedule} --microbatches {lay.microbatches}")
         if lay.stages_per_rank > 1:
@@ -95,7 +96,7 @@ def pruned_summary(cands: Sequence[Candidate], limit: int = 12) -> str:
             key = (_family(c), kind)
             groups[key] += 1
             example.setdefault(key, c.reason)
-    lines = []
+    lines = [] if groups else ["  none: every layout was evaluated and fits"]
     for (fam, kind), n in groups.most_common(limit):
         lines.append(f"  {fam:<16} {n:>4} dropped: {example[(fam, kind)]}")
     if len(groups) > limit:
