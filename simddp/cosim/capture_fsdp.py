@@ -85,7 +85,7 @@ def checkpoint_blocks(blocks: torch.nn.ModuleList, device: str = "cpu") -> None:
     function, and a torch-function mode is off while it handles one, so the forward's mode
     does not reach the recomputation (which would then save other tensors than the forward,
     an error for checkpointing)."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from ..compat import checkpoint_wrapper
 
     kwargs: dict[str, Any] = {}
     if device == "meta":
