@@ -1,7 +1,8 @@
 """Private torch names live in one module per package (docs/architecture.md): simddp's in
 ``simddp/compat.py``. A name used anywhere else fails here with its file and line; every name the
 compat module owns is resolved on the running torch, so an upgrade that moves one fails here,
-with the name.
+with the name. fakepg's module is ``fakepg/torch_private.py`` (its base room; ``fakepg.compat`` is
+the user-facing CPU shims).
 
 A private name is a name or a module-path component starting with ``_`` (dunders aside) reached
 from ``torch``: ``import torch._C``, ``from torch.utils._python_dispatch import …``,
@@ -15,8 +16,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
-COMPAT = {"simddp": "simddp/compat.py"}
+COMPAT = {"simddp": "simddp/compat.py", "fakepg": "fakepg/torch_private.py"}
 
 
 def _private(part: str) -> bool:
@@ -100,3 +103,27 @@ def test_every_name_simddp_compat_owns_resolves_on_this_torch() -> None:
     assert all(value is not None for value in lazy.values()), lazy
     assert {"FakeTensor", "_PipelineScheduleRuntime._prepare_schedule_with_comms",
             "_compute_bucket_assignment_by_size"} <= set(lazy)
+
+
+@pytest.mark.xfail(strict=True, reason="not yet routed: fakepg/fidelity (patches, profiling, "
+                   "foreign_backends), conformance, launch/suites, process/remote/entry_points, "
+                   "world/isolation, python_group, work still read private torch names directly")
+def test_fakepg_uses_private_torch_names_only_in_torch_private() -> None:
+    found = _uses_outside_compat("fakepg")
+    assert not found, ("private torch names outside fakepg/torch_private.py (add a name there and "
+                       "import it):\n" + "\n".join(found))
+
+
+def test_every_name_fakepg_torch_private_owns_resolves_on_this_torch() -> None:
+    import fakepg.torch_private as tp
+
+    missing = []
+    for name in tp.NAMES:
+        try:
+            tp.resolve(name)
+        except (ImportError, AttributeError) as e:
+            missing.append(f"{name}: {e}")
+    assert not missing, "private torch names fakepg uses that this torch lacks:\n" + "\n".join(missing)
+    source = (ROOT / COMPAT["fakepg"]).read_text()
+    assert not [n for n in ast.parse(source).body if isinstance(n, ast.ImportFrom) and n.level], \
+        "fakepg/torch_private.py imports from fakepg: it is the base room"

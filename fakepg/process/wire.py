@@ -27,14 +27,14 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
-import torch._C._distributed_c10d as _c10d_C
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from ..torch_private import c10d_C, new_shared_fd_cpu
 from ..errors import FakePGError
 from ..world.outcome import exception_site
 
 # The c10d option structs (AllreduceOptions, ...) are pybind classes without pickling.
-_OPTION_CLASSES = {name: getattr(_c10d_C, name) for name in dir(_c10d_C)
+_OPTION_CLASSES = {name: getattr(c10d_C, name) for name in dir(c10d_C)
                    if name.endswith("Options") and not name.startswith("_")}
 _OPTION_FIELDS: dict[str, tuple[str, ...]] = {}
 
@@ -259,7 +259,7 @@ class Channel:
             fds = reduction.recvfds(self._socket(), len(new))
             for (sid, nbytes), fd in zip(new, fds):
                 try:
-                    self._storages[sid] = torch.UntypedStorage._new_shared_fd_cpu(fd, nbytes)
+                    self._storages[sid] = new_shared_fd_cpu(fd, nbytes)
                 finally:
                     os.close(fd)
         for sid in dropped:
