@@ -105,7 +105,7 @@ def test_every_name_simddp_compat_owns_resolves_on_this_torch() -> None:
             "_compute_bucket_assignment_by_size"} <= set(lazy)
 
 
-@pytest.mark.xfail(strict=True, reason="not yet routed: fakepg/fidelity (patches, profiling, "
+@pytest.mark.xfail(strict=True, reason="not yet routed: fakepg/fidelity (profiling, torch-object patches, "
                    "foreign_backends), conformance, launch/suites, process/remote/entry_points, "
                    "world/isolation, python_group, work still read private torch names directly")
 def test_fakepg_uses_private_torch_names_only_in_torch_private() -> None:
