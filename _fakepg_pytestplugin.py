@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import os
+
 import pytest
 
 if TYPE_CHECKING:  # the heavy half, imported only for type checkers here
@@ -33,11 +35,24 @@ if TYPE_CHECKING:  # the heavy half, imported only for type checkers here
 CLUSTER = pytest.StashKey[Any]()
 
 
+def _seconds(text: str) -> float:
+    """A positive number of seconds (argparse turns the error into a usage error, exit 4)."""
+    import argparse
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r} "
+                                         f"(leave the option out for no limit)")
+    return value
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("fakepg")
     group.addoption("--fakepg-seed", type=int, default=None,
                     help="seed for every fake cluster run through the fake_cluster fixture")
-    group.addoption("--fakepg-timeout", type=float, default=None,
+    group.addoption("--fakepg-timeout", type=_seconds, default=None, metavar="SECONDS",
                     help="wall-clock limit in seconds for every fake cluster run through the "
                          "fake_cluster fixture (a fakepg_timeout marker overrides it)")
     group.addoption("--fakepg-isolation", choices=("thread", "process"), default=None,
@@ -45,7 +60,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "threads (default) or as OS processes (a fakepg_isolation marker "
                          "overrides it)")
     group.addoption("--fakepg-suites", nargs="?", const="thread", default=None,
-                    choices=("thread", "process"), metavar="ISOLATION",
+                    metavar="ISOLATION",
                     help="run every torch MultiProcessTestCase (DTensorTestBase, "
                          "DistributedTest, your own) on the fake cluster instead of one OS "
                          "process per rank; ranks as threads (default) or as forked processes "
@@ -55,7 +70,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "cluster run through the fake_cluster fixture")
 
 
+def _suites_mode(config: pytest.Config) -> None:
+    """``--fakepg-suites FILE``: argparse took FILE as the option's value (it is optional);
+    give it back to the test paths, as if written ``FILE --fakepg-suites``."""
+    value = config.getoption("--fakepg-suites", None)
+    if value is None or value in ("thread", "process"):
+        return
+    if value.startswith("-") or not (value.endswith(".py") or "/" in value or "::" in value
+                                     or os.path.exists(value.split("::")[0])):
+        raise pytest.UsageError(f"--fakepg-suites: invalid choice: {value!r} (choose from "
+                                f"'thread', 'process', or give no value)")
+    config.option.fakepg_suites = "thread"
+    if config.args_source == pytest.Config.ArgsSource.ARGS:
+        config.args.insert(0, value)
+    else:  # no other path given: pytest would otherwise collect its default directory
+        config.args[:] = [value]
+        config.args_source = pytest.Config.ArgsSource.ARGS
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    _suites_mode(config)
     if config.getoption("--fakepg-suites", None) is not None:
         from fakepg.pytest_plugin import start_suites  # asked for fakepg: its import is paid
 

@@ -3,7 +3,8 @@
 Every row: the published figure, its source, the setup as stated there; simddp's prediction
 from specs only (never fitted to the table): torch's real FSDP2 ``fully_shard`` on the zoo's
 Llama 3 decoder captured at real size on the meta device (bf16 parameters, fp32 reductions,
-every block under activation checkpointing), costed by the roofline of the stated GPU, replayed
+every block under activation checkpointing), costed by the kernel-efficiency model of the stated
+GPU (``Compute.kernels``: its power limit and memory bandwidth as stated), replayed
 at the stated GPU count on the stated fabric. Tokens/s per GPU = local batch × sequence length
 / predicted iteration time; memory = the largest rank's predicted peak.
 
@@ -28,8 +29,8 @@ TORCHTITAN_H100 = ("torchtitan docs/performance.md, Table 1/3 (Llama 3.1 8B, 1D 
 TORCHTITAN_A100 = ("torchtitan docs/performance.md (older revision), 'Llama 3 performance "
                    "numbers' (FSDP2 on 64 A100 80 GB; network not stated: DGX A100 assumed)")
 ROWS = [
-    ("8B, 8 H100", "llama3-8b", 2, "h100", 2400.0, "dgx-h100", 8, 5762, 82.4, TORCHTITAN_H100),
-    ("8B, 128 H100", "llama3-8b", 2, "h100", 2400.0, "dgx-h100", 128, 5605, 67.0,
+    ("8B, 8 H100", "llama3-8b", 2, "h100,tdp-W=500", 2400.0, "dgx-h100", 8, 5762, 82.4, TORCHTITAN_H100),
+    ("8B, 128 H100", "llama3-8b", 2, "h100,tdp-W=500", 2400.0, "dgx-h100", 128, 5605, 67.0,
      TORCHTITAN_H100),
     ("8B, 64 A100", "llama3-8b", 1, "a100", None, "dgx-a100", 64, 2904, None, TORCHTITAN_A100),
     ("70B, 64 A100", "llama3-70b", 1, "a100", None, "dgx-a100", 64, 331, None, TORCHTITAN_A100),
@@ -49,7 +50,7 @@ def main() -> None:
         key = (model, batch, gpu, bw)
         if key not in caps:
             t0 = time.perf_counter()
-            compute = Compute.roofline(gpu, mem_bandwidth_GBps=bw)
+            compute = Compute.kernels(gpu, mem_bandwidth_GBps=bw)  # the default model
             caps[key] = capture_fsdp(zoo.get(model, batch_size=batch), 2,
                                      timing=Timing(network=net, compute=compute),
                                      device="meta", param_dtype="bf16", reduce_dtype="fp32",

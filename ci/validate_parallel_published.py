@@ -4,7 +4,8 @@ Every row: a published figure, its source, the setup as stated there, and simddp
 from specs only (never fitted to the table): the zoo's Llama 3 decoder (70B, 405B) captured at
 real size on the meta device with torch's real FSDP2, tensor parallelism (torchtitan's plan)
 and, for 3-D rows, torch's real pipelining schedules (bf16 parameters, fp32 reductions),
-costed by the stated GPU's roofline, replayed at the stated GPU count and layout on the DGX
+costed by the stated GPU's kernel-efficiency model (``Compute.kernels``: torchtitan's 500 W
+cards with torch.compile and Float8), replayed at the stated GPU count and layout on the DGX
 H100 fabric (8 GPUs on NVLink, 400 Gb/s per GPU between nodes — both sources' networks).
 
 Pipelines are captured shallow and deepened (:func:`simddp.cosim.deepen.deepen`): the first,
@@ -81,7 +82,10 @@ def predict(row, caps: dict) -> tuple[float, float, float, float]:
     label, size, world, (pp, dp, tp), schedule, v, m, *_rest = row
     bw = row[10]
     net = Network.preset("dgx-h100")
-    timing = Timing(network=net, compute=Compute.roofline("h100", mem_bandwidth_GBps=bw))
+    tt = row[-1] is TT  # torchtitan's rows: 500 W cards, torch.compile and Float8
+    compute = Compute.kernels("h100,tdp-W=500" if tt else "h100", mem_bandwidth_GBps=bw,
+                              compile=tt, float8=tt)
+    timing = Timing(network=net, compute=compute)
     args = LLAMA3_CONFIGS[size]
     t0 = time.perf_counter()
     if pp == 1:

@@ -31,8 +31,9 @@ class InvalidCollectiveError(FakePGError, ValueError):
 
 class PeerCrashedError(FakePGError):
     """A collective that can never complete because a member rank died (an injected
-    :func:`fakepg.faults.crash`); worded as the backend words a closed connection. Uncaught,
-    it fails its rank (and the world) like any other exception."""
+    :func:`fakepg.faults.crash`) or failed (its own uncaught exception, ``sys.exit(n)``,
+    ``os._exit(n)``); worded as the backend words a closed connection. Uncaught, it fails its
+    rank like any other exception."""
 
     ends_world = True
 
@@ -65,11 +66,36 @@ class CollectiveHangError(FakePGError):
 
 
 class RankFailedError(FakePGError):
-    """A rank raised an exception; ``.rank`` names it and ``__cause__`` is the original."""
+    """A rank raised an exception; ``.rank`` names it (the first to fail: torchrun's root
+    cause) and ``__cause__`` is the original. ``.exit_codes`` gives every failed rank's exit
+    code as torchrun would report its worker's: ``n`` for ``sys.exit(n)``/``os._exit(n)``, 1 for
+    an uncaught exception, minus the signal number for a rank process killed by a signal."""
 
-    def __init__(self, rank: int, message: str):
+    def __init__(self, rank: int, message: str, exit_codes: dict[int, int] | None = None):
         super().__init__(message)
         self.rank = rank
+        self.exit_codes: dict[int, int] = dict(exit_codes or {})
+
+
+class RankExited(FakePGError):
+    """A rank's program ended with a non-zero exit status (``sys.exit(n)`` in a script under
+    ``fakerun``, ``os._exit(n)`` on a rank thread): ``.exit_code``; ``__cause__`` says how."""
+
+    ends_world = True
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class RankOsExit(BaseException):
+    """``os._exit(n)`` called on a rank thread: the rank ends (its process would), the other
+    ranks and the caller go on. Derives from BaseException, like SystemExit, so that the
+    program's ``except Exception`` does not swallow it."""
+
+    def __init__(self, code: int):
+        super().__init__(f"the rank called os._exit({code})")
+        self.code = code
 
 
 class WorldAbortedError(FakePGError):

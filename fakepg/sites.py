@@ -20,7 +20,7 @@ import os
 import sys
 import sysconfig
 import threading
-from types import FrameType
+from types import FrameType, TracebackType
 
 import torch
 
@@ -116,3 +116,22 @@ def short_path(path: str) -> str:
     except ValueError:
         return path
     return rel if not rel.startswith("..") else path
+
+
+
+def traceback_site(tb: TracebackType | None) -> str | None:
+    """``file:line`` of the innermost user frame of a traceback, with ``(via lib/file.py:line)``
+    when an installed library raised below it (as :func:`user_site` words it); None when every
+    frame is glue: torch, fakepg, the standard library, ``typing_extensions``' ``@deprecated``."""
+    user = library = None
+    while tb is not None:
+        fn = tb.tb_frame.f_code.co_filename
+        kind = _kind(fn)
+        if kind == _USER:
+            user, library = f"{short_path(fn)}:{tb.tb_lineno}", None
+        elif kind == _LIBRARY:
+            library = f"{_library_name(fn)}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    if user is None:
+        return library
+    return user if library is None else f"{user} (via {library})"

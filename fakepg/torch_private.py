@@ -42,7 +42,6 @@ new_process_group_helper = _c10d._new_process_group_helper
 # absent from some builds: None there
 unregister_all_process_groups = getattr(_c10d, "_unregister_all_process_groups", None)
 set_thread_isolation_mode = c10d_C._set_thread_isolation_mode
-new_shared_fd_cpu = torch.UntypedStorage._new_shared_fd_cpu  # a storage from a shared-memory fd
 
 # Every private name fakepg reads, as "module:attribute.path" (module imported on resolution:
 # torch.testing._internal is heavy, so only the conformance runner and the test import it).
@@ -56,7 +55,6 @@ NAMES: tuple[str, ...] = (
     "torch:_C.fork",
     "torch:_C._profiler._ExperimentalConfig",
     "torch:_tensor_str.PRINT_OPTS",
-    "torch:UntypedStorage._new_shared_fd_cpu",
     "torch:autograd.Variable._execution_engine.queue_callback",
     "torch:autograd._record_function_with_args_enter",
     "torch:autograd._record_function_with_args_exit",

@@ -1,4 +1,5 @@
-"""simddp: virtual time for the fake cluster, and what-if timing of DDP.
+"""simddp: virtual time for the fake cluster, and what-if timing of distributed training
+(DDP, FSDP2/HSDP, tensor and pipeline parallelism; :mod:`simddp.program.registry`).
 
 :func:`simulate` runs a function on fakepg's in-process ranks, exactly as
 :func:`fakepg.spawn` does, while a virtual clock per rank charges every aten op to a

@@ -325,8 +325,6 @@ def _parser() -> argparse.ArgumentParser:
     w = sub.add_parser("whatif", help="capture a workload once, replay it per configuration",
                        description="One row per configuration of a zoo scenario or script.",
                        epilog_fn=_whatif_epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
-    # TODO(lead): --gpu PRESET[,field=value...] goes through simddp.models.compute.gpu_spec
-    # once the compute helper's change is merged; today it is a preset name
     w.add_argument("workload", nargs="?", default=None,
                    help="zoo scenario or benchmark workload (listed below), a .py script "
                         "defining `scenario`, a Hugging Face config.json, a torchtitan flavor "
@@ -343,8 +341,9 @@ def _parser() -> argparse.ArgumentParser:
     j.add_argument("--global-batch", type=A.integer(1, 1 << 30, " sequences"), default=None,
                    help="sequences per optimizer step (gradient accumulation beyond what the "
                         "layout runs at once)")
-    w.add_argument("--gpu", default="a100", help="compute preset for the roofline model "
-                   "(listed below; default a100)")
+    w.add_argument("--gpu", default="a100", help="PRESET[,field=value...]: the device the "
+                   "compute model costs kernels on (presets listed below; default a100; fields: "
+                   "memory-GiB, hbm-TBps, tdp-W, bf16-TFLOPs, fp8-TFLOPs, sms, ...)")
     w.add_argument("--step-time", type=A.real(positive=True, hi=86400.0, what=" seconds"),
                    default=None, metavar="SECONDS",
                    help="scale compute so one rank's step without DDP takes this long")
@@ -753,6 +752,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             ArithmeticError, MemoryError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"simddp {args.command}: error: {' '.join(str(msg).split())}", file=sys.stderr)
+        return 1
+    except Exception as e:  # a bug: one line by default, the traceback when asked for
+        if os.environ.get("SIMDDP_TRACEBACK"):
+            raise
+        print(f"simddp {args.command}: internal error: {type(e).__name__}: "
+              f"{' '.join(str(e).split())} (SIMDDP_TRACEBACK=1 shows where; please report it)",
+              file=sys.stderr)
         return 1
 
 

@@ -108,6 +108,9 @@ HELP_LISTINGS: dict[str, tuple[str, ...]] = {
         "llama3-405b", "llama3-tiny"),
     "networks (--network; or a `simddp calibrate --json` file)": (
         "nvlink", "ib-hdr", "ib-ndr", "100gbe", "400gbe", "gloo-loopback", "dgx1-p100",
-        "dgx1-v100", "dgx-a100", "dgx-h100", "dgx-b200", "pcie-server"),
-    "compute (--gpu, the roofline model)": ("v100", "a100", "h100", "b200", "cpu"),
+        "dgx1-v100", "dgx-a100", "dgx-h100", "dgx-b200", "pcie-server", "dgx-superpod",
+        "llama3-roce"),
+    "compute (--gpu PRESET[,field=value...], the kernel-efficiency model)": (
+        "v100", "a100", "a100-40gb", "h100", "h100-pcie", "h200", "b200", "mi300x", "l40s",
+        "cpu"),
 }

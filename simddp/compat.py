@@ -31,12 +31,14 @@ __all__ = [
     # lazy: import on first call
     "fake_tensor_class", "checkpoint_wrapper", "functional_collectives", "generate_stage_to_rank_mapping",
     "schedule_with_comms", "compute_bucket_assignment_by_size", "default_first_bucket_bytes",
-    "fsdp_meta_device_patches", "LAZY",
+    "fsdp_meta_device_patches", "tree_flatten", "context_parallel_module", "head_tail_load_balancer",
+    "dtensor_op_dispatcher", "LAZY",
 ]
 
 TorchDispatchMode = _pd.TorchDispatchMode
 is_traceable_wrapper_subclass = _pd.is_traceable_wrapper_subclass
 is_traceable_wrapper_subclass_type = _pd.is_traceable_wrapper_subclass_type
+tree_flatten = importlib.import_module("torch.utils._pytree").tree_flatten
 pop_mode = _pd._pop_mode
 push_mode = _pd._push_mode
 len_torch_dispatch_stack = torch._C._len_torch_dispatch_stack
@@ -118,6 +120,33 @@ def fsdp_meta_device_patches(meta_device: Callable[[Any], torch.device],
     return [(obj, name, value) for obj, name, value in patches if hasattr(obj, name)]
 
 
+def context_parallel_module() -> Any:
+    """torch's context-parallel module (``_context_parallel._attention`` since torch 2.9;
+    ``tensor.experimental._attention`` before)."""
+    try:
+        from torch.distributed.tensor.experimental._context_parallel import _attention
+    except ImportError:  # pragma: no cover - older layout
+        from torch.distributed.tensor.experimental import _attention  # type: ignore[no-redef]
+    return _attention
+
+
+def head_tail_load_balancer(seq_len: int, cp: int, device: Any) -> Any:
+    """torch's round-robin (head-tail) load balancer for causal context-parallel attention."""
+    try:
+        from torch.distributed.tensor.experimental._context_parallel._load_balancer import \
+            _HeadTailLoadBalancer
+    except ImportError:  # pragma: no cover - older layout
+        from torch.distributed.tensor.experimental._load_balancer import (  # type: ignore
+            _HeadTailLoadBalancer)
+    return _HeadTailLoadBalancer(seq_len, cp, device)
+
+
+def dtensor_op_dispatcher() -> Any:
+    """DTensor's op dispatcher (``DTensor._op_dispatcher``)."""
+    from torch.distributed.tensor import DTensor
+    return DTensor._op_dispatcher
+
+
 def _resolve_lazy() -> dict[str, Any]:
     """Every lazily imported private name, resolved on the running torch (tests/test_compat.py)."""
     import torch.distributed as dist
@@ -130,7 +159,10 @@ def _resolve_lazy() -> dict[str, Any]:
              "_PipelineScheduleRuntime._prepare_schedule_with_comms":
                  S._PipelineScheduleRuntime._prepare_schedule_with_comms,
              "_compute_bucket_assignment_by_size": dist._compute_bucket_assignment_by_size,
-             "_DEFAULT_FIRST_BUCKET_BYTES": default_first_bucket_bytes()}
+             "_DEFAULT_FIRST_BUCKET_BYTES": default_first_bucket_bytes(),
+             "context_parallel._attention": context_parallel_module(),
+             "_HeadTailLoadBalancer": head_tail_load_balancer(8, 2, "cpu"),
+             "DTensor._op_dispatcher": dtensor_op_dispatcher()}
     for obj, name, _ in fsdp_meta_device_patches(lambda mesh: torch.device("meta"), lambda *a: None):
         found[f"{getattr(obj, '__name__', obj)}.{name}"] = getattr(obj, name)
     return found

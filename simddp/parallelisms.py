@@ -43,9 +43,10 @@ def cast_scenario(scenario: Any, dtype_name: str) -> Any:
     that dtype), as ``model.to(torch.bfloat16)`` before wrapping does."""
     import torch
 
-    from .cosim.capture_fsdp import _dtype
-
-    dtype = _dtype(dtype_name)
+    names = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    if dtype_name not in names:
+        raise ValueError(f"param_dtype {dtype_name!r}: give one of {', '.join(names)}")
+    dtype = names[dtype_name]
     build, batches = scenario.model, scenario.batches
 
     def cast(x: Any) -> Any:
@@ -121,24 +122,28 @@ def _ac(policy: str | None) -> Any:
 def describe(req: CaptureRequest) -> str:
     """One progress line for a capture about to run."""
     par, o, name = req.parallel, req.options, getattr(req.scenario, "name", "workload")
-    owner = par.owner().name
-    if owner == "ddp":
+    owner = par.owner()
+    if owner.dim == "data" and owner.data == "ddp":
         return f"capturing {name} (torch's DDP) on {o.capture_ranks} fake rank(s)"
     mesh = inner_mesh(par)
     n = 1
     for v in mesh.values():
         n *= v
     tp = f" with tensor parallelism tp={par.tp}" if par.tp > 1 else ""
-    if owner == "pp":
+    if owner.dim == "pp":
         words = {"shard": "FSDP2", "tp": "tensor parallel"}
         inside = [f"{words[k]} {v}" for k, v in mesh.items() if k in words]
         return (f"capturing {name} (torch's pipelining, {o.pp_schedule}, {par.pp} × "
                 f"{o.stages_per_rank} stages, {o.microbatches} microbatches of "
                 f"{o.microbatch_size}{'; ' + ', '.join(inside) + ' inside' if inside else ''}) "
                 f"on {par.pp * n} fake ranks")
-    if owner in ("fsdp", "hsdp", "dp", "zero1", "zero2", "zero3", "distributed-optimizer"):
+    if owner.dim == "data":  # an FSDP2 flavour
         raf = o.reshard_after_forward if par.reshard_after_forward is None \
             else par.reshard_after_forward
         return (f"capturing {name} (torch's FSDP2 fully_shard{tp}, reshard_after_forward="
                 f"{raf}) on {n} fake ranks")
-    return f"capturing {name} ({owner}, {par}) on {n} fake ranks"
+    if owner.name == "cp":  # simddp.cosim.context_parallel.capture_request's mesh
+        n = par.cp * par.tp * (2 if par.data == "hsdp" else 1)
+        return (f"capturing {name} (torch's ring attention cp={par.cp} × FSDP2 over shard × "
+                f"cp{tp}) on {n} fake ranks")
+    return f"capturing {name} ({owner.name}, {par}) on {n} fake ranks"

@@ -13,7 +13,7 @@ Steps:
 1. the workload: a zoo scenario name (``fakepg.zoo.get``, ResNet-50/101 included) or a user
    script defining ``scenario`` (a ``fakepg.zoo.Scenario``, or a function returning one and
    taking the overrides, e.g. ``batch_size``), see :func:`load_workload`;
-2. compute: ``Compute.roofline(gpu)``; with ``step_time`` it is scaled so that one rank's
+2. compute: ``Compute.kernels(gpu)``; with ``step_time`` it is scaled so that one rank's
    training step *without DDP* (zero_grad, forward, loss, backward, optimizer step; the last
    of two, so the optimizer's state exists) takes ``step_time`` seconds — the number users
    have from a single-GPU run (:func:`calibrate_compute`), timed on CPU tensors as the capture
@@ -330,6 +330,9 @@ def _refuse_what_does_not_apply(spec: Any, par: Any, given: Mapping[str, Any]) -
         raise UsageError(f"--parallel {spec}: {par.flavour} runs FSDP2 with "
                          f"reshard_after_forward={par.reshard_after_forward}; "
                          f"--reshard-after-forward {raf} contradicts it")
+    if given.get("param_dtype") is not None and par.pp > 1 and not fsdp:
+        no("--param-dtype", "pipelines with FSDP2 inside their stages (pp:P,fsdp:N or "
+           "pp:P,dp:N: its MixedPrecisionPolicy)")
     if given.get("sequence_parallel") is False and par.tp == 1:
         no("--no-sequence-parallel", "layouts with tensor parallelism (tp:T)")
     if given.get("async_tp") and par.tp == 1:
@@ -398,20 +401,29 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
            replay_progress: Any = None, contention: Any = "keep",
            ddp_work_at_device_cost: bool = True, **knobs: Any) -> SweepResult:
     """One row per configuration of ``workload`` (see the module docstring). ``compute``
-    overrides ``Compute.roofline(gpu)``; ``status(text)`` hears each stage as it starts.
+    overrides ``Compute.kernels(gpu)``; ``status(text)`` hears each stage as it starts.
     ``contention``: "keep" each network's own :class:`~simddp.models.Contention` (a calibrate
     file's measured one), None to drop it, or one for every network.
 
     ``parallel``: layouts (:class:`~simddp.program.parallel.Parallel` specs, e.g. ``"ddp"``,
-    ``"fsdp"``, ``"hsdp:8"``, ``"fsdp:32,tp:8"``; default DDP); with ``tp:T`` the capture
-    runs torchtitan's TP plan over T ranks under FSDP2 (2 × T fake ranks, 4 × T for HSDP).
+    ``"fsdp"``, ``"hsdp:8"``, ``"dp:8,tp:8"``, ``"zero3"``, ``"fsdp:32,tp:8"``; default DDP),
+    each parsed once against the parallelism registry (:mod:`simddp.program.registry`), which
+    names its capture (:mod:`simddp.parallelisms`) and planner; every layout and option is
+    checked before the first capture runs, and an option that does not apply to a layout is
+    refused (:class:`~simddp.program.parallel.UsageError`). With ``tp:T`` the capture
+    runs torchtitan's TP plan over T ranks under FSDP2 (2 × T fake ranks, 4 × T for HSDP;
+    ``sequence_parallel=False``: the plain colwise/rowwise plan).
     Each FSDP2 layout is captured with torch's real ``fully_shard`` once per
     ``reshard_after_forward`` value (and ``param_dtype`` / ``reduce_dtype``, its
     ``MixedPrecisionPolicy``), then replayed at every world size; a world
     size the layout does not divide is left out (``status`` says so). ``gpu_memory_gb``: the
     device memory for each row's OOM verdict (default: the ``gpu`` preset's).
-    ``activation_checkpointing``: FSDP2 (with or without TP) and pipeline layouts run every
-    block (of every stage) under torch's ``checkpoint_wrapper`` (torchtitan's full AC). ``capture_device``: "cpu" or "meta"
+    ``activation_checkpointing``: FSDP2 (with or without TP) and pipeline layouts run their
+    blocks under torchtitan's policy (:mod:`simddp.cosim.checkpointing`: "full" or True,
+    "selective-op", "selective-layer:N"; None/"none": off). ``compile``, ``float8``,
+    ``async_tp``: priced by a compute model with ``with_options``, refused otherwise.
+    ``cache``: reuse captures from the on-disk cache (:mod:`simddp.capture_cache`; None: unless
+    ``$SIMDDP_NO_CACHE`` is set). ``capture_device``: "cpu" or "meta"
     (default: "meta" for the zoo's real-size workloads, whose step would not fit this
     machine's memory, else "cpu").
     Pipeline layouts (``pp:P,...``): ``pp_schedule`` (torch's schedule names, e.g. "1F1B",
@@ -427,8 +439,8 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
     compute (:mod:`simddp.models.ddp_overhead`); False scales it too (as before). ``knobs``:
     further :class:`~simddp.program.knobs.Knobs` fields (single values), e.g. ``overlap=False``.
     The result's ``meta`` dict says what was modelled (compute, calibration factor)."""
-    from .models.compute import DEVICES
     from .capture_cache import cached, enabled_by_default
+    from .models.compute import gpu_spec
     from .parallelisms import describe
     from .program.registry import CaptureRequest
 
@@ -437,6 +449,7 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
     worlds_all = _as_list(world_size)
     layouts = [(spec, *_fitting(spec, worlds_all, say)) for spec in specs]
     given = dict(reshard_after_forward=reshard_after_forward, reduce_dtype=reduce_dtype,
+                 param_dtype=param_dtype,
                  forward_prefetch=forward_prefetch, backward_prefetch=backward_prefetch,
                  pp_schedule=pp_schedule, microbatches=microbatches,
                  stages_per_rank=stages_per_rank, bucket_cap_mb=bucket_cap_mb,
@@ -454,8 +467,11 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
     sc = load_workload(workload, batch_size=batch_size)
     # a real-size workload (Llama 3 8B/70B) is captured on the meta device: shapes only
     device = capture_device or ("meta" if "real-size" in getattr(sc, "features", ()) else "cpu")
-    model = Compute.roofline(gpu) if compute is None else compute
-    model = _with_options(model, compile=compile, float8=float8, async_tp=async_tp)
+    if compute is None:  # the default model: kernels as they run, torch.compile/Float8 priced
+        model = _with_options(Compute.kernels(gpu, compile=compile, float8=float8),
+                              async_tp=async_tp)
+    else:
+        model = _with_options(compute, compile=compile, float8=float8, async_tp=async_tp)
     # the rows say which compute options were priced (the compute model read them)
     knobs.update({k: True for k, v in (("compile", compile), ("float8", float8),
                                         ("async_tp", async_tp)) if v})
@@ -464,8 +480,8 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
         say(f"calibrating compute: one rank's step without DDP = {step_time_s * 1e3:g} ms")
         model, factor, plain = _calibrated(sc, model, step_time_s,
                                            device if device == "meta" else None)
-    if gpu_memory_gb is None and compute is None and gpu in DEVICES:
-        gpu_memory_gb = DEVICES[gpu].memory_GB
+    if gpu_memory_gb is None and compute is None:
+        gpu_memory_gb = gpu_spec(gpu).memory_GB
     first_net = network_for(_as_list(network)[0], gpus_per_node, contention)
     timing = Timing(network=first_net, compute=model)
     title = f"{sc.name}, {gpu if compute is None else 'custom'} compute" + (
@@ -484,14 +500,17 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
         if owner.name == "pp":
             variants = _pipeline_variants(workload, sc, par, pp_schedule, microbatches,
                                           stages_per_rank, batch_size, base)
-        elif owner.data in ("fsdp", "hsdp") and par.reshard_after_forward is None:
+        # FSDP2's capture options and knobs: its flavours', and context parallelism's (FSDP2
+        # over shard × cp)
+        elif (owner.data in ("fsdp", "hsdp") or owner.name == "cp") and \
+                par.reshard_after_forward is None:
             variants = [(sc, base.replace(reshard_after_forward=bool(raf)),
                          [dict(reshard_after_forward=bool(raf),
                                forward_prefetch=forward_prefetch,
                                backward_prefetch=backward_prefetch)])
                         for raf in (_as_list(reshard_after_forward)
                                     if reshard_after_forward is not None else [True])]
-        elif owner.data in ("fsdp", "hsdp"):
+        elif owner.data in ("fsdp", "hsdp") or owner.name == "cp":
             variants = [(sc, base.replace(reshard_after_forward=par.reshard_after_forward),
                          [dict(reshard_after_forward=par.reshard_after_forward,
                                forward_prefetch=forward_prefetch,

@@ -297,7 +297,10 @@ def test_whatif_captures_pipeline_layouts_with_activation_checkpointing():
                  for a in (False, True))
     assert not ac["oom"] and ac["parallel"] == "pp:2,fsdp"
     assert ac["iteration_time_s"] > plain["iteration_time_s"]
-    assert ac["peak_memory_bytes"] < plain["peak_memory_bytes"]
+    # a tiny model: both fit one 2 MiB segment of the caching allocator, so compare what is
+    # allocated
+    assert ac["peak_memory_allocated_bytes"] < plain["peak_memory_allocated_bytes"]
+    assert ac["peak_memory_bytes"] <= plain["peak_memory_bytes"]
 
 
 def test_tensor_parallel_stages_on_meta_leave_no_collective_unwaited(monkeypatch):

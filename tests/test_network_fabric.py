@@ -10,7 +10,8 @@ from simddp.models import collective_time
 from simddp.models.nccl_latency import ProtocolLatency, tuned
 from simddp.models.placement import Placement, Tier, placement_of, placements_of_codes
 from simddp.program.parallel import Parallel
-from simddp.replay import capture, replay
+from simddp import capture
+from simddp.replay import replay
 
 IB = Network.preset("ib-ndr", gpus_per_node=8)   # NVLink 450 GB/s inside, 8 × 50 GB/s NICs
 DGX = Network.preset("dgx-h100")

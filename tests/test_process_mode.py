@@ -535,3 +535,32 @@ def test_joined_rank_processes_shadow_a_cpp_comm_hook_as_rank_threads_do():
     for mine, theirs in zip(procs.returns, threads.returns):
         assert all(torch.equal(a, b) for a, b in zip(mine, theirs))
     assert procs.to_json() == threads.to_json()
+
+
+_MANY_ASYNC = """
+import resource, torch, torch.distributed as dist, fakepg
+resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 4096))  # a common default: 1,024 open files
+def train(rank):
+    works, outs = [], []
+    for i in range(1000):  # fresh output storages, all alive until the end
+        out = [torch.empty(4) for _ in range(2)]
+        works.append(dist.all_gather(out, torch.full((4,), float(rank + i)), async_op=True))
+        outs.append(out)
+    for w in works:
+        w.wait()
+    return [float(o[r][0]) for o in outs[::333] for r in range(2)]
+print(fakepg.spawn(train, nprocs=2, isolation="process").returns)
+"""
+
+
+@pytest.mark.slow
+def test_a_thousand_async_all_gathers_with_fresh_storages_do_not_run_out_of_descriptors():
+    """Before, the proxies kept a descriptor per storage they had seen: with the usual limit of
+    1,024 the parent could not receive more (recvfds: "Len is 1 but msg[0] is 3")."""
+    import subprocess
+    import sys as _sys
+    proc = subprocess.run([_sys.executable, "-c", _MANY_ASYNC], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    expected = [float(r + i) for i in range(0, 1000, 333) for r in range(2)]
+    assert proc.stdout.strip() == str([expected, expected])

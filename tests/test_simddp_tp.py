@@ -169,7 +169,8 @@ def test_memory_per_rank_falls_with_the_tp_degree(caps):
     assert two.memory["parameters"] < one.memory["parameters"] or \
         caps["fsdp-tp"].tp_param_bytes / 4 < caps["fsdp"].param_bytes / 8 + 1
     assert caps["fsdp-tp"].activation_bytes < caps["fsdp"].activation_bytes
-    assert two.peak_memory_bytes < one.peak_memory_bytes
+    # allocated, not reserved: at this size the caching allocator's segments (2 and 20 MiB) dominate
+    assert two.peak_memory_allocated_bytes < one.peak_memory_allocated_bytes
     # parameters per rank: the TP rank's local bytes over the FSDP shard
     static = int(caps["fsdp-tp"].tp_param_bytes / 4)
     assert two.memory["parameters"] >= static

@@ -164,6 +164,18 @@ def test_the_decorator_refuses_what_it_cannot_run():
         fakepg.suites.on_fake_cluster(isolation="threads")
 
 
+@pytest.mark.parametrize("order", ["option first", "file first"])
+def test_the_option_takes_a_test_file_after_or_before_it(pytester, order):
+    pytester.makepyfile(test_user_suite=SUITE)
+    pytester.makepyfile(test_other="def test_not_collected():\n    assert False\n")
+    args = (["--fakepg-suites", "test_user_suite.py"] if order == "option first"
+            else ["test_user_suite.py", "--fakepg-suites"])
+    result = pytester.inline_run(*args, "-k", "not wrong", "-p", "no:cacheprovider")
+    outcomes = _outcomes(result)
+    assert "test_not_collected" not in outcomes  # only the file named was collected
+    assert outcomes == {k: v for k, v in EXPECTED.items() if "wrong" not in k}
+
+
 def test_the_option_refuses_an_unknown_isolation(pytester):
     result = pytester.runpytest("--fakepg-suites=fork", "-p", "no:cacheprovider")
     assert result.ret != 0

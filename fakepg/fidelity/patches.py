@@ -15,6 +15,7 @@ import contextlib
 import datetime
 import functools
 import logging
+import os
 import sys
 import warnings
 from typing import Any, Callable
@@ -25,7 +26,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from ..torch_private import check_valid_timeout, get_default_group, rank_not_in_group, warn_not_in_group
-from ..errors import FakePGError
+from ..errors import FakePGError, RankOsExit
 from . import backends, ddp_checks, foreign_backends
 from ..world.binding import current_cluster
 from ..world.checks import running_callback_of
@@ -78,7 +79,21 @@ def world_patches(nprocs: int) -> contextlib.ExitStack:
     c10d_log = getattr(c10d_logger, "_c10d_logger", None) or logging.getLogger("c10d-NullHandler-default")
     c10d_log.addFilter(_no_fakepg_errors)
     stack.callback(c10d_log.removeFilter, _no_fakepg_errors)
+    stack.enter_context(mock.patch.object(os, "_exit", _rank_os_exit(os._exit, os.getpid())))
     return stack
+
+
+def _rank_os_exit(original: Callable[[int], Any], pid: int) -> Callable[[int], Any]:
+    """``os._exit`` on a rank thread ends that rank, as its process would end under torchrun
+    (the world reports its exit code and the other ranks run on); anywhere else -- another
+    thread, a process forked from this one -- it is the real one."""
+
+    def _exit(status: int) -> Any:
+        if os.getpid() == pid and current_cluster() is not None:
+            raise RankOsExit(int(status))
+        return original(status)
+
+    return _exit
 
 
 def _no_fakepg_errors(record: logging.LogRecord) -> bool:
@@ -207,6 +222,8 @@ def _fake_get_backend(group=None):
     if current_cluster() is None:
         return name
     pg = get_default_group() if group is None else group
+    if str(name) not in backends.PERSONALITIES and str(name) != BACKEND_NAME:
+        return name  # a backend the program registered (its creator may build a gloo group)
     return dist.Backend(pg.personality.name) if isinstance(pg, FakeProcessGroup) else name
 
 

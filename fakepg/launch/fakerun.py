@@ -46,7 +46,6 @@ accepted and have nothing to act on; ``fakerun --help`` lists each group.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import os
 import runpy
@@ -55,14 +54,18 @@ import tempfile
 import traceback
 from dataclasses import dataclass, field
 from string import Template
-from typing import Iterator, Sequence, TextIO
+from typing import Sequence
 
-from ..world.binding import current_cluster
-from ..process.remote import child_rank
-from ..errors import FakePGError, RankFailedError
+from ..errors import (CollectiveHangError, CollectiveMismatchError, FakePGError, RankExited,
+                      RankFailedError, RankOsExit, SpawnTimeoutError, WorldAbortedError)
+from .rank_output import rank_output
 from .spawn import spawn
 
 __all__ = ["main"]
+
+
+# What a rank raises because of the world, not of its own doing: the closing report says it once.
+_CONSEQUENCES = (CollectiveHangError, CollectiveMismatchError, WorldAbortedError, SpawnTimeoutError)
 
 
 class _UsageError(Exception):
@@ -323,7 +326,13 @@ def _plan_logs(args: argparse.Namespace, plan: _Plan) -> None:
     attempt = None
     if args.log_dir or any(to_file):
         base = args.log_dir or tempfile.mkdtemp(prefix="torchelastic_")
-        os.makedirs(base, exist_ok=True)
+        if os.path.exists(base) and not os.path.isdir(base):
+            raise _UsageError(f"--log-dir {base}: exists and is not a directory; name a "
+                              f"directory (it is created if missing)")
+        try:
+            os.makedirs(base, exist_ok=True)
+        except OSError as e:
+            raise _UsageError(f"--log-dir {base}: cannot create it ({e.strerror})") from None
         attempt = os.path.join(tempfile.mkdtemp(prefix=f"{args.rdzv_id}_", dir=base), "attempt_0")
     for r in range(plan.nproc):
         visible = shown is None or r in shown  # one node: local rank r is global rank r
@@ -340,93 +349,6 @@ def _plan_logs(args: argparse.Namespace, plan: _Plan) -> None:
         plan.files.append((paths[0], paths[1]))
 
 
-class _Sink:
-    """One rank's stdout or stderr: whole lines to the console with the rank's prefix, and
-    everything as written to its log file."""
-
-    def __init__(self, console: TextIO | None, prefix: str, path: str | None):
-        self.console, self.prefix, self.partial = console, prefix, ""
-        self.file = open(path, "w", buffering=1) if path else None  # noqa: SIM115 - closed by close()
-
-    def write(self, s: str) -> None:
-        if self.file is not None:
-            self.file.write(s)
-        if self.console is None:
-            return
-        head, newline, self.partial = (self.partial + s).rpartition("\n")
-        if newline:
-            p = self.prefix
-            self.console.write("".join(f"{p}{line}\n" for line in head.split("\n")))
-            self.console.flush()  # torchrun runs workers unbuffered (python -u)
-
-    def close(self) -> None:
-        if self.partial and self.console is not None:
-            self.console.write(f"{self.prefix}{self.partial}\n")
-            self.console.flush()
-        self.partial = ""
-        if self.file is not None:
-            self.file.close()
-
-
-def _rank_of_this_run() -> int | None:
-    """The rank of fakerun's world writing here (a rank thread or rank process); None for any
-    other thread, and for the ranks of worlds a rank started (torch.multiprocessing.spawn),
-    whose output goes, unprefixed, where their launching rank's would."""
-    me = child_rank()
-    if me is not None:
-        return me if current_cluster() is None else None
-    binding = current_cluster()
-    if binding is None:
-        return None
-    from .spawn import outermost_cluster
-    return binding[1] if binding[0] is outermost_cluster() else None
-
-
-class _RankStream:
-    """Stands in for sys.stdout/sys.stderr during the run: a rank thread's writes go to its
-    sink, any other thread's straight to the original stream."""
-
-    def __init__(self, original: TextIO, sinks: list[_Sink]):
-        self._original, self._sinks = original, sinks
-
-    def write(self, s: str) -> int:
-        rank = _rank_of_this_run()
-        if rank is None:
-            return self._original.write(s)
-        self._sinks[rank].write(s)
-        return len(s)
-
-    def close_rank(self, rank: int) -> None:
-        """A rank process ends: write out its last partial line and close its log."""
-        self._sinks[rank].close()
-
-    def writelines(self, lines: Sequence[str]) -> None:
-        for line in lines:
-            self.write(line)
-
-    def flush(self) -> None:
-        self._original.flush()
-
-    def __getattr__(self, name: str):
-        return getattr(self._original, name)
-
-
-@contextlib.contextmanager
-def _rank_output(plan: _Plan) -> Iterator[None]:
-    out, err = sys.stdout, sys.stderr
-    sinks_out = [_Sink(out if plan.show_out[r] else None, plan.prefixes[r], plan.files[r][0])
-                 for r in range(plan.nproc)]
-    sinks_err = [_Sink(err if plan.show_err[r] else None, plan.prefixes[r], plan.files[r][1])
-                 for r in range(plan.nproc)]
-    sys.stdout, sys.stderr = _RankStream(out, sinks_out), _RankStream(err, sinks_err)
-    try:
-        yield
-    finally:
-        sys.stdout, sys.stderr = out, err
-        for sink in sinks_out + sinks_err:
-            sink.close()
-
-
 def _run(plan: _Plan) -> None:
     def rank_main(rank: int) -> None:
         # Each rank owns its sys.argv (fakepg.world.isolation), with torchrun's ${local_rank} macro.
@@ -438,14 +360,29 @@ def _run(plan: _Plan) -> None:
                 runpy.run_path(plan.target, run_name="__main__")
         except SystemExit as e:
             if e.code not in (0, None):
-                raise RuntimeError(f"the script exited with status {e.code}") from e
+                code = e.code if isinstance(e.code, int) else 1  # sys.exit("message"): 1
+                if not isinstance(e.code, int):
+                    print(e.code, file=sys.stderr)  # as Python prints it on its way out
+                exited = RankExited(f"the script exited with status {e.code}", code)
+                exited._fakepg_printed = True  # type: ignore[attr-defined]  # Python prints none
+                raise exited from e
+        except RankOsExit as e:
+            e._fakepg_printed = True  # type: ignore[attr-defined]  # os._exit prints nothing
+            raise
+        except Exception as e:
+            if not isinstance(e, _CONSEQUENCES):
+                # as the worker's Python prints it as it exits, in the rank's stream, when it
+                # fails (the other ranks may run on): the closing report need not repeat it
+                traceback.print_exc()
+                e._fakepg_printed = True  # type: ignore[attr-defined]
+            raise
 
     # Set for the run and put back after it (sys.path[0] is shared by the ranks; runpy's own
     # swaps of __main__ interleave across rank threads, so the host's is restored here too).
     saved_argv, saved_path0, saved_main = sys.argv, sys.path[0], sys.modules.get("__main__")
     sys.argv, sys.path[0] = list(plan.argv), plan.path0
     try:
-        with _rank_output(plan):
+        with rank_output(plan.prefixes, plan.show_out, plan.show_err, plan.files):
             # A torchrun worker starts with nothing initialised: the script's own
             # init_process_group sets the world up, with its timeout. On a CPU that is gloo
             # (init_process_group() with no backend): the world starts with gloo's personality;
@@ -459,6 +396,16 @@ def _run(plan: _Plan) -> None:
             sys.path[0] = saved_path0
         if saved_main is not None:
             sys.modules["__main__"] = saved_main
+
+
+def _failures(plan: _Plan, e: RankFailedError) -> str:
+    """torchrun's closing summary: every failed rank with its exit code, then the root cause
+    (the first rank that failed)."""
+    codes = e.exit_codes or {e.rank: 1}
+    lines = [f"fakerun: {os.path.basename(plan.argv[0])} FAILED", "Failures:"]
+    lines += [f"  rank {r}: exitcode {c}" for r, c in sorted(codes.items()) if r != e.rank] or ["  <NO_OTHER_FAILURES>"]
+    lines += ["Root Cause (first observed failure):", f"  rank {e.rank}: exitcode {codes.get(e.rank, 1)}"]
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -476,11 +423,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         _run(plan)
     except RankFailedError as e:
         print(f"fakerun: {e}", file=sys.stderr)
-        if e.__cause__ is not None:
+        if e.__cause__ is not None and not getattr(e.__cause__, "_fakepg_printed", False):
             prefix = plan.prefixes[e.rank] if 0 <= e.rank < plan.nproc else ""
             for chunk in traceback.format_exception(e.__cause__):
                 for line in chunk.splitlines():
                     print(f"{prefix}{line}", file=sys.stderr)
+        print(_failures(plan, e), file=sys.stderr)
         return 1
     except FakePGError as e:
         print(f"fakerun: {type(e).__name__}: {e}", file=sys.stderr)

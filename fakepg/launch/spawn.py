@@ -17,19 +17,19 @@ import torch.distributed.distributed_c10d as c10d
 
 from ..torch_private import set_thread_isolation_mode
 from ..fidelity import backends
-from ..world import isolation, liveness
+from ..world import isolation, liveness, module_hooks, subprocess_waits
 from ..choices import faults as _faults
 from ..arguments import function, integer, number, of_type
 from ..world.binding import bind_thread, current_cluster
 from ..world.checks import Checkers
 from ..world.cluster import Cluster
-from ..errors import FakePGError, RankFailedError, SpawnTimeoutError
+from ..errors import FakePGError, SpawnTimeoutError
 from ..world.hooks import WorldHooks
 from ..fidelity.gloo_checks import ArgumentChecks
 from ..fidelity.gloo_hazards import GlooHazards
 from ..fidelity.nccl_hazards import NcclHazards, parse_modes
 from ..world.isolation import ProcessState
-from ..world.outcome import SpawnResult, during_hang, exception_site, raise_outcome
+from ..world.outcome import SpawnResult, during_hang, ended_how, raise_outcome
 from ..fidelity.originals import PG_TIMEOUT, TORCH_INIT_PROCESS_GROUP
 from ..fidelity.patches import world_patches
 from ..process import mp_spawn
@@ -102,6 +102,11 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
     """
     __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
     function("fakepg.spawn: fn", fn, what="callable")
+    if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
+        hint = (f"; to run {args} ranks, write fakepg.spawn(fn, nprocs={args})"
+                if isinstance(args, int) and not isinstance(args, bool) else "")
+        raise TypeError(f"fakepg.spawn: args must be a tuple of fn's arguments after the rank, "
+                        f"got {args!r} ({type(args).__name__}){hint}")
     nprocs = integer("fakepg.spawn: nprocs", nprocs, minimum=1)
     if env is not None and not callable(env):
         of_type("fakepg.spawn: env", env, Mapping, "a mapping of variable names to strings, a "
@@ -166,6 +171,7 @@ def _run_world(fn, args, nprocs, seed, hooks, hang_timeout, master_port, extra_e
                isolation="thread", gloo_hazards=None, init=True) -> SpawnResult:
     __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
     register_backend()
+    module_hooks.declare()  # torch.nn's global module hooks: one set per rank, as per process
     t0 = time.perf_counter()
     cluster = Cluster(nprocs, seed, hooks)
     cluster.backend = backend
@@ -201,6 +207,13 @@ def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backe
     returns: list[Any] = [None] * nprocs
     failures: dict[int, BaseException] = {}
 
+    def rank_thread(rank: int) -> None:
+        sched.clocks.register(rank)  # its CPU clock is read only until it retires (cpu_clocks)
+        try:
+            rank_main(rank)
+        finally:
+            sched.clocks.retire(rank)
+
     def rank_main(rank: int) -> None:
         bind_thread(cluster, rank)
         sched.enter(rank)
@@ -217,6 +230,11 @@ def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backe
         except _faults.RankCrashed:
             outcome = "crashed (fakepg.faults.crash)"
         except BaseException as e:  # noqa: BLE001 - every rank failure is reported by spawn
+            if sched.hang is not None and rank in sched.stuck:
+                # freed from a lock after the hang verdict, it ran on without its process
+                # state: whatever it raised then is the verdict's doing, not its own
+                outcome = f"raised {type(e).__name__} after the hang verdict freed it"
+                return
             failures[rank] = e
             # the world's own abort error is one object raised in every rank: its traceback
             # holds the other ranks' frames (and groups), so it says nothing about this rank's
@@ -229,10 +247,13 @@ def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backe
             # raised while unwinding from the hang verdict (a `with lock:` whose lock the
             # verdict released): a consequence of the hang, which stays the reported cause
             ends_world = ends_world and not (sched.hang is not None and during_hang(e))
-            if ends_world and cluster.failed_rank is None:
-                cluster.failed_rank = rank
-                site = exception_site(e)
-                sched.abort(RankFailedError(rank, f"rank {rank} raised {type(e).__name__}: {e} (at {site})"))
+            if ends_world:
+                # as a worker process that exits: the others run on until they need this rank
+                # (their collective with it fails as gloo's does) or finish; the first rank to
+                # fail is the root cause spawn reports, as torchrun's "first observed failure"
+                if cluster.failed_rank is None:
+                    cluster.failed_rank = rank
+                cluster.rank_failed(rank, f"{ended_how(e)}")
         finally:
             try:
                 cluster.hooks.rank_finished(rank)
@@ -240,9 +261,10 @@ def _run_ranks(fn, args, nprocs, seed, hang_timeout, master_port, timeout, backe
                     _destroy_quietly()
             finally:
                 bind_thread(None)
+                _free_stuck_locks(sched.stuck_locks)
                 sched.finish(rank, outcome)
 
-    threads = [threading.Thread(target=rank_main, args=(r,), name=f"fakepg-rank{r}", daemon=True)
+    threads = [threading.Thread(target=rank_thread, args=(r,), name=f"fakepg-rank{r}", daemon=True)
                for r in range(nprocs)]
     for r, t in enumerate(threads):
         sched.slots[r].thread = t
@@ -290,7 +312,9 @@ def _run_threads(threads: list[threading.Thread], sched: Scheduler, cluster: Clu
     excepthook = sys.excepthook
     with world_patches(len(threads)) as patched, world_profilers(), \
             world_stores("127.0.0.1", master_port), liveness.cooperative_sleep(), \
-            isolation.import_snapshots(), native_store_guard(lambda: current_cluster() is not None):
+            subprocess_waits.cooperative_subprocesses(), \
+            isolation.import_snapshots(), native_store_guard(lambda: True):
+        # (every thread: one a rank started, such as torchft's quorum thread, too)
         mp_spawn.warn_in_threads(patched)  # a rank's torch.multiprocessing launch: real processes
         torch.autograd.set_multithreading_enabled(False)  # backward runs on the rank's thread
         set_thread_isolation_mode(True)
@@ -313,6 +337,15 @@ def _str_env(env: Mapping[str, str]) -> dict[str, str]:
     return dict(env)
 
 
+
+
+def _free_stuck_locks(locks: list[Any]) -> None:
+    """A hang verdict found a rank blocked on an RLock (only its owner can release it): the
+    owner, ending, releases it, so that the blocked rank goes on to its next wait and ends."""
+    for lock in locks:
+        with contextlib.suppress(Exception):
+            while lock._is_owned():
+                lock.release()
 
 
 def _destroy_quietly() -> None:

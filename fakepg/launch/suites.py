@@ -32,7 +32,7 @@ import traceback
 from typing import Any, Callable, Iterator, TypeVar
 
 from ..arguments import integer, number
-from ..errors import SpawnTimeoutError
+from ..errors import RankOsExit, SpawnTimeoutError
 from .spawn import spawn
 
 __all__ = ["FakeClusterProcesses", "on_fake_cluster", "fake_cluster_suites"]
@@ -125,6 +125,8 @@ def _join_processes(self: Any, fn: Callable[..., Any]) -> None:
             cls._run(rank, test_name, file_name, pipes[rank], **kwargs)
         except SystemExit as e:
             return _exit_code(e.code)
+        except RankOsExit as e:  # os._exit(n) on the rank's thread: its process's exit code
+            return e.code
         except BaseException:  # noqa: BLE001 - a process's uncaught exception: printed, exit 1
             traceback.print_exc()
             return 1

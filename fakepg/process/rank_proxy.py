@@ -13,7 +13,6 @@ import itertools
 import os
 import pickle
 import select
-import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -64,7 +63,8 @@ class Proxy:
         self._poller = select.poll()
         self._poller.register(self.channel.conn.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
         # the world's inactivity fallback judges the child's CPU use, not this thread's
-        threading.current_thread().fakepg_cpu_clock = lambda: _child_cpu_seconds(pid)  # type: ignore[attr-defined]
+        # (and the child's threads' states: one starved of a core on a loaded machine works)
+        self.sched.clocks.register(rank, lambda: _child_cpu_seconds(pid), pid)
 
     def run(self) -> Any:
         try:

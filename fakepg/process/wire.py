@@ -17,11 +17,15 @@ text attached.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import io
+import mmap
 import os
 import pickle
 import socket
 import traceback
+import weakref
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from typing import Any
@@ -29,7 +33,7 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from ..torch_private import c10d_C, new_shared_fd_cpu
+from ..torch_private import c10d_C
 from ..errors import FakePGError
 from ..world.outcome import exception_site
 
@@ -259,7 +263,7 @@ class Channel:
             fds = reduction.recvfds(self._socket(), len(new))
             for (sid, nbytes), fd in zip(new, fds):
                 try:
-                    self._storages[sid] = new_shared_fd_cpu(fd, nbytes)
+                    self._storages[sid] = _map_without_fd(fd, nbytes)
                 finally:
                     os.close(fd)
         for sid in dropped:
@@ -278,6 +282,42 @@ class Channel:
 
     def send_reply(self, obj: Any) -> None:
         self.conn.send_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.mmap.restype = ctypes.c_void_p
+_LIBC.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_long]
+_LIBC.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+class _Mapping(ctypes.Array):  # type: ignore[misc]
+    """Bytes of a shared-memory mapping; unmapped when the last tensor over them is gone."""
+
+    _type_ = ctypes.c_uint8
+    _length_ = 0
+
+
+@functools.lru_cache(maxsize=256)
+def _mapping_class(nbytes: int) -> type:
+    return type("_Mapping", (_Mapping,), {"_length_": nbytes})
+
+
+def _map_without_fd(fd: int, nbytes: int) -> torch.UntypedStorage:
+    """The proxy's storage over a rank's shared segment, holding no file descriptor.
+
+    torch's own ``_new_shared_fd_cpu`` keeps a duplicate of the descriptor per storage, so a
+    program with thousands of live storages in collectives (1,000 async all-gathers with fresh
+    outputs) ran this process out of descriptors ("recvfds": fewer than sent); a mapping
+    outlives the descriptor it was made from."""
+    addr = _LIBC.mmap(None, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+    if addr is None or addr == _MAP_FAILED:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mmap of a rank's shared tensor ({nbytes} bytes): {os.strerror(err)}")
+    buf = _mapping_class(nbytes).from_address(addr)
+    weakref.finalize(buf, _LIBC.munmap, addr, nbytes)
+    return torch.frombuffer(buf, dtype=torch.uint8).untyped_storage()
 
 
 def encode(value: Any, index: dict[int, int]) -> Any:

@@ -41,6 +41,7 @@ class Cluster:
         self.backend = "fakepg"  # the personality the world shows (fakepg.fidelity.backends)
         self.faults: tuple[Any, ...] = ()  # fakepg.faults, set by spawn
         self.dead: set[int] = set()  # ranks an injected crash ended
+        self.failed: dict[int, str] = {}  # ranks that failed on their own -> how they ended
         self._issued = [0] * nprocs  # collectives each rank issued (where faults fire)
         self.checkers = Checkers()  # refusals and hazards of the backends it emulates (spawn's)
         self.personalities: dict[str, Any] = {}  # name -> fidelity.backends.Personality (spawn's)
@@ -81,7 +82,7 @@ class Cluster:
         coll = self._issue_p2p(group, call) if call.spec.p2p else self._issue_collective(group, call)
         call.collective = coll
         self.outstanding[call.rank].append(call)
-        if (self.dead or group.aborted) and not coll.settled:
+        if (self.dead or self.failed or group.aborted) and not coll.settled:
             self._fail_if_orphaned(coll)
         if coll.error is not None:
             self.complete_ready(call.rank)
@@ -237,11 +238,22 @@ class Cluster:
             raise fault.exc
         if isinstance(fault, faults.Crash):
             self.dead.add(call.rank)
-            for group in self.groups.values():
-                if call.rank in group.ranks:
-                    for coll in list(group.pending.values()) + self._pending_p2p(group):
-                        self._fail_if_orphaned(coll)
+            self._orphan_collectives_of(call.rank)
             raise faults.RankCrashed(call.rank)
+
+    def rank_failed(self, rank: int, how: str) -> None:
+        """``rank`` ended with an uncaught failure (``how``: "exited with code 3"): its process
+        would be gone, so as under gloo the collectives waiting for it fail now, every later
+        one with it fails at issue (a closed connection), and the other ranks run on until
+        they need it or finish."""
+        self.failed.setdefault(rank, how)
+        self._orphan_collectives_of(rank)
+
+    def _orphan_collectives_of(self, rank: int) -> None:
+        for group in self.groups.values():
+            if rank in group.ranks:
+                for coll in list(group.pending.values()) + self._pending_p2p(group):
+                    self._fail_if_orphaned(coll)
 
     def _pending_p2p(self, group: GroupState) -> list[PendingCollective]:
         queued = [c for q in (*group.sends.values(), *group.recvs.values()) for c in q]
@@ -264,15 +276,18 @@ class Cluster:
             involved = [c.rank] + ([coll.group.ranks[c.peer]] if c.peer is not None else [])
         else:
             involved = [c.rank for c in coll.members()] + coll.missing_ranks()
-        culprits = ([r for r in involved if r in self.dead]  # a death explains the most
-                    + [r for r in involved if r in coll.group.aborted and r not in self.dead])
+        # the earliest to fail first: later ones may have failed of this very error
+        gone = [r for r in involved if r in self.dead] + [r for r in self.failed if r in involved]
+        culprits = (gone  # a death explains the most
+                    + [r for r in involved if r in coll.group.aborted and r not in gone])
         if not culprits:
             return
         r = culprits[0]
         why = ("crashed (fakepg.faults.crash)" if r in self.dead else
+               f"{self.failed[r]}" if r in self.failed else
                f"aborted group {coll.group.label} (ProcessGroup.abort)")
         coll.error = PeerCrashedError(
-            (CONNECTION_CLOSED.format(port=29500 + r) if r in self.dead else
+            (CONNECTION_CLOSED.format(port=29500 + r) if r in gone else
              f"ProcessGroup aborted: rank {r} aborted the communicator")
             + f"\nfakepg: rank {r} {why}; {coll.op} #{coll.seq} on group {coll.group.label} "
               f"can never complete")

@@ -16,6 +16,7 @@ import time
 import traceback
 from typing import Any, Callable, Iterator
 
+from . import import_waits
 from ..errors import BackendTimeoutError, FakePGError, WorldAbortedError, TimedOutError
 from .scheduler import BLOCKED, DONE, NEW, RUNNING, Scheduler, helpers_sleeping, monotonic
 
@@ -143,6 +144,10 @@ def _cooperative_sleep(seconds: float) -> None:
     if seconds < 0:
         raise ValueError("sleep length must be non-negative")
     cluster, rank = binding
+    module = import_waits.importing_module()
+    if module is not None:  # holding an import lock: keep the baton (see import_waits)
+        return import_waits.real_sleep(cluster.scheduler, rank, seconds, _REAL_SLEEP, module,
+                                       f"time.sleep({seconds:g})")
     cluster.scheduler.sleep(rank, seconds)
     return None
 
@@ -197,16 +202,35 @@ def _describe(frame: Any, primitive: str) -> Callable[[], str]:
     return lambda: text
 
 
+def _starting_a_thread() -> bool:
+    """Whether this wait is ``Thread.start`` waiting for its new thread to run (a moment; it is
+    often called under a module-wide lock, such as ThreadPoolExecutor.submit's, where handing
+    over would let another rank block on that lock in C)."""
+    f = sys._getframe(3)  # _cooperative_wait <- Event.wait <- Thread.start
+    return f is not None and f.f_code is _THREAD_START
+
+
+_THREAD_START = threading.Thread.start.__code__
+
+
 def _cooperative_wait(self: threading.Condition, timeout: float | None = None) -> bool:
     """``Condition.wait`` on a rank thread (and so ``Event.wait``, ``Queue.get``/``put``,
     ``Semaphore``, ``Barrier``, futures' ``result``): the others run while it waits."""
     from .binding import current_cluster
     binding = current_cluster()
-    if binding is None:
+    if binding is None or (timeout is not None and timeout <= 0) or _starting_a_thread():
+        # a zero timeout only looks (Semaphore.acquire(timeout=0) in ThreadPoolExecutor.submit,
+        # under a module-wide lock): handing over there would let a rank block on that lock
         return _REAL_COND_WAIT(self, timeout)
     if not self._is_owned():  # type: ignore[attr-defined]
         raise RuntimeError("cannot wait on un-acquired lock")
     cluster, rank = binding
+    module = import_waits.importing_module()
+    if module is not None:  # holding an import lock: keep the baton (see import_waits)
+        primitive, site = python_wait_site(sys._getframe(1), "threading.Condition.wait")
+        return import_waits.wait_for_real(cluster.scheduler, rank,
+                                          lambda left: _REAL_COND_WAIT(self, left), timeout,
+                                          module, f"{primitive} at {site}")
     waiter = threading._allocate_lock()  # type: ignore[attr-defined]
     waiter.acquire()
     self._waiters.append(waiter)  # type: ignore[attr-defined]
@@ -229,9 +253,21 @@ def _cooperative_join(self: threading.Thread, timeout: float | None = None) -> N
     """``Thread.join`` on a rank thread: the others run while the thread finishes."""
     from .binding import current_cluster
     binding = current_cluster()
-    if binding is None or not self._started.is_set() or self is threading.current_thread():  # type: ignore[attr-defined]
+    if binding is None or not self._started.is_set() or self is threading.current_thread() \
+            or (timeout is not None and timeout <= 0):  # type: ignore[attr-defined]
         return _REAL_JOIN(self, timeout)
     cluster, rank = binding
+    module = import_waits.importing_module()
+    if module is not None:  # holding an import lock: keep the baton (see import_waits)
+        primitive, site = python_wait_site(sys._getframe(1), "threading.Thread.join")
+
+        def joined(left: float) -> bool:
+            _REAL_JOIN(self, left)
+            return not self.is_alive()
+
+        import_waits.wait_for_real(cluster.scheduler, rank, joined, timeout, module,
+                                   f"{primitive} at {site}")
+        return None
     cluster.scheduler.python_wait(rank, lambda: not self.is_alive(),
                                   _describe(sys._getframe(1), "threading.Thread.join"), timeout)
     if not self.is_alive():
@@ -260,6 +296,8 @@ def cooperative_sleep() -> Iterator[None]:
 
 # -- reports ---------------------------------------------------------------------------------
 def _state(slot: Any) -> str:
+    if slot.import_wait is not None:
+        return f"waiting in {slot.import_wait}"
     if slot.preempted:
         return "running (a loop reading the clock, paused while timed-out ranks fail)"
     if slot.state == BLOCKED and slot.sleeping:
@@ -321,7 +359,7 @@ def _inject(thread: threading.Thread) -> None:
                                                    ctypes.py_object(RankInterrupt))
 
 
-def end_ranks(sched: Scheduler, cluster: Any, error: FakePGError, grace: float = 10.0) -> list[int]:
+def end_ranks(sched: Scheduler, cluster: Any, error: FakePGError, grace: float = 0.5) -> list[int]:
     """Abort the world with ``error`` and end every rank thread; returns ranks that would not end.
 
     Blocked and sleeping ranks are released with ``error`` by the scheduler; the rank that
@@ -332,12 +370,19 @@ def end_ranks(sched: Scheduler, cluster: Any, error: FakePGError, grace: float =
     last_shot: dict[int, float] = {}
     give_up = time.monotonic() + grace
     while any(t.is_alive() for t in threads) and time.monotonic() < give_up:
+        if sched.current is not None and sched.slots[sched.current].state == RUNNING \
+                and time.monotonic() - last_shot.get(sched.current, time.monotonic()) > 0.1:
+            # the baton holder does not come back from C code: wake a parked rank, which
+            # raises the error and hands over to the next as it ends
+            for slot in sched.slots:
+                if slot.state in (BLOCKED, NEW) and sched.wake_after_verdict(slot.rank):
+                    break
         for slot in sched.slots:
             t = slot.thread
             if t is None or not t.is_alive() or slot.state != RUNNING:
                 continue
             now = time.monotonic()
-            if now - last_shot.get(slot.rank, -1e9) > 0.5:
+            if now - last_shot.get(slot.rank, -1e9) > 0.1:
                 last_shot[slot.rank] = now
                 _inject(t)
                 for c in list(cluster.outstanding[slot.rank]):
@@ -346,3 +391,20 @@ def end_ranks(sched: Scheduler, cluster: Any, error: FakePGError, grace: float =
         for t in threads:
             t.join(0.02)
     return [s.rank for s in sched.slots if s.thread is not None and s.thread.is_alive()]
+
+
+def stuck_sites(sched: Scheduler, ranks: list[int]) -> str:
+    """Where each of ``ranks`` (threads that could not be stopped) is: the program's line."""
+    from ..sites import user_site
+
+    frames = sys._current_frames()
+    try:
+        out = []
+        for r in ranks:
+            t = sched.slots[r].thread
+            frame = frames.get(t.ident) if t is not None else None
+            out.append(f"rank {r} at {user_site(frame=frame) if frame is not None else '?'}")
+            frame = None
+        return "; ".join(out)
+    finally:
+        del frames

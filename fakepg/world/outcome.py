@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..ops import trace as _trace
-from ..errors import (CollectiveHangError, CollectiveMismatchError, RankFailedError,
-                      WorldAbortedError)
-from ..sites import short_path
+from ..errors import (CollectiveHangError, CollectiveMismatchError, RankExited, RankFailedError,
+                      RankOsExit, WorldAbortedError)
+from ..sites import traceback_site
 from ..ops.trace import CollectiveRecord
 
 if TYPE_CHECKING:
@@ -59,27 +59,57 @@ def raise_outcome(sched: "Scheduler", cluster: "Cluster", failures: dict[int, Ba
     after a hang verdict that every rank handled (``torch.multiprocessing.spawn`` and torchrun
     succeed when every worker exits 0)."""
     __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
+    codes = {r: exit_code(e) for r, e in sorted(failures.items())}
     if cluster.failed_rank is not None:
         r = cluster.failed_rank
         e = failures[r]
-        raise RankFailedError(r, f"rank {r} failed: {type(e).__name__}: {e}\n"
-                                 f"(raised at {exception_site(e)})") from e
+        raise RankFailedError(r, f"rank {r} failed: {_name(e)}: {e}\n"
+                                 f"(raised at {exception_site(e)})", codes) from e
     own = {r: e for r, e in failures.items() if not _consequence(e)}
     if sched.hang is not None and own:
         # A rank's own error (an invalid peer, say) left the others waiting on it: that error
         # is the cause, as torchrun reports the first worker that failed; the hang follows.
         r = min(own)
         e = own[r]
-        raise RankFailedError(r, f"rank {r} failed: {type(e).__name__}: {e}\n(raised at "
+        raise RankFailedError(r, f"rank {r} failed: {_name(e)}: {e}\n(raised at "
                                  f"{exception_site(e)}); then the other ranks waited on it:\n"
-                                 f"{sched.hang.report}") from e
+                                 f"{sched.hang.report}", codes) from e
     if sched.hang is not None and failures:
         raise CollectiveHangError(sched.hang.report)
     for e in failures.values():
         if isinstance(e, CollectiveMismatchError):
             raise CollectiveMismatchError(*e.args)
     for r, e in failures.items():
-        raise RankFailedError(r, f"rank {r} failed: {type(e).__name__}: {e}") from e
+        raise RankFailedError(r, f"rank {r} failed: {_name(e)}: {e}", codes) from e
+
+
+def _name(e: BaseException) -> str:
+    return type(e).__name__
+
+
+def exit_code(e: BaseException) -> int:
+    """The exit code torchrun would report for a worker that ended with ``e``: ``n`` for
+    ``sys.exit(n)``/``os._exit(n)``, minus the signal of a rank process killed by one, 1 for an
+    uncaught exception (Python's own exit status then)."""
+    for attr in ("exit_code", "exitcode"):  # RankExited; a rank process's RankProcessDiedError
+        code = getattr(e, attr, None)
+        if isinstance(code, int):
+            return code
+    if isinstance(e, RankOsExit):
+        return e.code
+    if isinstance(e, SystemExit):
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return 1
+
+
+def ended_how(e: BaseException) -> str:
+    """How a rank that failed with ``e`` ended, for the collectives that needed it."""
+    code = exit_code(e)
+    if code < 0 and isinstance(getattr(e, "exitcode", None), int):  # a rank process's signal
+        return f"was killed by signal {-code}"
+    if isinstance(e, (RankOsExit, SystemExit, RankExited)) or hasattr(e, "exitcode"):
+        return f"exited with code {code}"
+    return f"failed with {_name(e)} (exit code {exit_code(e)})"
 
 
 def _consequence(e: BaseException) -> bool:
@@ -102,12 +132,18 @@ def during_hang(e: BaseException) -> bool:
 
 
 def exception_site(e: BaseException) -> str:
-    """The user's line that raised ``e`` (``file:line``)."""
+    """The user's line that raised ``e`` (``file:line``); for an error fakepg raised on the
+    rank's behalf (a script's ``sys.exit``), the user's line of its cause."""
     remote = getattr(e, "_fakepg_site", None)  # raised in a rank's process (isolation="process")
     if remote is not None:
         return remote
+    seen: BaseException | None = e
+    for _ in range(4):
+        if seen is None:
+            break
+        site = traceback_site(seen.__traceback__)
+        if site is not None:
+            return site
+        seen = seen.__cause__
     frames = traceback.extract_tb(e.__traceback__)
-    for fr in reversed(frames):
-        if "/torch/" not in fr.filename and "/fakepg/" not in fr.filename:
-            return f"{short_path(fr.filename)}:{fr.lineno}"
     return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "<unknown>"

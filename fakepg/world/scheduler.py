@@ -26,6 +26,7 @@ import time
 from typing import Any, Callable
 
 from ..errors import CollectiveHangError, FakePGError
+from .cpu_clocks import ThreadClocks
 from .isolation import ProcessState
 from ..choices.schedule import Schedule
 
@@ -68,19 +69,12 @@ class ThreadActivity:
     """Whether threads other than the ranks' used CPU since the last call (they may yet
     release a rank that waits in Python's own synchronisation)."""
 
-    def __init__(self, slots: list["RankSlot"]) -> None:
-        self.slots = slots
+    def __init__(self, clocks: ThreadClocks) -> None:
+        self.clocks = clocks  # read only while a rank thread is alive (see cpu_clocks)
         self.last = self._others()
 
     def _others(self) -> float:
-        ranks = 0.0
-        for slot in self.slots:
-            t = slot.thread
-            try:
-                ranks += time.clock_gettime(time.pthread_getcpuclockid(t.ident))  # type: ignore[union-attr]
-            except (AttributeError, OSError, TypeError):
-                pass
-        return time.process_time() - ranks
+        return time.process_time() - self.clocks.total()
 
     def busy(self, threshold: float = 0.002) -> bool:
         now = self._others()
@@ -90,7 +84,8 @@ class ThreadActivity:
 
 class RankSlot:
     __slots__ = ("rank", "sem", "state", "ready", "waiting_for", "process", "thread", "outcome",
-                 "deadline", "timed", "sleeping", "python_wait", "preempted")
+                 "deadline", "timed", "sleeping", "python_wait", "preempted", "import_wait",
+                 "handed")
 
     def __init__(self, rank: int, process: ProcessState) -> None:
         self.rank = rank
@@ -107,6 +102,8 @@ class RankSlot:
         self.sleeping = False  # in time.sleep: runnable at its deadline, keeps the world live
         self.python_wait = False  # in Python's own synchronisation (see Scheduler.python_wait)
         self.preempted = False  # busy on the clock, paused for another rank's expired wait
+        self.import_wait: str | None = None  # a real wait inside an import (import_waits)
+        self.handed = False  # given the baton, not yet awake: no second hand-over may pick it
 
 
 class Scheduler:
@@ -122,18 +119,21 @@ class Scheduler:
         self.last_progress_time = monotonic()
         self.inactivity = 1.0  # seconds of a world idle but for python waits before the verdict
         self.python_verdict = False  # the hang verdict came from the inactivity window
-        self.stuck: list[int] = []  # ranks blocked on a lock nobody can release: not joined
+        self.stuck: list[int] = []  # ranks blocked on a lock only its owner can release
+        self.stuck_locks: list[Any] = []  # those RLocks: their owner rank frees them as it ends
         self.next_deadline = _INF  # earliest deadline of a parked timed wait (for preemption)
         self._describe_world = describe_world
         self._mu = threading.Lock()
         self._wake = _Wake()  # set by abort: ends a real sleep until a deadline
         self.schedule = Schedule()  # the controlled choices (fakepg.choices.schedule); default: none
+        self.clocks = ThreadClocks()  # the rank threads' CPU clocks, while they live
 
     # -- called on rank threads, by the baton holder ------------------------------
     def enter(self, rank: int) -> None:
         """Block until ``rank`` first gets the baton, then install its process state."""
         slot = self.slots[rank]
         slot.sem.acquire()
+        slot.handed = False
         slot.process.install()
         slot.state = RUNNING
         self.current = rank
@@ -241,6 +241,7 @@ class Scheduler:
         slot.process.save()
         self._hand_over(rank)
         slot.sem.acquire()
+        slot.handed = False
         slot.process.install()
         slot.state = RUNNING
         slot.ready = slot.waiting_for = slot.timed = slot.deadline = None
@@ -272,6 +273,8 @@ class Scheduler:
         self.last_progress_time = monotonic()
 
     def _runnable(self, slot: RankSlot) -> bool:
+        if slot.handed:
+            return False
         if slot.state == NEW:
             return True
         if slot.state == BLOCKED:
@@ -297,7 +300,7 @@ class Scheduler:
                              if s.state == BLOCKED and s.deadline is not None), default=_INF) - now
                 if python:
                     if activity is None or activity.busy():
-                        activity = activity or ThreadActivity(self.slots)
+                        activity = activity or ThreadActivity(self.clocks)
                         idle_since = now
                     elif not sleepers and now - idle_since >= self.inactivity:
                         self.python_verdict = True
@@ -317,8 +320,26 @@ class Scheduler:
                 self.current = None
                 self.finished.set()
                 return
-            self.current = nxt
-            self.slots[nxt].sem.release()
+            self._give(nxt)
+
+    def _give(self, rank: int) -> None:
+        """Hand the baton to ``rank`` (under ``_mu``): it is no longer a candidate at once, so
+        that no other hand-over gives it a second time before it wakes."""
+        slot = self.slots[rank]
+        slot.handed = True
+        self.current = rank
+        slot.sem.release()
+
+    def wake_after_verdict(self, rank: int) -> bool:
+        """The world has ended while its baton holder is blocked in C (on a lock, an import):
+        wake ``rank``, parked, so that it raises the verdict and unwinds (freeing what the
+        holder waits for); the ranks' own hand-overs then end the rest."""
+        with self._mu:
+            slot = self.slots[rank]
+            if self.abort_error is None or slot.state not in (BLOCKED, NEW) or slot.handed:
+                return False
+            self._give(rank)
+            return True
 
     def _expire_waits_on_finished_peers(self) -> bool:
         """Timed waits on peers that have all finished (see ``TimedWait.waits_for``) end now

@@ -96,8 +96,15 @@ class ReplayResult(RunResult):
     collectives it took part in and their bytes (a list, or where replay simulated classes of
     identical ranks a :class:`~simddp.analysis.PerRank` that reads like one). knobs: the keywords it ran with.
     engine / engine_reason: the engine that ran ("simpy", "vector") and why.
-    peak_memory_bytes: the largest rank's peak memory in a step; memory: its bytes per category
-    at that peak; memory_limit_bytes: the device's (``gpu_memory_gb``); oom: whether it fits.
+    peak_memory_bytes: the largest rank's peak memory in a step as torch reports it
+    (``max_memory_reserved``: the caching allocator's segments, :mod:`simddp.models.allocator`);
+    peak_memory_allocated_bytes: its ``max_memory_allocated``; memory: bytes per category at
+    the program-order peak; memory_fragmentation: the share of the reserved peak not allocated
+    there; memory_outside_bytes: what the process holds outside torch's allocator (the CUDA
+    context, NCCL's buffers); memory_limit_bytes: the device's (``gpu_memory_gb``); oom: whether
+    the allocator could not serve the step within the device's memory less what is outside it
+    (after releasing its cache, as torch retries); memory_margin_bytes: that allocatable memory
+    less the reserved peak.
     bubble_fraction: a pipeline's, per pipeline rank (None: no pipeline).
     parallel: the layout replayed (e.g. ``"fsdp:32,tp:8"``); exposed_comm_by_dim: exposed
     communication per mesh dimension.
@@ -118,6 +125,11 @@ class ReplayResult(RunResult):
     peak_memory_bytes: int = 0
     memory: dict[str, int] = field(default_factory=dict)
     memory_limit_bytes: int | None = None
+    peak_memory_allocated_bytes: int = 0
+    memory_outside_bytes: dict[str, int] = field(default_factory=dict)
+    memory_ooms: int | None = None  # allocations the allocator model could not serve
+    memory_fragmentation: float = 0.0
+    memory_margin: int | None = None  # the smallest over ranks (job_memory)
     # pipeline parallelism: per pipeline rank, its bubble fraction (docs/pipeline-parallel.md)
     bubble_fraction: list[float] | None = None
     parallel: str | None = None  # the layout replayed ("fsdp:32,tp:8"; None: DDP's groups)
@@ -127,7 +139,30 @@ class ReplayResult(RunResult):
         """Whether the peak memory per rank exceeds the device's (None: no limit given)."""
         if self.memory_limit_bytes is None:
             return None
+        if self.memory_ooms is not None:
+            return self.memory_ooms > 0
         return self.peak_memory_bytes > self.memory_limit_bytes
+
+    @property
+    def peak_memory_reserved_bytes(self) -> int:
+        """torch's ``max_memory_reserved`` (the same as ``peak_memory_bytes``)."""
+        return self.peak_memory_bytes
+
+    @property
+    def memory_allocatable_bytes(self) -> int | None:
+        """The device's memory less what the process holds outside torch's allocator."""
+        if self.memory_limit_bytes is None:
+            return None
+        return self.memory_limit_bytes - sum(self.memory_outside_bytes.values())
+
+    @property
+    def memory_margin_bytes(self) -> int | None:
+        """The allocatable memory less the reserved peak (negative: out of memory), on the
+        rank closest to running out."""
+        if self.memory_margin is not None:
+            return self.memory_margin
+        a = self.memory_allocatable_bytes
+        return None if a is None else a - self.peak_memory_bytes
 
     @property
     def collectives_per_iteration(self) -> float:
@@ -161,6 +196,9 @@ class ReplayResult(RunResult):
                 "collectives_per_iteration": self.collectives_per_iteration,
                 "comm_bytes_per_iteration": self.comm_bytes_per_iteration,
                 "peak_memory_bytes": self.peak_memory_bytes, "oom": self.oom,
+                "peak_memory_reserved_bytes": self.peak_memory_bytes,
+                "peak_memory_allocated_bytes": self.peak_memory_allocated_bytes,
+                "memory_margin_bytes": self.memory_margin_bytes,
                 **self._bubble_columns()}
 
     def _bubble_columns(self) -> dict[str, Any]:

@@ -35,7 +35,8 @@ RESULT_COLUMNS = ("layout", "iterations", "iteration_time_s", "exposed_comm_s", 
                   "compute_s", "wait_s",
                   "slowest_rank", "buckets", "collectives_per_iteration",
                   "comm_bytes_per_iteration", "peak_memory_bytes", "oom", "wall_time_s",
-                  "bubble_fraction", "bubble_fraction_mean")
+                  "bubble_fraction", "bubble_fraction_mean", "peak_memory_reserved_bytes",
+                  "peak_memory_allocated_bytes", "memory_margin_bytes")
 # Knobs that describe a network rather than name one: shown only through "network".
 _NETWORK_DETAIL = ("bandwidth_GBps", "latency_us", "algorithm")
 _SHORT = {"world_size": "ranks", "bucket_cap_mb": "cap MB", "comm_hook": "hook",

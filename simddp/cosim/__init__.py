@@ -7,7 +7,9 @@
   :mod:`~simddp.cosim.modules` (module calls), :mod:`~simddp.cosim.optim_steps` (optimizer steps);
 * :mod:`~simddp.cosim.capture`: one iteration recorded for replay (:mod:`simddp.program`);
   :mod:`~simddp.cosim.capture_fsdp` (FSDP2, HSDP, with TP) and
-  :mod:`~simddp.cosim.capture_pp` (pipeline parallelism, with FSDP2 and TP inside stages).
+  :mod:`~simddp.cosim.capture_pp` (pipeline parallelism, with FSDP2 and TP inside stages),
+  :mod:`~simddp.cosim.context_parallel` (context parallelism: torch's ring attention, with
+  FSDP2 and TP; :mod:`~simddp.cosim.ring_attention` runs torch's ring on CPU/meta ranks).
 """
 
 from .capture import capture

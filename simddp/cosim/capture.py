@@ -12,6 +12,8 @@ is :func:`_train`, the one piece to swap for the zoo's own loop.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import gc
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
@@ -22,6 +24,7 @@ from ..compat import is_traceable_wrapper_subclass
 from ..models import Network
 from ..timing import Timing
 from ..program.captured import CapturedIteration, ParamInfo, RankProfile, parse_indices
+from .memtrace import LiveBytes
 from .meta import DEVICES, fsdp_on_meta, fused_attention, meta_scope
 from .simulate import Observer, SimResult, now, simulate
 
@@ -100,6 +103,24 @@ class SavedBytes(torch.autograd.graph.saved_tensors_hooks):
         return sum(self._storages.values())
 
 
+class SavedTotals(tuple):
+    """(held, recompute) as :func:`saved_bytes` returns them, with ``sizes``: the bytes of
+    each storage held, in the order autograd saved them (the allocations the caching
+    allocator model replays), and ``temporary``: the most bytes live at once in the forward,
+    loss and backward that are neither saved, nor parameters, nor their gradients (measured
+    when asked for: :class:`~simddp.cosim.memtrace.LiveBytes`)."""
+
+    sizes: tuple[int, ...]
+    temporary: int
+
+    def __new__(cls, held: int, recompute: int, sizes: tuple[int, ...] = (),
+                temporary: int = 0) -> "SavedTotals":
+        out = super().__new__(cls, (int(held), int(recompute)))
+        out.sizes = tuple(int(n) for n in sizes)
+        out.temporary = int(temporary)
+        return out
+
+
 def _locals(t: torch.Tensor) -> list[torch.Tensor]:
     """``t``, or for a DTensor its rank's shard (its inner tensors)."""
     if not is_traceable_wrapper_subclass(t):
@@ -118,26 +139,31 @@ def _storage(t: torch.Tensor) -> tuple[int, int]:
 
 def activation_bytes(scenario: Any, device: str = "cpu", dtype: torch.dtype | None = None,
                      units: Callable[[torch.nn.Module], list] | None = None,
-                     checkpointed: bool = False) -> tuple[int, int]:
+                     checkpointed: Any = False, temporaries: bool = False) -> SavedTotals:
     """Bytes autograd saves for backward in one forward (and loss) of ``scenario``'s model on
     rank 0's first batch, run plainly (no ranks, no virtual time; on the meta device for a
     real-size capture; ``dtype``: the parameters' compute dtype, e.g. FSDP2's
     ``MixedPrecisionPolicy.param_dtype``). Returns (held from forward to backward, held only
     while one unit is recomputed in backward): see :func:`saved_bytes`, with ``units(model)``
-    checkpointed when ``checkpointed``."""
+    checkpointed as the policy ``checkpointed`` says (:mod:`simddp.cosim.checkpointing`; True:
+    full); ``temporaries``: measure the step's temporaries too (a backward is run)."""
+    from .checkpointing import checkpointed_modules, is_op
+
     with torch.device(device):
         model = scenario.build_model()
     if dtype is not None:
         model = model.to(dtype)
     batch = _batches(scenario, 0, 1, 1, device)[0]
     return saved_bytes(lambda: scenario.step(model, batch), device,
-                       units(model) if checkpointed and units is not None else None,
-                       model.parameters())
+                       checkpointed_modules(units(model), checkpointed)
+                       if checkpointed and units is not None else None,
+                       model.parameters(), temporaries, op_saved=is_op(checkpointed))
 
 
 def saved_bytes(forward: Callable[[], Any], device: str = "cpu",
                 checkpointed: list[torch.nn.Module] | None = None,
-                params: Iterable[torch.Tensor] = ()) -> tuple[int, int]:
+                params: Iterable[torch.Tensor] = (), temporaries: bool = False,
+                op_saved: bool = False) -> SavedTotals:
     """What autograd keeps for backward from ``forward()`` (a forward and, where it has one,
     its loss; outside virtual time: see :class:`SavedBytes`): (held from forward to backward,
     held only while one unit is recomputed in backward). Without ``checkpointed``: (all the
@@ -146,7 +172,13 @@ def saved_bytes(forward: Callable[[], Any], device: str = "cpu",
     the first figure is the distinct storages saved outside those modules together with their
     inputs (the hidden states each block receives, the rotary tables and mask they share, once),
     the second the largest module's saved bytes. ``params``: the model's parameters (never
-    activations, whatever views of them autograd saves)."""
+    activations, whatever views of them autograd saves). ``temporaries``: also run the
+    backward and measure the step's temporaries (``SavedTotals.temporary``). ``op_saved``: the
+    modules run under torchtitan's op policy (selective-op), which also keeps, until backward,
+    the outputs the policy saves (:class:`~simddp.cosim.checkpointing.OpSaved`)."""
+    from .checkpointing import OpSaved
+
+    params = list(params)
     saved = SavedBytes(params)
     inputs = SavedBytes()  # the checkpointed modules' tensor arguments, counted as saved ones
     inputs.counting = saved.counting = True
@@ -155,31 +187,57 @@ def saved_bytes(forward: Callable[[], Any], device: str = "cpu",
     before: list[set[int]] = [set()]
     handles = []
 
+    ops = OpSaved(inputs.add) if op_saved else None
+
     def pre(mod: Any, args: Any) -> None:
+        if ops is not None:
+            ops.enter()
         before[0] = set(saved.storages)
         for a in args:
             if isinstance(a, torch.Tensor):
                 inputs.add(a)
 
     def post(mod: Any, args: Any, out: Any) -> None:
+        if ops is not None:
+            ops.leave()
         now_saved = saved.storages
         new = set(now_saved) - before[0]
         inside.update(new)
         per_unit.append(sum(now_saved[k] for k in new))
     for unit in checkpointed or ():
         handles += [unit.register_forward_pre_hook(pre), unit.register_forward_hook(post)]
+    live = LiveBytes(params) if temporaries else None
+    temporary = 0
+    # frees by reference count only: a cyclic collection at a moment that depends on what ran
+    # before would move them (and the measured peak) from run to run
+    gc_was_enabled = gc.isenabled()
+    if live is not None:
+        gc.disable()
     try:
-        with saved, fused_attention(device):
+        with saved, fused_attention(device), (ops or contextlib.nullcontext()), \
+                (live or contextlib.nullcontext()):
             loss = forward()
+            if live is not None and isinstance(loss, torch.Tensor) and loss.requires_grad:
+                saved.counting = inputs.counting = False
+                loss.backward()
         del loss
     finally:
         for h in handles:
             h.remove()
+        if gc_was_enabled:
+            gc.enable()
+    if live is not None:
+        keep = set(saved.storages) | set(inputs.storages) | \
+            {_storage(g)[0] for p in params for g in _locals(p.grad) if p.grad is not None}
+        temporary = live.peak_beyond(keep)
+        for p in params:
+            p.grad = None
     if not checkpointed:
-        return saved.total, 0
+        return SavedTotals(saved.total, 0, tuple(saved.storages.values()), temporary)
     held = {k: v for k, v in saved.storages.items() if k not in inside}
     held.update(inputs.storages)
-    return sum(held.values()), max(per_unit, default=0)
+    return SavedTotals(sum(held.values()), max(per_unit, default=0), tuple(held.values()),
+                       temporary)
 
 
 def _batches(scenario: Any, rank: int, world_size: int, iterations: int,

@@ -31,8 +31,10 @@ from ..program.captured import CapturedStep
 from ..program.mesh import DeviceMesh
 from ..timing import Timing
 from .blocks import fsdp_units
-from .capture import (_batches, _probe_costs, _train, activation_bytes, saved_bytes,
-                      state_bytes)
+from .capture import (SavedTotals, _batches, _probe_costs, _train, activation_bytes,
+                      saved_bytes, state_bytes)
+from .checkpointing import apply as checkpoint_apply
+from .checkpointing import checkpointed_modules, is_op, policy_name
 from .meta import (DEVICES, fsdp_on_meta, functional_waits_on_meta, fused_attention,
                    in_meta_scope)
 from .represent import choose, fill, represented, stand_ins
@@ -66,32 +68,22 @@ def _dtype(name: str | None) -> torch.dtype | None:
     return _DTYPES[name]
 
 
-def checkpoint_units(model: torch.nn.Module, device: str = "cpu") -> None:
-    """Activation checkpointing of every block (torchtitan's "full" AC): each element of the
-    model's first ``nn.ModuleList`` under torch's ``checkpoint_wrapper``
-    (:func:`checkpoint_blocks`)."""
+def checkpoint_units(model: torch.nn.Module, device: str = "cpu", policy: Any = "full") -> None:
+    """Activation checkpointing of the model's blocks, the elements of its first
+    ``nn.ModuleList``, as ``policy`` says (:func:`checkpoint_blocks`)."""
     for m in model.modules():
         if isinstance(m, torch.nn.ModuleList) and len(m):
-            checkpoint_blocks(m, device)
+            checkpoint_blocks(m, device, policy)
             return
     raise ValueError(f"activation checkpointing wraps the model's blocks, the elements of an "
                      f"nn.ModuleList; {type(model).__name__} has none")
 
 
-def checkpoint_blocks(blocks: torch.nn.ModuleList, device: str = "cpu") -> None:
-    """Each of ``blocks`` (in place) under torch's ``checkpoint_wrapper`` (non-reentrant, as
-    torchtitan). On the meta device its recomputation in backward runs under
-    :class:`~simddp.cosim.meta.FusedAttentionOnMeta` as its forward did: backward is a torch
-    function, and a torch-function mode is off while it handles one, so the forward's mode
-    does not reach the recomputation (which would then save other tensors than the forward,
-    an error for checkpointing)."""
-    from ..compat import checkpoint_wrapper
-
-    kwargs: dict[str, Any] = {}
-    if device == "meta":
-        kwargs["context_fn"] = lambda: (contextlib.nullcontext(), fused_attention(device))
-    for i, block in enumerate(blocks):
-        blocks[i] = checkpoint_wrapper(block, **kwargs)
+def checkpoint_blocks(blocks: torch.nn.ModuleList, device: str = "cpu",
+                      policy: Any = "full") -> None:
+    """``blocks`` (in place) under torch's ``checkpoint_wrapper`` as torchtitan's ``policy``
+    says (full, selective-op, selective-layer:N): :func:`simddp.cosim.checkpointing.apply`."""
+    checkpoint_apply(blocks, policy, device)
 
 
 def _local_bytes(model: torch.nn.Module) -> int:
@@ -105,7 +97,7 @@ def _local_bytes(model: torch.nn.Module) -> int:
 
 def _rank_run(scenario: Any, mesh_dims: Mapping[str, int], iterations: int,
               reshard_after_forward: bool, mp: tuple[str | None, str | None], device: str,
-              checkpointed: bool, sequence_parallel: bool = True):
+              checkpointed: Any, sequence_parallel: bool = True):
     last = iterations - 1
     def _run(rank: int) -> dict[str, Any]:
         import torch.distributed as dist
@@ -124,7 +116,7 @@ def _rank_run(scenario: Any, mesh_dims: Mapping[str, int], iterations: int,
         local_param_bytes = _local_bytes(model)
         dp_mesh = mesh[dp_dims] if len(dp_dims) < len(mesh_dims) else mesh
         if checkpointed:
-            checkpoint_units(model, device)
+            checkpoint_units(model, device, checkpointed)
         policy = MixedPrecisionPolicy(param_dtype=_dtype(mp[0]), reduce_dtype=_dtype(mp[1]))
         for unit in fsdp_units(model):
             fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard_after_forward,
@@ -205,8 +197,8 @@ def _phase_profile(res: SimResult, rank: int, marks: Mapping[str, float],
 
 
 def _tp_activation_bytes(scenario: Any, tp: int, device: str, dtype: torch.dtype | None,
-                         sequence_parallel: bool, checkpointed: bool,
-                         represent: bool = False) -> tuple[int, int]:
+                         sequence_parallel: bool, checkpointed: Any,
+                         represent: bool = False) -> SavedTotals:
     """What autograd keeps for backward in one forward (and loss) of rank 0 of a TP group of
     ``tp`` ranks (torchtitan's plan applied), on rank 0's first batch: (held, recompute) per
     rank as :func:`~simddp.cosim.capture.saved_bytes` counts them — with ``checkpointed`` the
@@ -228,19 +220,21 @@ def _tp_activation_bytes(scenario: Any, tp: int, device: str, dtype: torch.dtype
         apply_tensor_parallel(model, mesh["tp"], sequence_parallel=sequence_parallel)
         batch = _batches(scenario, 0, 1, 1, device)[0]
         return saved_bytes(lambda: scenario.step(model, batch), device,
-                           fsdp_units(model) if checkpointed else None, model.parameters())
+                           checkpointed_modules(fsdp_units(model), checkpointed)
+                           if checkpointed else None, model.parameters(),
+                           temporaries=True, op_saved=is_op(checkpointed))
 
     # on meta the TP ranks are symmetric: rank 0 runs, its collectives answered for the rest
     fn = represented(run, stand_ins({"tp": tp}) if represent else {})
-    held, recompute = fakepg.spawn(fn, nprocs=tp).returns[0]
-    return int(held), int(recompute)
+    saved = fakepg.spawn(fn, nprocs=tp).returns[0]
+    return SavedTotals(*saved, getattr(saved, "sizes", ()), getattr(saved, "temporary", 0))
 
 
 def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None,
                  mesh: Mapping[str, int] | None = None, reshard_after_forward: bool = True,
                  param_dtype: str | None = None, reduce_dtype: str | None = None,
                  iterations: int = 2, seed: int = 0, device: str = "cpu",
-                 activation_checkpointing: bool = False,
+                 activation_checkpointing: Any = False,
                  sequence_parallel: bool = True,
                  representatives: bool | None = None) -> CapturedStep:
     """Run ``scenario`` with FSDP2 on ``nprocs`` fake ranks under :func:`simddp.simulate` and
@@ -251,8 +245,9 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
     the ``MixedPrecisionPolicy`` ("bf16", "fp16", "fp32"; None: the parameters' own).
     ``device="meta"``: at real size without arithmetic (see :mod:`simddp.cosim.meta`): shapes,
     dtypes and collectives are real, the compute model costs each op from its shapes.
-    ``activation_checkpointing``: each block under torch's ``checkpoint_wrapper`` (torchtitan's
-    full AC; after tensor parallelism, before FSDP2, as torchtitan orders them): backward
+    ``activation_checkpointing``: a policy of :mod:`simddp.cosim.checkpointing` (True: "full",
+    each block under torch's ``checkpoint_wrapper``; "selective-op", "selective-layer:N"),
+    applied after tensor parallelism and before FSDP2, as torchtitan orders them: backward
     recomputes its forward (and, under TP, its collectives), and it keeps only its input until
     then; the recorded activations are per TP rank. ``representatives``: run one rank for all
     (:mod:`simddp.cosim.represent`: every rank of the mesh does the same work on its shards,
@@ -276,24 +271,24 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
                          f"(innermost), with r × s × t = {nprocs}")
     tp = mesh_dims.get("tp", 1)
     _dtype(param_dtype), _dtype(reduce_dtype)
+    ac = policy_name(activation_checkpointing) or False
     timing = Timing() if timing is None else timing
     stand = choose(mesh_dims, timing, device, representatives, "capture_fsdp")
     run = _rank_run(scenario, mesh_dims, iterations, bool(reshard_after_forward),
-                    (param_dtype, reduce_dtype), device, bool(activation_checkpointing),
-                    bool(sequence_parallel))
+                    (param_dtype, reduce_dtype), device, ac, bool(sequence_parallel))
     with (fsdp_on_meta() if device == "meta" else contextlib.nullcontext()), \
             (functional_waits_on_meta() if device == "meta" else contextlib.nullcontext()), \
             outputs_not_modified_in_place():
         res = simulate(represented(run, stand), (), nprocs, timing=timing,
                        seed=seed)
         if tp > 1:
-            held, recompute = _tp_activation_bytes(
-                scenario, tp, device, _dtype(param_dtype), bool(sequence_parallel),
-                bool(activation_checkpointing),
+            saved = _tp_activation_bytes(
+                scenario, tp, device, _dtype(param_dtype), bool(sequence_parallel), ac,
                 represent=device == "meta" and representatives is not False)
     if tp == 1:
-        held, recompute = activation_bytes(scenario, device, _dtype(param_dtype), fsdp_units,
-                                           bool(activation_checkpointing))
+        saved = activation_bytes(scenario, device, _dtype(param_dtype), fsdp_units, ac,
+                                 temporaries=True)
+    held, recompute = saved
     r0 = res.returns[0]
     last = iterations - 1
     dmesh = DeviceMesh(nprocs, mesh_dims)
@@ -310,6 +305,7 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
         sequence_parallel=bool(sequence_parallel) if tp > 1 else False,
         optimizer_state_bytes=int(r0["optimizer_state_bytes"]),
         activation_bytes=held, recompute_bytes=recompute,
+        activation_sizes=list(saved.sizes), temporary_bytes=saved.temporary,
         activation_checkpointing=bool(activation_checkpointing),
         **cosim_facts(timing, res, last))
 

@@ -33,6 +33,7 @@ from ..program.captured import CapturedPipeline
 from ..program.mesh import DeviceMesh
 from ..timing import Timing
 from .capture import _batches, saved_bytes, state_bytes
+from .checkpointing import checkpointed_modules, is_op, policy_name
 from .capture_fsdp import (_dtype, checkpoint_blocks, cosim_facts, fsdp_units,
                            outputs_not_modified_in_place, span_profile)
 from .meta import (DEVICES, fsdp_on_meta, functional_waits_on_meta, in_meta_scope,
@@ -102,7 +103,7 @@ def parallelize_stage(module: torch.nn.Module, mesh: Any, *,
         if sequence_parallel:  # hidden states travel between stages as sequence shards
             module.sequence_shards = mesh["tp"].size()
     if activation_checkpointing:
-        checkpoint_blocks(module.layers, device)
+        checkpoint_blocks(module.layers, device, activation_checkpointing)
     dp = tuple(d for d in ("replicate", "shard") if d in names)
     if dp:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -322,7 +323,7 @@ def _instrument(stage: Any, timed: Callable[..., Any], facts: dict[str, int]) ->
 def _stage_activation_bytes(scenario: Any, num_stages: int, microbatch_size: int,
                             device: str, dtype: torch.dtype | None, tp: int,
                             sequence_parallel: bool, split: Mapping[str, int],
-                            checkpointed: bool, represent: bool = False
+                            checkpointed: Any, represent: bool = False
                             ) -> list[tuple[int, int]]:
     """Per stage, what autograd keeps for backward in one microbatch's forward (and, on the
     last stage, its loss) on one rank, the stage's input included (the pipeline keeps it for
@@ -364,8 +365,9 @@ def _stage_activation_bytes(scenario: Any, num_stages: int, microbatch_size: int
                 y.append(stage(x))
                 return loss_fn(y[0], targets) if stage.last else y[0]
             out.append(saved_bytes(forward, device,
-                                   list(stage.layers) if checkpointed else None,
-                                   stage.parameters()))
+                                   checkpointed_modules(list(stage.layers), checkpointed)
+                                   if checkpointed else None,
+                                   stage.parameters(), op_saved=is_op(checkpointed)))
             x = y[0]
         return out
 
@@ -381,7 +383,7 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
                param_dtype: str | None = None, reduce_dtype: str | None = None,
                sequence_parallel: bool = True, losses: list | None = None,
                input_weight: int = 0, output_weight: int = 0,
-               activation_checkpointing: bool = False,
+               activation_checkpointing: Any = False,
                representatives: bool | None = None) -> CapturedPipeline:
     """Run ``scenario`` (whose model is the zoo's :class:`models.llama.Llama`) pipelined over
     ``pp`` ranks with torch's real ``PipelineStage`` and ``schedule`` (one of
@@ -460,7 +462,7 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
     cfg = dict(io=io, mesh=mesh_dims, pp=pp, stages_per_rank=spr, microbatches=m, device=device,
                iterations=iterations, schedule=name, param_dtype=param_dtype,
                reduce_dtype=reduce_dtype, sequence_parallel=bool(sequence_parallel), split=split,
-               activation_checkpointing=bool(activation_checkpointing))
+               activation_checkpointing=policy_name(activation_checkpointing) or False)
     stand = choose(mesh_dims, timing, device, representatives, "capture_pp")
     run = _rank_run(scenario, cfg)
     try:
@@ -480,7 +482,7 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
     held = _stage_activation_bytes(scenario, num_stages, batch_size // m, device,
                                    _dtype(param_dtype), mesh_dims.get("tp", 1),
                                    bool(sequence_parallel), split,
-                                   bool(activation_checkpointing),
+                                   policy_name(activation_checkpointing) or False,
                                    represent=device == "meta" and representatives is not False)
     stages = []
     for s in range(num_stages):

@@ -18,7 +18,7 @@ import torch
 
 from ..models import noise
 from ..compat import OpOverload, current_graph_task_id, queue_callback
-from ..models.compute import _moves_no_data
+from ..models.kernels import moves_no_data
 from . import checks, tape
 from .bound import bind, current
 from .checks import ptr
@@ -318,7 +318,7 @@ class RankClock:
         stream semantics; returns the flights after which the op runs on the side stream."""
         skip = _no_access.get(func)
         if skip is None:
-            skip = _no_access[func] = _moves_no_data(func)
+            skip = _no_access[func] = moves_no_data(func)
         if skip:
             return None
         hits: list[tuple[_Tensor, Flight]] = []

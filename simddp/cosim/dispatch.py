@@ -12,7 +12,8 @@ from typing import Any
 import torch
 from ..compat import TorchDispatchMode, fake_tensor_class, is_traceable_wrapper_subclass_type
 
-from ..models.compute import ConstantCompute, RooflineCompute, _moves_no_data
+from ..models.compute import ConstantCompute, RooflineCompute
+from ..models.kernels import moves_no_data
 from .clock import (_CALL, _EMPTY, _FREE, _MEMO, _TICK, BWD, FWD, RankClock, _floor, _gtid,
                     _FREE_PACKETS)
 
@@ -51,7 +52,7 @@ def classify(compute: Any, func: Any) -> Any:
     if type(c) is ConstantCompute:
         return float(c.seconds_per_op)
     if type(c) is RooflineCompute:
-        if _moves_no_data(func):
+        if moves_no_data(func):
             return float(c.op_time(func, (), {}, None))
         return _MEMO  # a function of argument shapes, dtypes and scalars
     return _CALL

@@ -8,13 +8,14 @@
 * :class:`Contention`: how a rank's communication slows its compute, and the fixed cost of
   issuing a collective (carried by a network model; replay applies it);
 * :class:`MeasuredNetwork`: collective times interpolated from this machine's measurements;
-* :class:`Compute`: roofline, per-op constant and profile-based compute models;
+* :class:`Compute`: kernel-efficiency (the default), roofline, per-op constant and
+  profile-based compute models; :func:`gpu_spec` reads ``PRESET[,field=value...]``;
 * :mod:`simddp.models.noise`: the seeded log-normal jitter both engines draw.
 """
 
 from . import noise
-from .compute import (DEVICES, Compute, ConstantCompute, DevicePreset, ProfileCompute,
-                      RooflineCompute, ScaledCompute)
+from .compute import (DEVICES, GPU_FIELDS, Compute, ConstantCompute, DevicePreset,
+                      ProfileCompute, RooflineCompute, ScaledCompute, gpu_spec)
 from .contention import Contention
 from .measured import MeasuredNetwork
 from .netspec import load_network_spec, parse_network
@@ -26,4 +27,4 @@ from .protocols import ComputeModel, NetworkModel, collective_time
 __all__ = ["NetworkModel", "ComputeModel", "collective_time", "Network", "MeasuredNetwork", "PRESETS",
            "parse_network", "load_network_spec", "Contention", "Compute",
            "DevicePreset", "DEVICES", "RooflineCompute", "ConstantCompute", "ProfileCompute",
-           "ScaledCompute", "noise", "Placement", "Tier"]
+           "ScaledCompute", "gpu_spec", "GPU_FIELDS", "noise", "Placement", "Tier"]

@@ -30,7 +30,7 @@ __all__ = ["plan", "PLANNERS", "Knobs", "CheckedKnobs", "Config", "COMM_HOOKS", 
            "DDPProgram", "plan_ddp", "FSDPProgram", "plan_fsdp", "CapturedStep", "Parallel",
            "PARALLEL_MODES", "CapturedIteration", "CapturedPipeline", "PipelineProgram",
            "plan_pipeline", "uniform_pipeline", "REGISTRY", "Parallelism", "register",
-           "CaptureOptions", "CaptureRequest"]
+           "CaptureOptions", "CaptureRequest", "CapturedCP", "CPProgram", "plan_cp"]
 
 # name -> the submodule that defines it (imported on first use)
 _LAZY = {
@@ -40,6 +40,7 @@ _LAZY = {
     **dict.fromkeys(("COMM_HOOKS", "CheckedKnobs", "Config", "Knobs"), "knobs"),
     **dict.fromkeys(("DDPMesh", "DeviceMesh", "Mesh"), "mesh"),
     **dict.fromkeys(("PipelineProgram", "plan_pipeline", "uniform_pipeline"), "pipeline"),
+    **dict.fromkeys(("CapturedCP", "CPProgram", "plan_cp"), "context"),
     **dict.fromkeys(("MEMORY_CATEGORIES", "Collective", "Compute", "Instruction", "Issue",
                      "Mark", "Memory", "Segment", "StepProgram", "Wait", "WaitAll",
                      "peak_memory"), "steps"),

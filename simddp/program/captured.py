@@ -363,6 +363,12 @@ class CapturedStep(_MeshCapture):
     # sequence-parallel
     local_param_bytes: int = 0
     sequence_parallel: bool = False
+    # the storages counted in activation_bytes, in the order autograd saved them (the
+    # allocations the caching allocator model replays; empty: one share per unit)
+    activation_sizes: list[int] = field(default_factory=list)
+    # the most bytes live at once in a plain forward, loss and backward beyond what is saved,
+    # the parameters and their gradients (the loss's fp32 logits gradients, ...)
+    temporary_bytes: int = 0
 
 
     @property
@@ -451,6 +457,12 @@ _HUGE = float(1 << 60)
 
 def _kind_of(d: Mapping[str, Any]) -> type | None:
     kinds = {c.__name__: c for c in (CapturedIteration, CapturedStep, CapturedPipeline)}
+    if isinstance(d.get("kind"), str) and d["kind"] not in kinds:
+        from .registry import REGISTRY, resolve  # a registered parallelism's captured type
+
+        for p in REGISTRY.values():
+            if p.captured and not p.reserved and p.captured.endswith(":" + d["kind"]):
+                kinds[d["kind"]] = resolve(p.captured)
     if "kind" in d:
         return kinds.get(d["kind"]) if isinstance(d["kind"], str) else None
     if "stages" in d and "schedule" in d:

@@ -57,6 +57,12 @@ class Program(abc.ABC):
         """(peak bytes, bytes per category at the peak) of ``rank`` in one step (None: the
         rank with the highest peak)."""
 
+    def memory_programs(self) -> list[tuple[Sequence[Instruction], dict[str, int]]] | None:
+        """Each distinct rank's step and its bytes per category before it, which the caching
+        allocator model replays (:func:`~simddp.program.steps.job_memory`); None: the program
+        offers :meth:`memory` only (its program-order peak)."""
+        return None
+
     def rank_kinds(self) -> dict[int, tuple]:
         """Ranks whose instructions differ from the others' by more than durations (each gets
         its own equivalence class in the simpy engine)."""

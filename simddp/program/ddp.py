@@ -219,6 +219,16 @@ class DDPProgram(Program):
                                      for b in self.buckets),
                 "optimizer": int(getattr(cap, "optimizer_state_bytes", 0))}
 
+    def memory_programs(self) -> list[tuple[Sequence[Instruction], dict[str, int]]]:
+        """Rank 0's step for :func:`~simddp.program.steps.job_memory`: the activations
+        autograd saves (held from forward into backward, then freed), then the iteration (its
+        optimizer step creates the optimizer state in the first one)."""
+        act = int(getattr(self.cap, "activation_bytes", 0))
+        mem = [Memory("activations", act, "saved for backward", key=("activations",)),
+               Memory("activations", -act, "freed by backward", key=("activations",))] \
+            if act else []
+        return [((*mem, *self.iteration(0, 0)), self.static_memory())]
+
     def memory(self, rank: int | None = None) -> tuple[int, dict[str, int]]:
         """(peak bytes, bytes per category at the peak): the static memory and the
         activations autograd saves in forward (live from forward's end into backward)."""

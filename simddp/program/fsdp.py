@@ -30,14 +30,17 @@ nccl-tests counts); an HSDP all-reduce carries one shard, so it scales with 1 / 
 Compute: forward and backward are the capture's (the local batch is the same at any world
 size); the optimizer updates the local shard, so its time scales with 1 / shard size.
 
-Memory per rank (program order; the caching allocator's reuse is not modelled; under TP the
+Memory per rank (program order, as FSDP2 allocates it: see :func:`event_marks`; replayed
+through the caching allocator model by :func:`~simddp.program.steps.job_memory`; under TP the
 parameters are the TP rank's, the capture's ``tp_param_bytes``, before FSDP2 shards them): sharded
 parameters and optimizer state from the start; each unit's unsharded parameters from its
 all-gather until FSDP2 reshards them (after its forward when ``reshard_after_forward`` — the
-units the capture all-gathers again in backward — else after its backward); activations (what
-autograd saved in the captured forward) from the end of forward to the end of backward; each
-unit's unsharded gradient around its reduce-scatter, then its sharded gradient until the next
-step's ``zero_grad``.
+units the capture all-gathers again in backward — else after its backward), with the
+all-gather output buffers; each unit's share of the activations (what autograd saved in the
+captured forward, tensor by tensor) from the end of its forward to its reduce-scatter; the
+step's temporaries (the capture's ``temporary_bytes``) at the start of backward; each unit's
+unsharded gradient and reduce-scatter input around its reduce-scatter, then its sharded
+gradient until the next step's ``zero_grad``.
 """
 
 from __future__ import annotations
@@ -119,6 +122,11 @@ class FSDPProgram(Program):
         return {"parameters": int(self.cap.tp_param_bytes / self.parallel.shard),
                 "optimizer": int(self.cap.optimizer_state_bytes * self.shard_ratio)}
 
+    def memory_programs(self) -> list[tuple[Sequence[Instruction], dict[str, int]]]:
+        """Each distinct rank's step and its memory before the step (for
+        :func:`~simddp.program.steps.job_memory`)."""
+        return [(prog, self.static_memory()) for prog in self._by_profile]
+
     def memory(self, rank: int | None = None) -> tuple[int, dict[str, int]]:
         """(peak bytes, bytes per category at the peak) of ``rank`` in one step (None: the
         captured profile with the highest peak)."""
@@ -149,21 +157,33 @@ class FSDPProgram(Program):
         out: list[Instruction] = []
         scale = self.shard_ratio
         act = int(cap.activation_bytes)
+        chunks = _activation_chunks(act, tuple(getattr(cap, "activation_sizes", ()) or ()),
+                                    units)
         for phase in ("forward", "backward", "optimizer"):
-            marks, after = self._phase_marks(p, phase, units, resharded)
+            marks, after = self._phase_marks(p, phase, units, resharded, chunks)
             seconds = tuple(float(q[phase]["seconds"]) * (scale if phase == "optimizer" else 1.0)
                             for q in cap.profiles)
             out.append(Segment(phase, seconds, _NOISE[phase], tuple(marks)))
             out.extend(after)
-            if phase == "forward" and act:
-                out.append(Memory("activations", act, "saved for backward"))
+            if phase == "forward" and act and not units:
+                out.append(Memory("activations", act, "saved for backward",
+                                  key=("activations", 0)))
+            tmp = int(getattr(cap, "temporary_bytes", 0) or 0)
+            if phase == "forward" and tmp:  # the loss's backward, all activations still held
+                out.append(Memory("temporary", tmp, "temporaries (loss and its backward)",
+                                  key=("temporary",)))
+                out.append(Memory("temporary", -tmp, "temporaries freed", key=("temporary",)))
             if phase == "forward" and cap.recompute_bytes:
-                out.append(Memory("activations", cap.recompute_bytes, "one block recomputed"))
+                out.append(Memory("activations", cap.recompute_bytes, "one block recomputed",
+                                  key=("recomputed",)))
             if phase == "backward":
                 out.append(WaitAll("wait: reduce-scatters (end of backward)"))
-                if act or cap.recompute_bytes:
-                    out.append(Memory("activations", -act - cap.recompute_bytes,
-                                      "freed by backward"))
+                if act and not units:
+                    out.append(Memory("activations", -act, "freed by backward",
+                                      key=("activations", 0)))
+                if cap.recompute_bytes:
+                    out.append(Memory("activations", -cap.recompute_bytes,
+                                      "freed by backward", key=("recomputed",)))
         grads = sum(self._sharded_grad(b) for b in units)
         if grads:
             out.append(Memory("gradients", -grads, "zero_grad(set_to_none=True)"))
@@ -174,11 +194,13 @@ class FSDPProgram(Program):
         itemsize = _ITEMSIZE.get(self.cap.param_dtype or "fp32", 4)
         return int(unit_bytes * 4 / itemsize / self.parallel.shard)
 
-    def _phase_marks(self, p: int, phase: str, units: list[int], resharded: list[bool]
+    def _phase_marks(self, p: int, phase: str, units: list[int], resharded: list[bool],
+                     activations: list[tuple[int, ...]] | None = None
                      ) -> tuple[list[Mark], list[Instruction]]:
         return event_marks([q[phase] for q in self.cap.profiles], p, phase,
                            self.prefetch.get(phase, 0), self._bytes, units=units,
-                           resharded=resharded, sharded_grad=self._sharded_grad)
+                           resharded=resharded, sharded_grad=self._sharded_grad,
+                           activations=activations)
 
 
 def check_sharded_knobs(k: Knobs, replay: str, who: str) -> None:
@@ -207,7 +229,8 @@ def check_sharded_knobs(k: Knobs, replay: str, who: str) -> None:
 def event_marks(phases: Sequence[dict[str, Any]], p: int, phase: str, prefetch: int,
                 nbytes: Callable[[dict[str, Any]], int], *, tag: tuple = (),
                 units: list[int] | None = None, resharded: list[bool] | None = None,
-                sharded_grad: Callable[[int], int] | None = None
+                sharded_grad: Callable[[int], int] | None = None,
+                activations: list[tuple[int, ...]] | None = None
                 ) -> tuple[list[Mark], list[Instruction]]:
     """A captured phase's collectives as the marks of its :class:`Segment` (see the module
     docstring: all-gathers issued ``prefetch`` ahead and waited where captured, reduce-scatters
@@ -218,7 +241,18 @@ def event_marks(phases: Sequence[dict[str, Any]], p: int, phase: str, prefetch: 
     phase's in every collective's tag (unique per phase within an iteration). ``units`` (the
     forward's all-gather sizes), ``resharded`` (per unit: resharded after forward) and
     ``sharded_grad`` (a unit's sharded gradient bytes from its all-gather's): FSDP2's memory
-    marks; None: no memory marks. Returns the marks and what follows the segment."""
+    marks; None: no memory marks. ``activations``: per unit, the tensors autograd saves in its
+    forward (allocated as its compute ends, freed by its backward). Returns the marks and
+    what follows the segment.
+
+    Memory marks follow FSDP2's own allocations (``_fsdp_collectives.py``): an all-gather's
+    output buffer is allocated on the all-gather copy-in stream when it is issued and freed
+    when the next all-gather is issued (``comm_ctx.all_gather_state``); the unit's unsharded
+    parameters are allocated by the copy-out where the all-gather is waited for and freed at
+    reshard; a reduce-scatter's input (in the reduce dtype) is allocated on the compute stream
+    and the unsharded gradients freed after the copy-in; its output — the sharded gradient —
+    is allocated on the reduce-scatter stream; the input is held until the next
+    reduce-scatter (``comm_ctx.reduce_scatter_states``), the last until the end of backward."""
     memory = sharded_grad is not None
     units = units or []
     resharded = resharded or []
@@ -228,6 +262,13 @@ def event_marks(phases: Sequence[dict[str, Any]], p: int, phase: str, prefetch: 
               else q["events"][i]["offset"]) for q in phases)
     # FSDP's unit all-gathers (tensor parallelism's keep their captured points, as others)
     gathers = [i for i, e in enumerate(evs) if _fsdp_gather(e)]
+    # the unit each all-gather unshards: forward, in order; backward, the resharded units
+    # in reverse
+    if phase == "backward":
+        order = [u for u in range(len(units)) if u < len(resharded) and resharded[u]][::-1]
+    else:
+        order = list(range(len(units)))
+    unit_of = lambda j: order[j] if j < len(order) else ("extra", phase, j)  # noqa: E731
     d = prefetch
     items: list[tuple[tuple[float, ...], int, int, Any]] = []  # (at, order, index, do)
     tags = {}
@@ -239,20 +280,42 @@ def event_marks(phases: Sequence[dict[str, Any]], p: int, phase: str, prefetch: 
         issue_at = at(src, "wait_at") if j - d >= 0 else at(i, "offset")
         items.append((issue_at, 0, i, Issue(((c, 0.0),), kind=phase, pending=False)))
         if memory:
-            items.append((issue_at, 1, i, Memory("parameters", evs[i]["bytes"],
-                                                 "unsharded (all-gather)")))
+            b = evs[i]["bytes"]
+            if j > 0:
+                items.append((issue_at, 1, i, Memory(
+                    "communication", -evs[gathers[j - 1]]["bytes"], "all-gather output freed",
+                    stream="all_gather_copy_in", key=("ag_output", phase, *tag, j - 1))))
+            items.append((issue_at, 1, i, Memory("communication", b, "all-gather output",
+                                                 stream="all_gather_copy_in",
+                                                 key=("ag_output", phase, *tag, j))))
+            items.append((at(i, "wait_at"), 3, i, Memory(
+                "parameters", b, "unsharded (all-gather copy-out)",
+                key=("unsharded", *tag, unit_of(j)))))
         items.append((at(i, "wait_at"), 2, i, Wait(t, f"wait: all-gather {j}")))
-    # forward: a resharded unit's parameters are freed when the next unit's compute starts
     after: list[Instruction] = []
+    if memory and gathers:
+        after.append(Memory("communication", -evs[gathers[-1]]["bytes"],
+                            "all-gather output freed", stream="all_gather_copy_in",
+                            key=("ag_output", phase, *tag, len(gathers) - 1)))
+    # forward: a unit's activations are saved as its compute ends (where the next unit's
+    # compute starts), and a resharded unit's parameters are freed then
     if phase == "forward" and memory:
         for j, i in enumerate(gathers):
+            mem: list[Memory] = []
+            if activations and j < len(activations) and activations[j]:
+                mem.append(Memory("activations", sum(activations[j]), "saved for backward",
+                                  sizes=tuple(activations[j]), key=("activations", *tag, j)))
             if j < len(resharded) and resharded[j]:
-                mem = Memory("parameters", -evs[i]["bytes"], "resharded after forward")
-                if j + 1 < len(gathers):
-                    items.append((at(gathers[j + 1], "wait_at"), 3, i, mem))
-                else:
-                    after.append(mem)
+                mem.append(Memory("parameters", -evs[i]["bytes"], "resharded after forward",
+                                  key=("unsharded", *tag, unit_of(j))))
+            if j + 1 < len(gathers):
+                # before the next unit's pre-forward (its wait, copy-out and prefetch)
+                items.extend((at(gathers[j + 1], "wait_at"), -2 + n, i, m)
+                             for n, m in enumerate(mem))
+            else:
+                after.extend(mem)
     nscatter = 0
+    prev_input: tuple[Any, int] | None = None
     skip = set()
     for i, e in enumerate(evs):
         if i in tags or i in skip:
@@ -274,16 +337,32 @@ def event_marks(phases: Sequence[dict[str, Any]], p: int, phase: str, prefetch: 
             unit = len(units) - 1 - nscatter  # reduce-scatters run in reverse unit order
             nscatter += 1
             ub = units[unit] if 0 <= unit < len(units) else 0
+            mem = []
             if memory:
-                items.append((at(i, "offset"), 0, i, Memory("gradients", e["bytes"],
-                                                            "unsharded gradient")))
-            items.append((at(i, "offset"), 1, i, Issue(tuple(stages), kind=phase,
-                                                       pending=True)))
+                if prev_input is not None:
+                    mem.append(Memory("communication", -prev_input[1],
+                                      "reduce-scatter input freed",
+                                      key=("rs_input", *tag, prev_input[0])))
+                mem.append(Memory("gradients", ub or e["bytes"], "unsharded gradient",
+                                  key=("unsharded_grad", *tag, unit)))
+                mem.append(Memory("communication", e["bytes"], "reduce-scatter input",
+                                  key=("rs_input", *tag, unit)))
+                mem.append(Memory("gradients", -(ub or e["bytes"]), "copied in, freed",
+                                  key=("unsharded_grad", *tag, unit)))
+                prev_input = (unit, e["bytes"])
+            items.extend((at(i, "offset"), n, i, m) for n, m in enumerate(mem))
+            items.append((at(i, "offset"), len(mem), i, Issue(tuple(stages), kind=phase,
+                                                              pending=True)))
             if memory:
-                mem = [Memory("parameters", -ub, "resharded after backward")] if ub else []
-                mem.append(Memory("gradients", sharded_grad(ub) - e["bytes"],
-                                  "sharded gradient kept"))
-                items.extend((at(i, "offset"), 2 + n, i, m) for n, m in enumerate(mem))
+                mem = [Memory("gradients", sharded_grad(ub), "sharded gradient",
+                              stream="reduce_scatter", key=("grad", *tag, unit))]
+                if ub:
+                    mem.append(Memory("parameters", -ub, "resharded after backward",
+                                      key=("unsharded", *tag, unit)))
+                if activations and 0 <= unit < len(activations) and activations[unit]:
+                    mem.append(Memory("activations", -sum(activations[unit]),
+                                      "freed by backward", key=("activations", *tag, unit)))
+                items.extend((at(i, "offset"), 10 + n, i, m) for n, m in enumerate(mem))
         elif e["wait_at"] is not None:
             items.append((at(i, "offset"), 0, i, Issue(((c, 0.0),), kind=phase,
                                                        pending=False)))
@@ -291,8 +370,40 @@ def event_marks(phases: Sequence[dict[str, Any]], p: int, phase: str, prefetch: 
         else:
             items.append((at(i, "offset"), 0, i, Issue(((c, 0.0),), kind=phase,
                                                        pending=True)))
+    if memory and prev_input is not None:  # the root's post-backward frees the last input
+        after.append(Memory("communication", -prev_input[1], "reduce-scatter input freed",
+                            key=("rs_input", *tag, prev_input[0])))
     items.sort(key=lambda x: (x[0][p], x[1], x[2]))
     return [Mark(a, do) for a, _, _, do in items], after
+
+
+def _activation_chunks(total: int, sizes: tuple[int, ...], weights: Sequence[int]
+                       ) -> list[tuple[int, ...]]:
+    """``total`` saved bytes split over the units in forward order, in proportion to
+    ``weights`` (each unit's parameter bytes: a unit's activations grow with its matmuls): the
+    captured tensors (``sizes``, in the order autograd saved them) in consecutive runs, else
+    one share each."""
+    n, w = len(weights), sum(weights)
+    if n == 0 or total <= 0 or w <= 0:
+        return []
+    bounds, acc = [], 0
+    for x in weights:
+        acc += x
+        bounds.append(total * acc / w)
+    if not sizes or sum(sizes) != total:
+        out, prev = [], 0
+        for b in bounds:
+            out.append((int(round(b)) - prev,))
+            prev = int(round(b))
+        return out
+    runs: list[list[int]] = [[] for _ in range(n)]
+    done, j = 0, 0
+    for x in sizes:
+        while j < n - 1 and done + x / 2 > bounds[j]:
+            j += 1
+        runs[j].append(x)
+        done += x
+    return [tuple(r) for r in runs]
 
 
 def plan_fsdp(cap: CapturedStep, checked: CheckedKnobs) -> FSDPProgram:

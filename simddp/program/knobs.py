@@ -36,6 +36,9 @@ class Knobs:
     Every parallelism: ``rank_speed`` (rank → speed factor), ``jitter`` (relative standard
     deviation of compute and network times), ``seed``, ``iterations``, ``gpu_memory_gb``
     (device memory for the OOM verdict; None: no verdict).
+    Memory: ``expandable_segments`` (torch's caching allocator with
+    ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, as torchtitan runs; False: its
+    default segments; :mod:`simddp.models.allocator`).
     Cost mechanisms (docs/costs.md): ``overlap`` (False: DDP's
     all_reduces after backward), the host (:mod:`simddp.models.host`: ``host_per_sample_us``,
     ``loader_workers``, ``host_cores``, ``ranks_per_host``, ``rank_threads``,
@@ -92,6 +95,7 @@ class Knobs:
     compile: bool = False
     float8: bool = False
     async_tp: bool = False
+    expandable_segments: bool = True  # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 
     @classmethod
     def of(cls, **kw: Any) -> Knobs:
@@ -268,7 +272,7 @@ class CheckedKnobs:
         names = ("overlap", "host_per_sample_us", "loader_workers", "host_cores",
                  "ranks_per_host", "rank_threads", "samples_per_rank", "sync_points", "sync_us",
                  "metric_allreduces", "protocol_latency", "gpu_contention", "compile", "float8",
-                 "async_tp")
+                 "async_tp", "expandable_segments")
         return {n: getattr(k, n) for n in names if getattr(k, n) != getattr(default, n)}
 
 

@@ -148,10 +148,11 @@ class Parallel:
         return math.prod(v for v in sizes.values() if v is not None)
 
     def parallelisms(self) -> list[Parallelism]:
-        """The registered parallelisms this layout runs: the data flavour (when named or
-        larger than 1) and every other named dimension larger than 1."""
+        """The registered parallelisms this layout runs: the data flavour (when larger than 1,
+        or an FSDP2 flavour named) and every other dimension larger than 1."""
         out = []
-        if self.flavour in self.named or self.replicate * self.shard > 1:
+        # DDP over one replica is no DDP; an FSDP2 flavour named at size 1 still wraps
+        if self.data_size > 1 or (self.flavour in self.named and self.data != "ddp"):
             out.append(REGISTRY[self.flavour])
         for dim in ("pp", "cp", "tp"):
             if getattr(self, dim) > 1:

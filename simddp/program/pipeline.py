@@ -162,6 +162,11 @@ class PipelineProgram(Program):
                 "optimizer": sum(int(st["optimizer_state_bytes"] * self.shard_ratio)
                                  for st in mine)}
 
+    def memory_programs(self) -> list[tuple[Sequence[Instruction], dict[str, int]]]:
+        """Each pipeline rank's step and its memory before the step (for
+        :func:`~simddp.program.steps.job_memory`)."""
+        return [(self._by_coord[c], self.static_memory(c)) for c in range(self.cap.pp)]
+
     def memory(self, rank: int | None = None) -> tuple[int, dict[str, int]]:
         """(peak bytes, bytes per category at the peak) of ``rank`` in one step; None: the
         pipeline rank with the highest peak."""
@@ -288,6 +293,8 @@ class PipelineProgram(Program):
         ops = self.ops[coord]
         waits: dict[int, list[Wait]] = {}  # per stage: its unshard's all-gathers to wait for
         held: dict[int, int] = {}  # per stage: unsharded parameter bytes held
+        grads: dict[int, int] = {}  # per stage: unsharded gradient bytes held
+        kept: list[int] = []  # sharded gradients, until the next step's zero_grad
         unsharded = {op.stage for op in ops if op.kind == "unshard"}
         for j, op in enumerate(ops):
             compute = op if op.kind in _NOISE else (
@@ -316,6 +323,15 @@ class PipelineProgram(Program):
                     if gathered:
                         out.append(Memory("parameters", gathered, f"unsharded in {kind}"))
                         held[op.stage] = held.get(op.stage, 0) + gathered
+                if op.kind in ("B", "W") and op.stage not in grads:
+                    # the stage's first weight gradients: autograd allocates them (the
+                    # unsharded parameters' dtype) and accumulates into them until
+                    # REDUCE_GRAD (or the step's end)
+                    g = self._unsharded_grad_bytes(op.stage, held.get(op.stage, 0))
+                    grads[op.stage] = g
+                    if g:
+                        out.append(Memory("gradients", g, f"unsharded gradients stage "
+                                          f"{op.stage}", key=("ugrad", op.stage)))
                 if rec:
                     out.append(Memory("activations", -rec, f"recomputed in {op.kind}{op.mb}"))
                 if act and op.kind == "F":
@@ -333,6 +349,7 @@ class PipelineProgram(Program):
                     out.append(Memory("parameters", -freed, f"reshard stage {op.stage}"))
             elif op.kind == "reduce_grad":
                 prof = cap.stages[op.stage].get("reduce_grad")
+                out += self._reduce_grad_memory(op.stage, prof, grads, kept)
                 if prof is not None:
                     marks, after = event_marks([prof], 0, "backward", 0, self._bytes,
                                                tag=("R", op.stage))
@@ -342,6 +359,8 @@ class PipelineProgram(Program):
             else:
                 out.append(self._p2p(op))
         out.append(WaitAll("wait: in-stage collectives (end of backward)"))
+        for s in sorted(grads):  # single-stage schedules: reduced at the step's end
+            out += self._reduce_grad_memory(s, cap.stages[s].get("reduce_grad"), grads, kept)
         for s, freed in held.items():  # single-stage schedules: resharded after the step
             if freed:
                 out.append(Memory("parameters", -freed, f"reshard stage {s}"))
@@ -354,7 +373,44 @@ class PipelineProgram(Program):
                                        tag=("O", st["stage"]))
             out.append(Segment("optimizer", (seconds,), 3, tuple(marks)))
             out += after
+        if kept:
+            out.append(Memory("gradients", -sum(kept), "zero_grad(set_to_none=True)"))
         return tuple(out)
+
+    def _unsharded_grad_bytes(self, stage: int, gathered: int) -> int:
+        """A stage's gradients before FSDP2 reduces them: its unsharded parameters' bytes
+        (what FSDP2 all-gathered, in the parameters' dtype), else (no FSDP) the TP rank's
+        parameters."""
+        if gathered:
+            return int(gathered)
+        st = self.cap.stages[stage]
+        return int(st["param_bytes"]) // max(1, self.parallel.tp * self.parallel.shard)
+
+    def _reduce_grad_memory(self, stage: int, prof: dict[str, Any] | None,
+                            grads: dict[int, int], kept: list[int]) -> list[Instruction]:
+        """FSDP2's ``perform_reduce_grad`` for a stage (``_fsdp_collectives.foreach_reduce``):
+        the reduce-scatter input (the reduce dtype) is allocated and the unsharded gradients
+        freed after the copy-in; the sharded gradient (its output) is kept until zero_grad and
+        the input freed when the reduce-scatter is done. Without FSDP the gradients stay."""
+        g = grads.pop(stage, 0)
+        if not g:
+            return []
+        rs = sum(int(e["bytes"]) for e in (prof or {}).get("events", [])
+                 if e["op"] in ("reduce_scatter_tensor", "reduce_scatter",
+                                "_reduce_scatter_base"))
+        if not rs:
+            kept.append(g)  # no sharding: the gradients are the optimizer's
+            return []
+        sharded = int(rs / max(1, self.parallel.shard))  # the input is the unsharded size
+        kept.append(sharded)
+        return [Memory("communication", rs, f"reduce-scatter input stage {stage}",
+                       key=("rs_input", stage)),
+                Memory("gradients", -g, f"unsharded gradients stage {stage} copied in",
+                       key=("ugrad", stage)),
+                Memory("gradients", sharded, f"sharded gradients stage {stage}",
+                       stream="reduce_scatter", key=("grad", stage)),
+                Memory("communication", -rs, f"reduce-scatter input stage {stage} freed",
+                       key=("rs_input", stage))]
 
 
 def _gathered(prof: dict[str, Any] | None) -> int:

@@ -245,11 +245,21 @@ BUILTIN: tuple[Parallelism, ...] = (
     Parallelism("pp", "pp", "pipeline parallelism (torch.distributed.pipelining), outermost "
                 "mesh dimension", capture=_PP_CAPTURE, captured=_CAP + "CapturedPipeline",
                 planner="simddp.program.pipeline:plan_pipeline", owner_rank=30,
-                composes_with=_FSDP_LIKE | {"tp", "cp"}),
-    Parallelism("cp", "cp", "context parallelism (torch's context_parallel ring attention), "
-                "between shard and tp", owner_rank=20, composes_with=_FSDP_LIKE | {"tp", "pp"},
-                reserved="context parallelism (cp:N) is reserved: its capture and planner are "
-                         "not registered yet"),
+                composes_with=_FSDP_LIKE | {"tp"}),
+    Parallelism("cp", "cp", "context parallelism (torch's ring attention, causal load "
+                "balancing), between shard and tp; with fsdp, hsdp or dp (FSDP2 over shard × "
+                "cp)", runs="torch's _ContextParallel plan and templated ring attention, "
+                "rotate method allgather (torchtitan's default); FSDP2 over the data-parallel "
+                "and CP ranks together (torchtitan's dp_shard_cp)",
+                capture="simddp.cosim.context_parallel:capture_request",
+                captured="simddp.program.context:CapturedCP",
+                planner="simddp.program.context:plan_cp", owner_rank=20,
+                composes_with=_FSDP_LIKE | {"tp"},
+                refusals={"ddp": "context parallelism is replayed with FSDP2 sharding over "
+                                 "the data-parallel and CP ranks together (cp:N,fsdp or "
+                                 "cp:N,hsdp:S, torchtitan's composition), not with DDP",
+                          "pp": "context parallelism inside pipeline stages is not captured "
+                                "yet: cp:N composes with fsdp, hsdp, dp and tp"}),
 )
 for _p in BUILTIN:
     register(_p)

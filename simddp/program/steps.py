@@ -14,7 +14,10 @@ it on a world of any size. The program is a list of instructions per rank and it
   j + 1 is issued when stage j's callback ends: PowerSGD);
 * :class:`Wait` (one collective, by tag) and :class:`WaitAll` (everything issued with
   ``pending=True`` since the last WaitAll);
-* :class:`Memory` — bytes allocated (+) or freed (−) in a category; not timed;
+* :class:`Memory` — bytes allocated (+) or freed (−) in a category, as the tensors
+  (``sizes``) torch allocates on a CUDA stream; not timed. :func:`peak_memory` sums them in
+  program order; :func:`allocator_memory` replays them through the caching allocator
+  (:mod:`simddp.models.allocator`) for what torch would report as allocated and reserved;
 * :class:`Pace` — the iteration lasts at least so long (a producer it waits for: the data
   loader), shown as host time.
 
@@ -26,12 +29,15 @@ for that slot. Collectives run on the rank's communicator of their ``scope`` (a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Protocol, Sequence, Union
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Iterator, Protocol, Sequence, Union
+
+from ..models.allocator import AllocatorStats, CachingAllocator
 
 __all__ = ["Seconds", "Draw", "Collective", "Compute", "Segment", "Mark", "Issue", "Wait",
            "WaitAll", "Memory", "Pace", "Instruction", "StepProgram", "MEMORY_CATEGORIES",
-           "peak_memory"]
+           "peak_memory", "MemoryReport", "allocator_memory", "memory_events", "JobMemory",
+           "job_memory"]
 
 Seconds = tuple[float, ...]  # per captured profile
 
@@ -129,11 +135,22 @@ class WaitAll:
 
 @dataclass(frozen=True)
 class Memory:
-    """``nbytes`` allocated (> 0) or freed (< 0) in ``category`` (:data:`MEMORY_CATEGORIES`)."""
+    """``nbytes`` allocated (> 0) or freed (< 0) in ``category`` (:data:`MEMORY_CATEGORIES`).
+
+    For the caching allocator (:func:`allocator_memory`): ``sizes`` are the separate tensors an
+    allocation is made of, in order (their sum is ``nbytes``; empty: one tensor of ``nbytes``);
+    ``stream`` the CUDA stream they are allocated on (the allocator's pools are per stream:
+    FSDP2 allocates its all-gather outputs on its all-gather stream); ``key`` names the
+    allocation, and a free with the same key releases exactly its tensors (without a key a
+    free releases the category's latest allocations, newest first, and keeps any excess as a
+    new tensor)."""
 
     category: str
     nbytes: int
     label: str = ""
+    sizes: tuple[int, ...] = ()
+    stream: str = "compute"
+    key: Hashable = None
 
 
 @dataclass(frozen=True)
@@ -214,8 +231,8 @@ def peak_memory(instructions: Sequence[Instruction], start: dict[str, int] | Non
                 ) -> tuple[int, dict[str, int], dict[str, int]]:
     """Walk ``instructions`` (segments' marks included) in program order from ``start`` bytes
     per category: (peak total bytes, bytes per category at the peak, bytes per category at
-    the end). Frees take effect where they stand: the caching allocator's reuse and
-    fragmentation are not modelled."""
+    the end). Frees take effect where they stand, bytes unrounded: what torch's caching
+    allocator makes of them is :func:`allocator_memory`'s."""
     now = dict(start or {})
     total = sum(now.values())
     peak, at_peak = total, dict(now)
@@ -235,3 +252,212 @@ def peak_memory(instructions: Sequence[Instruction], start: dict[str, int] | Non
                 if isinstance(mk.do, Memory):
                     apply(mk.do)
     return peak, at_peak, now
+
+
+def memory_events(instructions: Sequence[Instruction]) -> Iterator[Memory]:
+    """The :class:`Memory` instructions of ``instructions`` in program order (segments' marks
+    included)."""
+    for ins in instructions:
+        if isinstance(ins, Memory):
+            yield ins
+        elif isinstance(ins, Segment):
+            for mk in ins.marks:
+                if isinstance(mk.do, Memory):
+                    yield mk.do
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """A rank's memory in a step as torch's caching allocator would see it (bytes).
+
+    ``allocated_peak`` / ``reserved_peak``: ``torch.cuda.max_memory_allocated`` /
+    ``max_memory_reserved`` over the replayed steps; ``by_category``: each category's bytes
+    at the program-order peak (unrounded); ``fragmentation``: the share of the reserved peak
+    not allocated there; ``ooms``: allocations that failed even after the allocator released
+    its cache (torch raises at the first), against ``limit_bytes``."""
+
+    allocated_peak: int
+    reserved_peak: int
+    by_category: dict[str, int]
+    fragmentation: float
+    ooms: int
+    stats: AllocatorStats = field(repr=False, compare=False, default=None)  # type: ignore
+
+
+def allocator_memory(instructions: Sequence[Instruction], start: dict[str, int] | None = None,
+                     *, start_sizes: dict[str, Sequence[int]] | None = None,
+                     lazy: Sequence[str] = ("optimizer",), iterations: int = 2,
+                     expandable_segments: bool = True, limit_bytes: int | None = None,
+                     extra: Sequence[Memory] = ()) -> MemoryReport:
+    """Replay a rank's step ``iterations`` times through the caching allocator model
+    (:class:`~simddp.models.allocator.CachingAllocator`) and report torch's peaks.
+
+    ``start``: bytes per category held before the step (``start_sizes``: as which tensors;
+    default one tensor per category). Categories in ``lazy`` (the optimizer's state: Adam
+    creates it in the first ``step()``) are allocated before the first iteration's optimizer
+    compute instead, into whatever the first backward left cached — as a real run does.
+    ``extra``: allocations held throughout, made first (buffers outside the program's
+    categories). Deterministic: the same program gives the same segments."""
+    alloc = CachingAllocator(expandable_segments=expandable_segments, limit_bytes=limit_bytes)
+    live: dict[str, list[tuple[Hashable, list[int]]]] = {}  # category -> allocations, in order
+    alloc_sizes: dict[int, int] = {}  # handle -> bytes asked for
+    by_key: dict[Hashable, tuple[str, list[int]]] = {}
+    serial = [0]
+
+    def allocate(m: Memory, sizes: Sequence[int]) -> None:
+        handles = []
+        for n in sizes:
+            if n > 0:
+                handles.append(alloc.malloc(int(n), m.stream))
+                alloc_sizes[handles[-1]] = int(n)
+        key = m.key if m.key is not None else ("anon", serial[0])
+        serial[0] += 1
+        if key in by_key:  # the same key again (the next iteration): a new allocation
+            release(key)
+        by_key[key] = (m.category, handles)
+        live.setdefault(m.category, []).append((key, handles))
+
+    def release(key: Hashable) -> int:
+        cat, handles = by_key.pop(key)
+        for h in handles:
+            alloc.free(h)
+        lst = live[cat]
+        for i, (k, _) in enumerate(lst):
+            if k == key:
+                del lst[i]
+                break
+        return sum(alloc_sizes.pop(h) for h in handles)
+
+
+    def apply(m: Memory) -> None:
+        if m.nbytes > 0:
+            sizes = m.sizes or (m.nbytes,)
+            allocate(m, sizes)
+        elif m.nbytes < 0:
+            if m.key is not None and m.key in by_key:
+                freed = release(m.key)
+                excess = freed + m.nbytes
+            else:  # the category's newest allocations, until as many bytes are freed
+                want, freed = -m.nbytes, 0
+                lst = live.get(m.category, [])
+                exact = [k for k, hs in lst if sum(alloc_sizes[h] for h in hs) == want]
+                if exact:
+                    freed = release(exact[-1])
+                while freed < want and lst:
+                    freed += release(lst[-1][0])
+                excess = freed - want
+            if excess > 0:
+                allocate(Memory(m.category, excess, m.label, stream=m.stream), (excess,))
+
+    for m in extra:
+        apply(m)
+    sizes = dict(start_sizes or {})
+    for cat, nbytes in (start or {}).items():
+        if cat in lazy or nbytes <= 0:
+            continue
+        apply(Memory(cat, nbytes, "held before the step", tuple(sizes.get(cat, ()))))
+    pending = [Memory(c, n, "created by the first optimizer step", tuple(sizes.get(c, ())))
+               for c, n in (start or {}).items() if c in lazy and n > 0]
+    for it in range(max(1, iterations)):
+        for ins in instructions:
+            if pending and getattr(ins, "kind", None) == "optimizer" and \
+                    isinstance(ins, (Compute, Segment)):
+                for m in pending:
+                    apply(m)
+                pending = []
+            if isinstance(ins, Memory):
+                apply(ins)
+            elif isinstance(ins, Segment):
+                for mk in ins.marks:
+                    if isinstance(mk.do, Memory):
+                        apply(mk.do)
+        for m in pending:
+            apply(m)
+        pending = []
+    _, at_peak, _ = peak_memory(instructions, start)
+    st = alloc.stats()
+    return MemoryReport(st.max_allocated, st.max_reserved, at_peak, st.fragmentation, st.ooms,
+                        st)
+
+
+@dataclass(frozen=True)
+class JobMemory:
+    """The job's memory per rank in a step (bytes; see docs/fsdp-and-memory.md).
+    ``reserved_peak`` / ``allocated_peak``: torch's ``max_memory_reserved`` /
+    ``max_memory_allocated`` (the caching allocator model), each the largest over ranks;
+    ``by_category``: at the program-order peak of the rank with the largest reserved peak;
+    ``outside``: what the process holds outside
+    torch's allocator (the CUDA context, NCCL's buffers); ``allocatable``: the card's memory
+    less ``outside`` (None: no card given); ``ooms``: allocations the allocator could not
+    serve within ``allocatable`` even after releasing its cache, over all ranks; ``margin``:
+    the smallest over ranks of its allocatable memory less its reserved peak (negative: it
+    does not fit)."""
+
+    reserved_peak: int
+    allocated_peak: int
+    by_category: dict[str, int]
+    fragmentation: float
+    outside: dict[str, int]
+    allocatable: int | None
+    ooms: int | None
+    margin: int | None
+
+
+def _communicators(instructions: Sequence[Instruction]) -> tuple[int, int]:
+    """(collective communicators, pipeline peers) a rank's step uses: the distinct scopes of
+    its collectives, p2p sends/receives apart (a peer per direction)."""
+    coll, p2p = set(), set()
+    for ins in instructions:
+        issues = [mk.do for mk in ins.marks] if isinstance(ins, Segment) else [ins]
+        for x in issues:
+            if isinstance(x, Issue):
+                for c, _ in x.stages:
+                    (p2p if c.op in ("send", "recv") else coll).add(c.scope)
+    return len(coll), len({s.replace("send_", "").replace("recv_", "") for s in p2p})
+
+
+def job_memory(program: Any, *, gpu_memory_bytes: int | None = None,
+               expandable_segments: bool = True) -> JobMemory:
+    """The job's memory per rank for ``program`` (a planner's step program): each distinct
+    rank's step (``program.memory_programs()``: (instructions, bytes per category before the
+    step) pairs; a planner without it gives its program-order ``memory()``) replayed twice through the caching allocator (:func:`allocator_memory`), the
+    largest reserved peak kept; plus the CUDA context and NCCL's buffers
+    (:mod:`simddp.models.allocator`), which lower what the allocator may take of
+    ``gpu_memory_bytes``."""
+    from ..models.allocator import CUDA_CONTEXT_BYTES, nccl_buffer_bytes
+    pairs = program.memory_programs()
+    if pairs is None:  # a planner without per-rank memory programs:
+        peak, at_peak = program.memory()  # its program-order peak, nothing outside
+        return JobMemory(peak, peak, at_peak, 0.0, {}, gpu_memory_bytes,
+                         None if gpu_memory_bytes is None else int(peak > gpu_memory_bytes),
+                         None if gpu_memory_bytes is None else gpu_memory_bytes - peak)
+    best: MemoryReport | None = None  # the largest reserved peak over ranks
+    outside_max: dict[str, int] = {}
+    ooms, margin, allocated = 0, None, 0
+    for instructions, start in pairs:
+        ncoll, npeers = _communicators(instructions)
+        outside = {"cuda_context": CUDA_CONTEXT_BYTES,
+                   "nccl_buffers": nccl_buffer_bytes(ncoll, npeers)}
+        limit = None if gpu_memory_bytes is None else \
+            max(0, gpu_memory_bytes - sum(outside.values()))
+        rep = allocator_memory(instructions, start, expandable_segments=expandable_segments,
+                               limit_bytes=limit)
+        if rep.ooms:  # the peak it would have needed: the same step without a limit
+            free = allocator_memory(instructions, start,
+                                    expandable_segments=expandable_segments)
+            rep = MemoryReport(free.allocated_peak, free.reserved_peak, free.by_category,
+                               free.fragmentation, rep.ooms, free.stats)
+        ooms += rep.ooms
+        if limit is not None:  # the rank closest to running out decides the margin
+            m = gpu_memory_bytes - sum(outside.values()) - rep.reserved_peak
+            margin = m if margin is None else min(margin, m)
+        if best is None or (rep.reserved_peak, rep.allocated_peak) > \
+                (best.reserved_peak, best.allocated_peak):
+            best, outside_max = rep, outside
+        allocated = max(allocated, rep.allocated_peak)
+    assert best is not None, "a step program has at least one rank"
+    allocatable = None if gpu_memory_bytes is None else \
+        gpu_memory_bytes - sum(outside_max.values())
+    return JobMemory(best.reserved_peak, allocated, best.by_category,
+                     best.fragmentation, outside_max, allocatable,
+                     None if gpu_memory_bytes is None else ooms, margin)

@@ -28,6 +28,7 @@ from ..analysis import PerRank, ReplayResult
 from ..models import Network, NetworkModel
 from ..program import Knobs, plan
 from ..program.captured import CapturedIteration
+from ..program.steps import job_memory
 from .progress import progress_display
 from .simpy_engine import _Replay
 from .vector_engine import DrawOrderUnsettled, VectorReplay, unsupported
@@ -88,15 +89,19 @@ def replay(captured: Any, world_size: int | None = None, *,
     net = _network(network, cap)
     checked = k.checked(world, net)
     program = plan(cap, checked)
-    peak, by_category = program.memory()
     limit = None if k.gpu_memory_gb is None else int(k.gpu_memory_gb * 1e9)
+    mem = job_memory(program, gpu_memory_bytes=limit,
+                     expandable_segments=k.expandable_segments)
     # a knob the planner resolved from the capture (a pipeline's schedule) shows its value
     resolved = program.knob_values()
     buckets, bucket_bytes = program.communication_buckets()
     result = dict(world_size=world, iterations=program.iterations,
                   knobs={**checked.describe(), **resolved},
                   buckets=buckets, bucket_bytes=bucket_bytes,
-                  peak_memory_bytes=peak, memory=by_category, memory_limit_bytes=limit,
+                  peak_memory_bytes=mem.reserved_peak, memory=mem.by_category,
+                  memory_limit_bytes=limit, peak_memory_allocated_bytes=mem.allocated_peak,
+                  memory_outside_bytes=mem.outside, memory_ooms=mem.ooms,
+                  memory_fragmentation=mem.fragmentation, memory_margin=mem.margin,
                   parallel=None if program.parallel is None else str(program.parallel))
     why = unsupported(program, checked)
     if engine == "vector" and why is not None:

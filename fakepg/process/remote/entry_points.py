@@ -12,6 +12,7 @@ import contextlib
 import datetime
 import functools
 import sys
+import threading
 import time
 from typing import Any, Callable
 from unittest import mock
@@ -27,6 +28,7 @@ from ...fidelity.originals import (TORCH_GET_BACKEND, TORCH_INIT_PROCESS_GROUP, 
                                    TORCH_NEW_GROUP_HELPER)
 from ...fidelity.patches import monitored_barrier_arguments, world_group
 from ...fidelity.store import native_store_guard
+from . import waits
 from ...world.python_group import BACKEND_NAME, marking_join_shadow
 from .. import mp_spawn
 from ..mp_spawn import StartWorld
@@ -93,6 +95,8 @@ def _pg_helper(group_size, group_rank, global_ranks_in_group, backend, *args, **
 def _get_backend(group=None):
     name = TORCH_GET_BACKEND(group)
     pg = c10d._get_default_group() if group is None else group
+    if str(name) not in backends.PERSONALITIES and str(name) != BACKEND_NAME:
+        return name  # a backend the program registered (its creator may build a gloo group)
     return dist.Backend(pg.personality.name) if isinstance(pg, RemoteProcessGroup) else name
 
 
@@ -120,7 +124,9 @@ _REAL_SLEEP = time.sleep
 
 
 def _sleep(seconds: float) -> None:
-    if not _rank.in_rank_process():  # a process the rank forked: no rank, a real sleep
+    if not _rank.in_rank_process() or threading.get_ident() != getattr(_rank.me(), "thread_ident", None):
+        # a process the rank forked, or a thread the rank started: not the rank, whose
+        # channel only its own thread may use; a real sleep
         return _REAL_SLEEP(seconds)
     seconds = float(seconds)
     if seconds < 0:
@@ -175,6 +181,7 @@ def install(rank: int, nprocs: int, channel: Channel, seed: int,
     for name in ("wait_all", "collect_all"):
         patch(torch.futures, name, _settling(getattr(torch.futures, name)))
     patch(time, "sleep", _sleep)
+    waits.install(patch)  # Python's own waits on the rank's thread let the other ranks run
     stack.enter_context(native_store_guard(_rank.in_rank_process))
     mp_spawn.patch(stack, "process", start_world)
     patch(torch, "set_num_threads", _set_num_threads)

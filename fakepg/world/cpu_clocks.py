@@ -1,0 +1,118 @@
+"""CPU clocks of rank threads, read only while the thread is known to be alive.
+
+``pthread_getcpuclockid(thread.ident)`` on a thread that has ended reads glibc's freed thread
+descriptor: once glibc gives that stack back to the kernel the read is a SIGSEGV that takes
+the whole process down (it did, every few dozen worlds, under torch's test_c10d_gloo.py).
+So no clock here is read through a thread descriptor, and none after its thread ended:
+
+- each rank thread registers its kernel thread id itself, when it starts, and retires it
+  itself, before it ends, under the same lock every read holds: a registered thread cannot
+  end between the check and the read;
+- the read is a bare ``clock_gettime`` on Linux's clock id for that kernel thread id (a
+  syscall that fails with EINVAL for a thread that is gone; it never touches user memory);
+- at retirement the thread adds its own CPU time to ``retired``, so that the ranks' total
+  does not drop when one leaves (which would look like another thread burning CPU).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Callable
+
+# Linux's clock id of a thread's CPU clock (MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)).
+_PERTHREAD_SCHED = 4 | 2
+
+
+def _thread_clock_id(tid: int) -> int:
+    return (~tid << 3) | _PERTHREAD_SCHED
+
+
+class ThreadClocks:
+    """The CPU clocks of a world's live rank threads (one per rank key)."""
+
+    def __init__(self) -> None:
+        self._mu = threading.Lock()
+        self._tids: dict[int, int] = {}  # rank -> kernel thread id, while the thread is alive
+        self._custom: dict[int, Callable[[], float]] = {}  # rank -> a clock it named itself
+        self._pids: dict[int, int] = {}  # rank -> the process that does its work (process mode)
+        self.retired = 0.0  # CPU seconds of rank threads that have retired
+
+    def register(self, rank: int, clock: Callable[[], float] | None = None,
+                 pid: int | None = None) -> None:
+        """Called on the rank's own thread as it starts (``clock``: read instead of the
+        thread's own, e.g. a process-mode proxy reports its child process's CPU time; ``pid``:
+        the process whose threads' states say whether the rank works)."""
+        with self._mu:
+            self._tids[rank] = threading.get_native_id()
+            if clock is not None:
+                self._custom[rank] = clock
+            if pid is not None:
+                self._pids[rank] = pid
+
+    def retire(self, rank: int) -> None:
+        """Called on the rank's own thread before it ends: no read of its clock after this."""
+        with self._mu:
+            if self._tids.pop(rank, None) is not None:
+                self.retired += time.thread_time()
+            self._custom.pop(rank, None)
+            self._pids.pop(rank, None)
+
+    def read(self, rank: int) -> float | None:
+        """The CPU seconds rank ``rank`` used (its own clock if it named one); None when its
+        thread is not (or no longer) registered."""
+        with self._mu:
+            custom = self._custom.get(rank)
+            if custom is not None:
+                return custom()
+            tid = self._tids.get(rank)
+            if tid is None:
+                return None
+            try:
+                return time.clock_gettime(_thread_clock_id(tid))
+            except OSError:
+                return None
+
+    def total(self) -> float:
+        """CPU seconds used by the rank threads, live and retired (their own threads' CPU
+        time, never a clock a rank named: this is what counts against the process's)."""
+        with self._mu:
+            total = self.retired
+            for tid in self._tids.values():
+                try:
+                    total += time.clock_gettime(_thread_clock_id(tid))
+                except OSError:
+                    pass
+            return total
+
+    def asleep(self, rank: int) -> bool:
+        """Whether the kernel has the rank's thread (in process mode: every thread of its
+        process) asleep in a wait (Linux state S). A thread that is runnable but starved of a
+        core (R) -- as a rank process is on a loaded machine -- or in disk I/O such as a cold
+        import (D) burns no CPU either, yet works. Where the state cannot be read: True (CPU
+        time decides)."""
+        with self._mu:
+            pid = self._pids.get(rank)
+            tid = self._tids.get(rank)
+        if pid is None and tid is None:
+            return True
+        paths = ([f"/proc/self/task/{tid}/stat"] if pid is None else
+                 [f"/proc/{pid}/task/{t}/stat" for t in _tasks(pid)])
+        for path in paths:
+            try:
+                with open(path, "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            state = stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3]
+            if state != b"S":
+                return False
+        return True
+
+
+def _tasks(pid: int) -> list[str]:
+    try:
+        return os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
