@@ -182,12 +182,12 @@ def largest_bucket_bytes(model: Any, bucket_cap_mb: float | None = None) -> int:
     then the cap), over the parameters in reverse registration order (DDP's approximation of
     the order gradients become ready). A parameter larger than the cap is a bucket of its own
     (VGG-16's 411 MB classifier weight). Works on the meta device (shapes only)."""
-    import torch.distributed as dist
+    from .compat import compute_bucket_assignment_by_size, default_first_bucket_bytes
 
     params = [p for p in model.parameters() if p.requires_grad][::-1]
     cap = int((25 if bucket_cap_mb is None else bucket_cap_mb) * 1024 * 1024)
-    buckets, _ = dist._compute_bucket_assignment_by_size(
-        params, [min(dist._DEFAULT_FIRST_BUCKET_BYTES, cap), cap], [False] * len(params))
+    buckets, _ = compute_bucket_assignment_by_size(
+        params, [min(default_first_bucket_bytes(), cap), cap], [False] * len(params))
     return max(sum(params[i].numel() * params[i].element_size() for i in b) for b in buckets)
 
 

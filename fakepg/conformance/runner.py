@@ -15,8 +15,8 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
+from ..torch_private import get_default_group
 from ..arguments import integer
 from ..world.isolation import ProcessState
 from ..launch.spawn import spawn
@@ -281,7 +281,7 @@ def _multiprocess_rank(rank: int, world_size: int, backend: str, scenarios: list
         store = dist.FileStore(store_path, world_size)
         dist.init_process_group(backend=RECORDING_BACKENDS[backend], store=store, rank=rank,
                                 world_size=world_size, timeout=datetime.timedelta(seconds=timeout))
-        inner = c10d._get_default_group()._inner
+        inner = get_default_group()._inner
         sync = torch.zeros(1, device=dev if backend == "nccl" else "cpu")
         for sc, train in zip(scenarios, trains):
             inner.allreduce([sync]).wait()  # unrecorded: scenarios start together

@@ -25,8 +25,8 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any
 
-import torch
 
+from ..torch_private import current_autograd_node, queue_callback
 from ..errors import FakePGError
 from ..world.checks import Checker, callback_running
 
@@ -123,9 +123,9 @@ class GlooHazards(Checker):
             me.roots[id(call)] = here
             if len(me.from_program) > _MAX_UNWAITED:  # works never waited: bound the cost
                 del me.from_program[0]
-        if not me.in_backward and torch._C._current_autograd_node() is not None:
+        if not me.in_backward and current_autograd_node() is not None:
             me.in_backward = True  # the Reducer waits for its hooks' futures as backward ends
-            torch.autograd.Variable._execution_engine.queue_callback(
+            queue_callback(
                 lambda: self._forget(call.rank))
 
     def waited(self, call: "Call") -> None:

@@ -11,9 +11,11 @@ import datetime
 
 import torch.distributed.distributed_c10d as c10d
 
+from ..torch_private import new_process_group_helper
+
 TORCH_INIT_PROCESS_GROUP = c10d.init_process_group
 TORCH_MONITORED_BARRIER = c10d.monitored_barrier
-TORCH_NEW_GROUP_HELPER = c10d._new_process_group_helper
+TORCH_NEW_GROUP_HELPER = new_process_group_helper
 TORCH_GET_BACKEND = c10d.get_backend
 PG_TIMEOUT = datetime.timedelta(minutes=30)  # c10d's default for gloo
 

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from ..torch_private import check_valid_timeout, get_default_group, rank_not_in_group, warn_not_in_group
 from ..errors import FakePGError, RankOsExit
 from . import backends, ddp_checks, foreign_backends
 from ..world.binding import current_cluster
@@ -159,7 +160,7 @@ def _fake_init_process_group(nprocs: int) -> Callable[..., Any]:
             cluster.backend = asked
         if c10d.is_initialized():
             # spawn initialised the world: the program's own first call maps onto it
-            default = c10d._get_default_group()
+            default = get_default_group()
             if cluster.initialised_by_program.get(me) is default:
                 raise ValueError("trying to initialize the default process group twice!")
             cluster.initialised_by_program[me] = default
@@ -167,7 +168,7 @@ def _fake_init_process_group(nprocs: int) -> Callable[..., Any]:
         TORCH_INIT_PROCESS_GROUP(backend=BACKEND_NAME, rank=me, world_size=nprocs,
                                  store=world_store(timeout or PG_TIMEOUT),
                                  timeout=timeout or PG_TIMEOUT)
-        cluster.initialised_by_program[me] = c10d._get_default_group()
+        cluster.initialised_by_program[me] = get_default_group()
         return None
 
     return init_process_group
@@ -179,7 +180,7 @@ def _init_foreign(cluster: Any, me: int, nprocs: int, backend: Any, timeout: Any
     one torch lacks): torch's own, on the world's store, rank and size. A default group that
     spawn made for the program's convenience gives way to it."""
     if c10d.is_initialized():
-        default = c10d._get_default_group()
+        default = get_default_group()
         if cluster.initialised_by_program.get(me) is not None:
             raise ValueError("trying to initialize the default process group twice!")
         c10d.destroy_process_group(default)
@@ -187,7 +188,7 @@ def _init_foreign(cluster: Any, me: int, nprocs: int, backend: Any, timeout: Any
     TORCH_INIT_PROCESS_GROUP(backend=backend, timeout=timeout, world_size=nprocs, rank=me,
                              store=store, group_name=group_name, pg_options=pg_options,
                              device_id=device_id, **kwargs)
-    cluster.initialised_by_program[me] = c10d._get_default_group()
+    cluster.initialised_by_program[me] = get_default_group()
 
 
 @functools.wraps(TORCH_NEW_GROUP_HELPER)
@@ -220,7 +221,7 @@ def _fake_get_backend(group=None):
     name = TORCH_GET_BACKEND(group)  # torch's own checks and errors first
     if current_cluster() is None:
         return name
-    pg = c10d._get_default_group() if group is None else group
+    pg = get_default_group() if group is None else group
     if str(name) not in backends.PERSONALITIES and str(name) != BACKEND_NAME:
         return name  # a backend the program registered (its creator may build a gloo group)
     return dist.Backend(pg.personality.name) if isinstance(pg, FakeProcessGroup) else name
@@ -240,10 +241,10 @@ def _fake_monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
 def monitored_barrier_arguments(group: Any, timeout: Any) -> tuple[Any, Any] | None:
     """torch's own argument handling of ``monitored_barrier`` (with the personality's name in
     its backend check): (group, timeout as a timedelta), or None on a non-member (a no-op)."""
-    if c10d._rank_not_in_group(group):
-        c10d._warn_not_in_group("monitored_barrier")
+    if rank_not_in_group(group):
+        warn_not_in_group("monitored_barrier")
         return None
-    g = group or c10d._get_default_group()
+    g = group or get_default_group()
     if not g.personality.monitored_barrier:
         raise ValueError("monitored_barrier is only implemented for GLOO backend.")
     if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
@@ -251,7 +252,7 @@ def monitored_barrier_arguments(group: Any, timeout: Any) -> tuple[Any, Any] | N
                       f"{timeout} assuming it represents seconds", stacklevel=3)
         timeout = datetime.timedelta(seconds=timeout)
     if timeout is not None:
-        c10d._check_valid_timeout(timeout)
+        check_valid_timeout(timeout)
     return g, timeout
 
 

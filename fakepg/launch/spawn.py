@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 import torch.distributed.distributed_c10d as c10d
 
+from ..torch_private import set_thread_isolation_mode
 from ..fidelity import backends
 from ..world import isolation, liveness, module_hooks, subprocess_waits
 from ..choices import faults as _faults
@@ -316,14 +317,14 @@ def _run_threads(threads: list[threading.Thread], sched: Scheduler, cluster: Clu
         # (every thread: one a rank started, such as torchft's quorum thread, too)
         mp_spawn.warn_in_threads(patched)  # a rank's torch.multiprocessing launch: real processes
         torch.autograd.set_multithreading_enabled(False)  # backward runs on the rank's thread
-        torch._C._distributed_c10d._set_thread_isolation_mode(True)
+        set_thread_isolation_mode(True)
         _DEPTH.append(cluster)
         try:
             run_to_end(sched, cluster, threads, hang_timeout, timeout)
         finally:
             _DEPTH.pop()
             if not _DEPTH:  # a world nested in a rank leaves its outer world's mode on
-                torch._C._distributed_c10d._set_thread_isolation_mode(False)
+                set_thread_isolation_mode(False)
             torch.autograd.set_multithreading_enabled(multithreading)
             host.install()
             sys.excepthook = excepthook  # init_process_group prefixes it with "[rankN]"

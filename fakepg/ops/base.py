@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from ..torch_private import AutoDispatchBelowADInplaceOrView
 from .reductions import check_supported
 
 if TYPE_CHECKING:
@@ -177,7 +178,7 @@ def below_autograd() -> Any:
     """Where the network writes into the ranks' tensors: below autograd, as a backend's C++
     kernels write — no graph across ranks, no version bump, and leaves that require grad
     accepted (``dist.broadcast(param, 0)``, a recv buffer that requires grad)."""
-    return torch._C._AutoDispatchBelowADInplaceOrView()
+    return AutoDispatchBelowADInplaceOrView()
 
 
 def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:

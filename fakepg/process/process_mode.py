@@ -293,9 +293,8 @@ def _child_main(rank: int, nprocs: int, pipes: list, fn: Callable[..., Any], arg
 
         state.install()
         # forked from a rank process (a nested world): its groups are not this process's
-        import torch.distributed as dist
-        dist.distributed_c10d._unregister_all_process_groups() if hasattr(
-            dist.distributed_c10d, "_unregister_all_process_groups") else None
+        from ..torch_private import unregister_all_process_groups
+        unregister_all_process_groups() if unregister_all_process_groups else None
         channel = Channel(pipes[rank][1])
         remote.install(rank, nprocs, channel, seed, start_world)
         channel.recv_reply()  # "go": the proxy holds the baton

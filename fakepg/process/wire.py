@@ -31,14 +31,14 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
-import torch._C._distributed_c10d as _c10d_C
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from ..torch_private import c10d_C
 from ..errors import FakePGError
 from ..world.outcome import exception_site
 
 # The c10d option structs (AllreduceOptions, ...) are pybind classes without pickling.
-_OPTION_CLASSES = {name: getattr(_c10d_C, name) for name in dir(_c10d_C)
+_OPTION_CLASSES = {name: getattr(c10d_C, name) for name in dir(c10d_C)
                    if name.endswith("Options") and not name.startswith("_")}
 _OPTION_FIELDS: dict[str, tuple[str, ...]] = {}
 

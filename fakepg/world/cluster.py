@@ -5,10 +5,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import torch
-from torch._ops import _len_torch_dispatch_stack_pre_dispatch as _len_pre_dispatch_stack
-from torch.utils._python_dispatch import _disable_current_modes
 
+from ..torch_private import (current_graph_task_id, disable_current_modes, len_pre_dispatch_stack,
+                             len_torch_dispatch_stack, queue_callback)
 from ..ops.matching import Call, GroupState, PendingCollective, check_match, mismatch_message
 from ..ops.base import below_autograd
 from ..ops.p2p import SEND
@@ -199,10 +198,10 @@ class Cluster:
 
     def _run(self, coll: PendingCollective) -> None:
         calls = coll.members()
-        if torch._C._len_torch_dispatch_stack() or _len_pre_dispatch_stack():
+        if len_torch_dispatch_stack() or len_pre_dispatch_stack():
             # The data movement is the network's work, not the issuing rank's: keep it out
             # of any per-rank dispatch mode (a timing layer charges compute through one).
-            with _disable_current_modes(), unrecorded(), below_autograd():
+            with disable_current_modes(), unrecorded(), below_autograd():
                 coll.spec.execute(calls)
         else:
             with unrecorded(), below_autograd():  # nor in the rank's profile
@@ -326,11 +325,11 @@ class Cluster:
         an autograd callback queued before the Reducer's: the rank runs its whole backward,
         then hands over once."""
         pending = self._deferred[call.rank]
-        task = torch._C._current_graph_task_id()
+        task = current_graph_task_id()
         if not pending or self._deferred_task[call.rank] != task:
             # (a backward that raised before its callbacks ran leaves calls here: settled now)
             self._deferred_task[call.rank] = task
-            torch.autograd.Variable._execution_engine.queue_callback(
+            queue_callback(
                 lambda rank=call.rank: self._settle_deferred(rank))
         pending.append(call)
 

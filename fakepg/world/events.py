@@ -13,38 +13,41 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
+from ..torch_private import (enable_record_function, profiler_enabled, record_function_with_args_enter,
+                             record_function_with_args_exit)
+
 _NULL = contextlib.nullcontext()
 
 
 @contextlib.contextmanager
 def _collective_range(name: str, tensors: Iterable[Any]) -> Iterator[None]:
-    handle = torch.autograd._record_function_with_args_enter(
+    handle = record_function_with_args_enter(
         name, *[t for t in tensors if isinstance(t, torch.Tensor)])
     try:
         yield
     finally:
-        torch.autograd._record_function_with_args_exit(handle)
+        record_function_with_args_exit(handle)
 
 
 @contextlib.contextmanager
 def _unrecorded_range() -> Iterator[None]:
-    torch.autograd._enable_record_function(False)
+    enable_record_function(False)
     try:
         yield
     finally:
-        torch.autograd._enable_record_function(True)
+        enable_record_function(True)
 
 
 def unrecorded():
     """Context: ops run inside are not recorded by a profiler of the calling thread (the
     emulated network's data movement runs on whichever rank completes a collective, and is
     none of that rank's own work)."""
-    return _unrecorded_range() if torch.autograd._profiler_enabled() else _NULL
+    return _unrecorded_range() if profiler_enabled() else _NULL
 
 
 def collective_event(op: str, tensors: Iterable[Any] = (), backend: str = "gloo"):
     """A profiler range named as ``backend`` names the collective (``gloo:all_reduce``),
     recording the input shapes; a shared no-op context when no profiler is recording."""
-    if not torch.autograd._profiler_enabled():
+    if not profiler_enabled():
         return _NULL
     return _collective_range(f"{backend}:{op}", tensors)

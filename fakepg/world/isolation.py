@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed.distributed_c10d as c10d
 
+from ..torch_private import World
 from . import rng_state
 
 ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
@@ -86,7 +87,7 @@ def derive_seed(seed: int, rank: int, stream: str = "torch") -> int:
 
 
 def fresh_c10d_globals() -> dict[str, Any]:
-    return {"_world": c10d._World(), "_pg_map": {}, "_pg_names": {}, "_pg_group_ranks": {},
+    return {"_world": World(), "_pg_map": {}, "_pg_names": {}, "_pg_group_ranks": {},
             "_pg_backend_config": {}, "_group_count": 0, "_tags_to_pg": {}, "_pg_to_tag": {},
             "_backend": None, "_default_pg_init_method": None}
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from ..torch_private import current_autograd_node, current_graph_task_id
 from .. import ops
 from .binding import current_cluster
 from .cluster import Cluster
@@ -216,7 +217,7 @@ class FakeProcessGroup(PythonProcessGroup):
             return False
         # Inside backward the caller is the Reducer (or a comm hook it runs); it will wait
         # on the result from C++, where the scheduler cannot see it: settle it.
-        in_backward = torch._C._current_graph_task_id() != -1
+        in_backward = current_graph_task_id() != -1
         call.in_backward = in_backward
         # Join's shadow of the backward pass (a joined rank's DDP hook) runs the Reducer's
         # comm hook outside backward and waits on its future from C++ too: settle it as well.
@@ -231,7 +232,7 @@ class FakeProcessGroup(PythonProcessGroup):
         # from a node's hook: in autograd's final callbacks (static_graph's delayed
         # all_reduce) the Reducer's own callback is queued ahead of ours.
         return (in_backward and not shadow and not self._settle_at_issue
-                and self._cluster.plain and torch._C._current_autograd_node() is not None)
+                and self._cluster.plain and current_autograd_node() is not None)
 
     def wait_timed(self, work: FakeWork, timeout: datetime.timedelta | None,
                    wait_all_ranks: bool) -> None:

@@ -17,10 +17,10 @@ import gc
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from fakepg.arguments import integer
 
+from ..compat import is_traceable_wrapper_subclass
 from ..models import Network
 from ..timing import Timing
 from ..program.captured import CapturedIteration, ParamInfo, RankProfile, parse_indices

@@ -75,7 +75,7 @@ def _canonical(name: str) -> str:
 def stage_ranks(schedule: str, pp: int, stages_per_rank: int) -> dict[int, int]:
     """Stage index → rank along ``"pp"``, as the schedule places its stages (torch's
     ``generate_stage_to_rank_mapping``: looped, or V-shaped)."""
-    from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
+    from ..compat import generate_stage_to_rank_mapping
 
     style = "v" if _canonical(schedule) in _V_SHAPED else "loop"
     return generate_stage_to_rank_mapping(pp, pp * stages_per_rank, style=style)

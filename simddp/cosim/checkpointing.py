@@ -27,7 +27,8 @@ from collections import defaultdict
 from typing import Any, Callable, Iterator
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..compat import TorchDispatchMode, checkpoint_wrapper
 
 from .meta import fused_attention
 
@@ -125,8 +126,6 @@ def apply(blocks: torch.nn.ModuleList, policy: Any, device: str = "cpu") -> None
     torch function, and a torch-function mode is off while it handles one, so the forward's
     mode does not reach the recomputation (which would then save other tensors than the
     forward, an error for checkpointing)."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-
     name = policy_name(policy)
     if name is None:
         return

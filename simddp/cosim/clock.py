@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..models import noise
+from ..compat import OpOverload, current_graph_task_id, queue_callback
 from ..models.kernels import moves_no_data
 from . import checks, tape
 from .bound import bind, current
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RankClock", "Flight", "current", "ptr"]
 
-_gtid = torch._C._current_graph_task_id
+_gtid = current_graph_task_id
 _Tensor = torch.Tensor
 _EMPTY: Any = types.MappingProxyType({})
 _OP_NOISE_BITS = 16  # per-op noise: a table of 2**16 factors per rank (see RankClock)
@@ -59,7 +60,7 @@ _no_access: dict[Any, bool] = {}  # func -> True when it never reads/writes tens
 def _stream_name(func: Any, seconds: float) -> bytes:
     """The name of an op's noise stream, the same in every process (never an id or a hash):
     its function and its cost (equal costs read alike: 0.0 and -0.0, 1 and 1.0)."""
-    name = str(func) if isinstance(func, torch._ops.OpOverload) else \
+    name = str(func) if isinstance(func, OpOverload) else \
         f"{type(func).__module__}.{type(func).__qualname__}:{getattr(func, '__name__', '')}"
     return f"{name}|{float(seconds) + 0.0!r}".encode()
 
@@ -232,7 +233,7 @@ class RankClock:
     def new_graph_task(self, g: int) -> None:
         self.gtid = g
         try:
-            torch.autograd.Variable._execution_engine.queue_callback(self.end_of_backward)
+            queue_callback(self.end_of_backward)
         except RuntimeError:  # pragma: no cover - not inside the engine after all
             pass
 

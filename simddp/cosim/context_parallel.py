@@ -64,7 +64,9 @@ class _RingRecorder:
     @contextlib.contextmanager
     def recording(self) -> Iterator[None]:
         import torch.distributed as dist
-        import torch.distributed._functional_collectives as funcol
+
+        from ..compat import functional_collectives
+        funcol = functional_collectives()
 
         cpa = torch_cp()
         original = cpa._maybe_wait

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from ..compat import TorchDispatchMode, fake_tensor_class, is_traceable_wrapper_subclass_type
 
 from ..models.compute import ConstantCompute, RooflineCompute
 from ..models.kernels import moves_no_data
@@ -69,9 +69,7 @@ def _subclass_kind(types: tuple) -> str:
     ``__torch_dispatch__`` runs), else ``"plain"``."""
     kind = _SUBCLASS_KIND.get(types)
     if kind is None:
-        from torch._subclasses.fake_tensor import FakeTensor
-        from torch.utils._python_dispatch import is_traceable_wrapper_subclass_type
-
+        FakeTensor = fake_tensor_class()
         if any(issubclass(t, FakeTensor) for t in types):
             kind = "fake"
         elif any(is_traceable_wrapper_subclass_type(t) for t in types):

@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..compat import AccumulateGrad, SavedTensor
+
 if TYPE_CHECKING:
     from .clock import RankClock
 
-_C = torch._C
-_ACCUMULATE = _C._functions.AccumulateGrad
+_ACCUMULATE = AccumulateGrad
 _PY_NODE = torch.autograd.function.BackwardCFunction
-_SAVED_TENSOR = _C._autograd.SavedTensor
+_SAVED_TENSOR = SavedTensor
 _TENSORS = (torch.Tensor, torch.nn.Parameter)
 _SCALARS = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device,
                       torch.layout, torch.memory_format})

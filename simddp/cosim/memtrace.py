@@ -16,8 +16,8 @@ import weakref
 from typing import Any, Iterable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+
+from ..compat import TorchDispatchMode, tree_flatten
 
 __all__ = ["LiveBytes"]
 

@@ -51,12 +51,13 @@ to CPU and reads it), and anything the program itself reads from data (``.item()
 from __future__ import annotations
 
 import contextlib
-import importlib
 from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from ..compat import (DispatchKey, DispatchKeySet, TorchDispatchMode, fsdp_meta_device_patches,
+                      functional_collectives, functional_wait_tensor, len_torch_dispatch_stack,
+                      pop_mode, push_mode)
 
 __all__ = ["MetaDataMode", "FusedAttentionOnMeta", "fused_attention", "beneath_clock",
            "fsdp_on_meta", "pipelining_on_meta", "functional_waits_on_meta", "meta_scope",
@@ -123,7 +124,7 @@ _aten = torch.ops.aten
 _SIDE_EFFECTS = frozenset({"_c10d_functional"})
 # their kernel that issues the collective on the rank's ProcessGroup (the Meta kernel torch
 # registers for tracing issues nothing)
-_COLLECTIVE_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_COLLECTIVE_KEYS = DispatchKeySet(DispatchKey.CPU)
 _META_CHANGING = {_aten.resize_, _aten.set_, _aten.as_strided_, _aten.copy_,
                   _aten._local_scalar_dense, _aten.resize_as_, _aten.squeeze_,
                   _aten.unsqueeze_, _aten.transpose_, _aten.t_, _aten.swapdims_,
@@ -217,25 +218,20 @@ def beneath_clock(mode: TorchDispatchMode) -> Iterator[None]:
     """Enter ``mode`` under the dispatch mode on top of this thread's stack (the rank's
     clock, pushed when the rank started), so that the clock sees — and charges — every op
     before ``mode`` handles it."""
-    from torch.utils._python_dispatch import _pop_mode, _push_mode
-
-    if not torch._C._len_torch_dispatch_stack():
+    if not len_torch_dispatch_stack():
         with mode:
             yield
         return
-    top = _pop_mode()
+    top = pop_mode()
     try:
         with mode:
-            _push_mode(top)
+            push_mode(top)
             try:
                 yield
             finally:
-                _pop_mode()
+                pop_mode()
     finally:
-        _push_mode(top)
-
-
-_FSDP = "torch.distributed.fsdp._fully_shard."
+        push_mode(top)
 
 
 class _MetaStream(torch.cpu.Stream):
@@ -278,15 +274,7 @@ def fsdp_on_meta() -> Iterator[None]:
     """While active, FSDP2 (``fully_shard``) runs on meta parameters: its device is the meta
     device and it does not insist that parameters be materialised. Process-wide (FSDP2's
     module functions are patched), undone on exit."""
-    patches: list[tuple[Any, str, Any]] = []
-    fully_shard = importlib.import_module(_FSDP + "_fully_shard")
-    param_group = importlib.import_module(_FSDP + "_fsdp_param_group")
-    patches.append((fully_shard, "_get_device_from_mesh", lambda mesh: torch.device("meta")))
-    for name in ("_fsdp_param_group", "_fsdp_collectives", "_fsdp_state"):
-        mod = importlib.import_module(_FSDP + name)
-        if hasattr(mod, "_get_device_handle"):
-            patches.append((mod, "_get_device_handle", _meta_device_handle))
-    patches.append((param_group.FSDPParamGroup, "_validate_no_meta_params", lambda self: None))
+    patches = fsdp_meta_device_patches(lambda mesh: torch.device("meta"), _meta_device_handle)
     with _patched(patches):
         yield
 
@@ -312,7 +300,7 @@ def functional_waits_on_meta() -> Iterator[None]:
     it unregisters the rank's work wherever it is dispatched. Process-wide (torch's
     ``_functional_collectives.wait_tensor``, which ``AsyncCollectiveTensor`` calls, is
     patched), undone on exit."""
-    import torch.distributed._functional_collectives as funcol
+    funcol = functional_collectives()
 
     wait = funcol.wait_tensor
 
@@ -324,7 +312,7 @@ def functional_waits_on_meta() -> Iterator[None]:
         yield
 
 
-_WAIT = torch.ops._c10d_functional.wait_tensor.default
+_WAIT = functional_wait_tensor
 
 
 def _on_cpu(method: Any) -> Any:

@@ -21,12 +21,12 @@ from torch import nn
 from torch.nn.modules import module as _module
 from torch.nn.parallel import DistributedDataParallel as _DDP
 
+from ..compat import is_torch_function_mode_enabled
 from . import tape
 from .clock import FWD, current
 
 __all__ = ["PURE", "install", "uninstall"]
 
-_C = torch._C
 # Exact classes, and the attributes besides parameters, buffers, children and ``training``
 # that change which ops their forward runs or with which arguments.
 PURE: dict[type, tuple[str, ...]] = {
@@ -67,7 +67,7 @@ def _tree(m: nn.Module, out: list, leaves: list) -> None:
 
 def _key(m: nn.Module, args: tuple, leaves: list) -> tuple:
     if any(getattr(_module, h, None) for h in _GLOBAL_HOOKS) \
-            or _C._is_torch_function_mode_enabled():
+            or is_torch_function_mode_enabled():
         raise tape._Ineligible
     key: list = ["module", torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
                  torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")]

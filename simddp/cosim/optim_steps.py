@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..compat import pop_torch_dispatch_stack, push_on_torch_dispatch_stack
 from . import tape
 
 if TYPE_CHECKING:
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
 
 __all__ = ["PURE", "begin", "end", "abandon"]
 
-_C = torch._C
 _optim = torch.optim
 PURE = frozenset({_optim.SGD, _optim.Adam, _optim.AdamW, _optim.Adagrad, _optim.RMSprop})
 OPT = 2  # clock.OPT
@@ -70,7 +70,7 @@ def begin(r: "RankClock", opt: Any, args: Any, kwargs: Any) -> None:
         return
     if found is not False and found.confirmed:
         r.play = tape.Player(found, OPT)
-        r.popped = _C._pop_torch_dispatch_stack(None)
+        r.popped = pop_torch_dispatch_stack(None)
     else:
         r.rec = tape.Recorder()
         r.rec_ops = r.rec.ops
@@ -80,7 +80,7 @@ def begin(r: "RankClock", opt: Any, args: Any, kwargs: Any) -> None:
 def end(r: "RankClock") -> None:
     """Called as an outermost step ends, before its span closes."""
     if r.popped is not None:
-        _C._push_on_torch_dispatch_stack(r.popped)
+        push_on_torch_dispatch_stack(r.popped)
         r.popped = None
         play, r.play = r.play, None
         if play.i != len(play.tape.events):
@@ -95,7 +95,7 @@ def end(r: "RankClock") -> None:
 def abandon(r: "RankClock") -> None:
     """The rank ends: a step's replay left open (it raised) means a rerun per-op."""
     if r.popped is not None:
-        _C._push_on_torch_dispatch_stack(r.popped)
+        push_on_torch_dispatch_stack(r.popped)
         r.popped = None
         r.play = None
         r.sim.diverged = True

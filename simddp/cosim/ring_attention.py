@@ -50,6 +50,8 @@ from typing import Any, Iterator
 import torch
 import torch.nn.functional as F
 
+from ..compat import context_parallel_module, dtensor_op_dispatcher, head_tail_load_balancer
+
 
 __all__ = ["cpu_ring_attention", "RingAttention", "apply_context_parallel", "shard_sequence",
            "observing_ring", "torch_cp", "ROTATE_METHODS"]
@@ -60,25 +62,14 @@ _BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.defau
 
 
 def torch_cp() -> Any:
-    """torch's context-parallel module (``_context_parallel._attention`` since torch 2.9;
-    ``tensor.experimental._attention`` before)."""
-    try:
-        from torch.distributed.tensor.experimental._context_parallel import _attention
-    except ImportError:  # pragma: no cover - older layout
-        from torch.distributed.tensor.experimental import _attention  # type: ignore[no-redef]
-    return _attention
+    """torch's context-parallel module (:func:`simddp.compat.context_parallel_module`)."""
+    return context_parallel_module()
 
 
 def _load_balancer(seq_len: int, cp: int, device: str) -> Any:
     """torch's round-robin (head-tail) load balancer for causal attention, as torchtitan
     builds it for SDPA."""
-    try:
-        from torch.distributed.tensor.experimental._context_parallel._load_balancer import \
-            _HeadTailLoadBalancer
-    except ImportError:  # pragma: no cover - older layout
-        from torch.distributed.tensor.experimental._load_balancer import (  # type: ignore
-            _HeadTailLoadBalancer)
-    return _HeadTailLoadBalancer(seq_len, cp, device)
+    return head_tail_load_balancer(seq_len, cp, device)
 
 
 # what a capture observes of the ring (simddp.cosim.context_parallel): None, or an object whose
@@ -170,13 +161,11 @@ def cpu_ring_attention(rotate_method: str = "allgather") -> Iterator[None]:
     set (``set_rotate_method``); ``F.scaled_dot_product_attention`` routes the calls of a rank
     that runs under :func:`apply_context_parallel`'s context to its ring module (other calls
     are torch's SDPA). Everything is put back on exit."""
-    from torch.distributed.tensor import DTensor
-
     if rotate_method not in ROTATE_METHODS:
         raise ValueError(f"rotate_method must be one of {', '.join(ROTATE_METHODS)} (torch's "
                          f"set_rotate_method), got {rotate_method!r}")
     cpa = torch_cp()
-    dispatcher = DTensor._op_dispatcher
+    dispatcher = dtensor_op_dispatcher()
     saved = (dispatcher._custom_op_handlers, dataclasses.replace(cpa._cp_options),
              getattr(cpa, "_dispatch_mode", None))
     try:

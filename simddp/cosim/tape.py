@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from ..compat import (current_graph_task_id, len_torch_dispatch_stack, pop_torch_dispatch_stack,
+                      push_on_torch_dispatch_stack, queue_callback)
 from .bound import current
 from .keys import _SCALARS, _TENSORS, _Ineligible, backward_key, note_subgraph, t_meta
 
@@ -47,8 +49,7 @@ __all__ = ["Divergence", "install", "uninstall", "event", "interrupt", "segment"
            "_Ineligible", "_SCALARS", "_TENSORS", "note_subgraph", "t_meta"]
 
 _floor = math.floor
-_C = torch._C
-_gtid = _C._current_graph_task_id
+_gtid = current_graph_task_id
 _TAPE_LIMIT = 256  # keys kept per rank (a program with more shapes than this rebuilds them)
 BWD = 1  # clock.BWD (not imported: clock imports this module)
 
@@ -72,7 +73,7 @@ def _eligible_in(r: "RankClock", override: int | None) -> bool:
     """Whether a segment may start now on ``r`` (its clock's override being ``override``)."""
     return (r.coarse and r.rec is None and r.play is None and r.override == override
             and not r.flights and not r.rank_faults and _gtid() == -1
-            and _C._len_torch_dispatch_stack() == 1 and not torch.is_anomaly_enabled())
+            and len_torch_dispatch_stack() == 1 and not torch.is_anomaly_enabled())
 
 
 # -- tapes ---------------------------------------------------------------------------------
@@ -219,14 +220,14 @@ def _replay(r: "RankClock", tape: Tape, run: Any, phase: int, before: Any) -> An
     try:
         if before is not None:
             before(tape)
-        mode = _C._pop_torch_dispatch_stack(None)
+        mode = pop_torch_dispatch_stack(None)
         try:
             out = run()
         except BaseException:  # its ops up to here are not charged: a program that goes on
             r.sim.diverged = True  # would run on a wrong clock, so the world reruns per-op
             raise
         finally:
-            _C._push_on_torch_dispatch_stack(mode)
+            push_on_torch_dispatch_stack(mode)
         if play.i != len(tape.events):
             raise _diverged(r, f"ended before {tape.events[play.i][0]}")
         play.charge(r, tape.tail)
@@ -254,7 +255,7 @@ def _run(orig: Any, t_outputs: Any, *args: Any, **kwargs: Any) -> Any:
             handle.remove()
             r.gtid = _gtid()
             if wants_eob:
-                torch.autograd.Variable._execution_engine.queue_callback(r.end_of_backward)
+                queue_callback(r.end_of_backward)
         handle = t_outputs[0].grad_fn.register_prehook(first)
     try:
         return segment(r, key, lambda: orig(t_outputs, *args, **kwargs), BWD, before)

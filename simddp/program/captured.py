@@ -294,7 +294,7 @@ def assign_buckets(params: Sequence[ParamInfo], ready_order: Sequence[int], *,
     not rebuild then): DDP's initial assignment, parameters in model order with limits
     ``[first, cap]`` (``[cap]`` when first ≥ cap), reversed.
     """
-    import torch.distributed as dist
+    from ..compat import compute_bucket_assignment_by_size
 
     tensors = [torch.empty(p.shape, dtype=_dtype(p.dtype), device="meta") for p in params]
     sparse = [bool(p.sparse) for p in params]
@@ -305,12 +305,12 @@ def assign_buckets(params: Sequence[ParamInfo], ready_order: Sequence[int], *,
             limits = [first_bucket_bytes, bucket_cap_bytes]
         else:
             limits = [bucket_cap_bytes]
-        idx, _ = dist._compute_bucket_assignment_by_size(tensors, limits, sparse)
+        idx, _ = compute_bucket_assignment_by_size(tensors, limits, sparse)
         return [list(b) for b in reversed(idx)]
     seen = set(ready_order)
     order = list(ready_order) + [p.index for p in params if p.index not in seen]
     limits = list(bucket_cap_bytes_list) or [first_bucket_bytes, bucket_cap_bytes]
-    idx, _ = dist._compute_bucket_assignment_by_size(
+    idx, _ = compute_bucket_assignment_by_size(
         [tensors[i] for i in order], limits, sparse, order)  # sparse: by index, not position
     return [list(b) for b in idx]
 

@@ -123,6 +123,8 @@ def _torch_order(cls: type, pp: int, m: int, v: int, with_comms: bool = False) -
     import torch.distributed.pipelining.schedules as S
     from torch.distributed.pipelining.stage import PipelineStage
 
+    from ..compat import schedule_with_comms
+
     stage = mock.create_autospec(PipelineStage, instance=True)
     stage.group_rank, stage.group_size, stage.submod = 0, pp, None
     stage.num_stages = pp * v
@@ -134,9 +136,8 @@ def _torch_order(cls: type, pp: int, m: int, v: int, with_comms: bool = False) -
                     for r in range(pp)]
         stages = [stage] * v
         sched = cls(stages, m)
-        runtime = S._PipelineScheduleRuntime(stages, m)
-        runtime._prepare_schedule_with_comms(sched.pipeline_order)
-        return [list(runtime.pipeline_order_with_comms[r]) for r in range(pp)]
+        with_comms = schedule_with_comms(stages, m, sched.pipeline_order)
+        return [list(with_comms[r]) for r in range(pp)]
     except (ValueError, AssertionError, RuntimeError) as e:
         raise ValueError(f"torch's {cls.__name__} refuses pp={pp}, microbatches={m}, "
                          f"stages_per_rank={v}: {e}") from None

@@ -80,7 +80,7 @@ def uniform_pipeline(pp: int, microbatches: int, forward_s: float, backward_s: f
     # FSDP's reduce-scatters: torch's REDUCE_GRAD after the stage's last backward
     scatter = [{"op": "reduce_scatter_tensor", "bytes": rank_params, "scope": "shard",
                 "offset": 0.0, "wait_at": 0.0}] if shard > 1 else []
-    from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
+    from ..compat import generate_stage_to_rank_mapping
 
     v_shaped = schedule_name(schedule) in ("ZBVZeroBubble", "DualPipeV")  # torch's placement
     where = generate_stage_to_rank_mapping(pp, pp * v, style="v" if v_shaped else "loop")

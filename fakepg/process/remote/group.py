@@ -17,6 +17,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from ...torch_private import (current_graph_task_id, profiler_enabled, record_function_with_args_enter,
+                              record_function_with_args_exit)
 from ...fidelity import backends
 from ... import ops
 from ...ops.base import tensors_of
@@ -66,7 +68,7 @@ class RemoteProcessGroup(PythonProcessGroup):
 
     def _issue(self, method: str, args: tuple, kwargs: dict) -> Any:
         site = user_site(3)
-        in_backward = torch._C._current_graph_task_id() != -1
+        in_backward = current_graph_task_id() != -1
         hidden = in_backward or in_join_shadow()
         opts = next((a for a in (*args, *kwargs.values()) if hasattr(a, "asyncOp")), None)
         sync = opts is not None and opts.asyncOp is False and not self._coalescing
@@ -106,7 +108,7 @@ class RemoteProcessGroup(PythonProcessGroup):
 def _collective_event(pg: RemoteProcessGroup, method: str, args: tuple):
     """The profiler range thread mode records for a collective (``gloo:all_reduce``), in this
     rank's own profiler; shapes are those of every tensor argument."""
-    if not torch.autograd._profiler_enabled():
+    if not profiler_enabled():
         return contextlib.nullcontext()
     try:
         name = ops.lookup(method).name
@@ -131,12 +133,12 @@ def _ended_elsewhere(name: str, tensors: list[Any]):
     """A profiler range begun on this thread and ended on another, as a backend's collective
     is (gloo's ends on its worker thread): torch's real profiler then reports it async, as
     thread mode's per-rank profiler does."""
-    handle = torch.autograd._record_function_with_args_enter(
+    handle = record_function_with_args_enter(
         name, *[t for t in tensors if isinstance(t, torch.Tensor)])
     try:
         yield
     finally:
-        ender = threading.Thread(target=torch.autograd._record_function_with_args_exit,
+        ender = threading.Thread(target=record_function_with_args_exit,
                                  args=(handle,), name="fakepg-collective-end")
         ender.start()
         ender.join()
