@@ -15,6 +15,7 @@ paper's 405B TP 8 × PP 16 × DP 128 on 16,384 H100, interleaved 1F1B).
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import sys
 import tempfile
@@ -35,9 +36,11 @@ def run(name: str) -> None:
     case = CASES[name]
     spec, sched, source = case["published"]
     t0 = time.perf_counter()
-    res = plan(case["model"], gpus=case["gpus"], gpu="h100", network="dgx-h100", seq_len=8192,
-               global_batch=case["global_batch"], top=5,
-               status=lambda s: print(f"  [{time.perf_counter() - t0:6.1f} s] {s}", flush=True))
+    with concurrent.futures.ProcessPoolExecutor(os.cpu_count() or 2) as pool:  # captures, replays
+        res = plan(case["model"], gpus=case["gpus"], gpu="h100", network="dgx-h100",
+                   seq_len=8192, global_batch=case["global_batch"], top=5, executor=pool,
+                   status=lambda s: print(f"  [{time.perf_counter() - t0:6.1f} s] {s}",
+                                          flush=True))
     wall = time.perf_counter() - t0
     f = res.facts
     evaluated = f["passed_rules"]

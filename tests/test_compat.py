@@ -105,13 +105,24 @@ def test_every_name_simddp_compat_owns_resolves_on_this_torch() -> None:
             "_compute_bucket_assignment_by_size"} <= set(lazy)
 
 
-@pytest.mark.xfail(strict=True, reason="not yet routed: fakepg/fidelity (profiling, torch-object patches, "
-                   "foreign_backends), conformance, launch/suites, process/remote/entry_points, "
-                   "world/isolation, python_group, work still read private torch names directly")
-def test_fakepg_uses_private_torch_names_only_in_torch_private() -> None:
+# Modules that still read private torch names directly (not yet routed through
+# fakepg/torch_private.py: they patch or swap torch objects' private attributes, or hold a
+# per-world c10d state that cannot be bound once at import). The list may only shrink: a new
+# module with a private torch name fails here.
+FAKEPG_NOT_YET_ROUTED = frozenset({
+    "fakepg/conformance/torch_suite.py", "fakepg/fidelity/foreign_backends.py",
+    "fakepg/fidelity/patches.py", "fakepg/fidelity/profiling.py", "fakepg/launch/suites.py",
+    "fakepg/process/remote/entry_points.py", "fakepg/world/isolation.py",
+    "fakepg/world/python_group.py", "fakepg/world/work.py"})
+
+
+def test_fakepg_uses_private_torch_names_only_in_torch_private_and_the_listed_modules() -> None:
     found = _uses_outside_compat("fakepg")
-    assert not found, ("private torch names outside fakepg/torch_private.py (add a name there and "
-                       "import it):\n" + "\n".join(found))
+    new = [f for f in found if f.split(":")[0] not in FAKEPG_NOT_YET_ROUTED]
+    assert not new, ("private torch names outside fakepg/torch_private.py (add a name there and "
+                     "import it):\n" + "\n".join(new))
+    routed = FAKEPG_NOT_YET_ROUTED - {f.split(":")[0] for f in found}
+    assert not routed, f"no private torch name left in {sorted(routed)}: drop them from the list"
 
 
 def test_every_name_fakepg_torch_private_owns_resolves_on_this_torch() -> None:
