@@ -86,7 +86,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--microbatch-sizes", type=_sizes, default=None, metavar="SIZES",
                    help="sequences per microbatch to try, e.g. 1,2 (default 1)")
     p.add_argument("--max-pp", type=A.integer(1, 1024), default=16)
-    p.add_argument("--max-cp", type=A.integer(1, 1024), default=8)
+    p.add_argument("--max-cp", type=A.integer(1, 1024), default=None,
+                   help="largest context-parallel degree (default 8 for sequences of 32k "
+                        "tokens and more, else 1)")
     p.add_argument("--json", metavar="FILE", help="write every candidate and the top as JSON")
     p.add_argument("--out", metavar="DIR", help="write pareto.png and plan.json here")
     p.add_argument("--workers", type=A.integer(1, 1024), default=None,

@@ -121,7 +121,7 @@ def _powers_of_two(upto: int) -> list[int]:
 
 def layouts(shape: Shape, gpus: int, *, gpus_per_node: int, seq_len: int, global_batch: int,
             microbatch_sizes: tuple[int, ...] = (1,), ac_modes: tuple[str, ...] = AC_MODES,
-            max_cp: int = 8, max_pp: int = 16,
+            max_cp: int | None = None, max_pp: int = 16,
             reshard_after_forward: tuple[bool, ...] = (True,),
             schedules: dict[str, tuple[int, ...]] | None = None) -> Iterator[Layout]:
     """Every layout of ``gpus`` GPUs for ``global_batch`` sequences of ``seq_len`` tokens a
@@ -129,7 +129,10 @@ def layouts(shape: Shape, gpus: int, *, gpus_per_node: int, seq_len: int, global
     HSDP sharding inside 1, 2, 4... nodes (without a pipeline), each schedule of ``schedules``
     (default :data:`SCHEDULES`) with its virtual stages, microbatch
     sizes, activation checkpointing modes, and ``reshard_after_forward`` (without a pipeline;
-    torchtitan turns it off under pipelines)."""
+    torchtitan turns it off under pipelines). ``max_cp`` None: context parallelism up to 8 for
+    sequences of 32k tokens and more, none below."""
+    if max_cp is None:  # context parallelism is for long sequences (torchtitan: 32k and up)
+        max_cp = 8 if seq_len >= 32768 else 1
     for tp in _powers_of_two(min(gpus_per_node, gpus)):
         for cp in _powers_of_two(min(max_cp, gpus // tp)):
             for pp in _powers_of_two(min(max_pp, gpus // (tp * cp))):
@@ -165,6 +168,14 @@ def rule_out(layout: Layout, shape: Shape, *, gpus_per_node: int, seq_len: int) 
     if lay.cp > 1 and seq_len % (2 * lay.cp):
         return f"cp:{lay.cp}: sequence {seq_len} is not divisible into 2 × {lay.cp} chunks " \
                f"(load-balanced causal attention)"
+    from ..program.parallel import Parallel  # the registry's own word on the composition
+
+    try:
+        why = Parallel.parse(lay.parallel, lay.gpus).not_replayed()
+    except ValueError as e:
+        why = str(e)
+    if why:
+        return " ".join(why.split())
     stages = lay.pp * lay.stages_per_rank
     if lay.pp > 1:
         if stages > shape.n_layers + 2:  # the embedding and the head weigh a block each
