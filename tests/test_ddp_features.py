@@ -44,7 +44,7 @@ def _state(module: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
-def _train(rank, sc: Scenario, ws: int, ddp=None, setup=None, per_step=None):
+def train_steps(rank, sc: Scenario, ws: int, ddp=None, setup=None, per_step=None):
     """The zoo's training loop (no Join); returns (final state, logging data, per-step results)."""
     loop = zoo.TrainLoop()
     model = loop.build(sc, **(ddp or {}))
@@ -60,7 +60,7 @@ def _train(rank, sc: Scenario, ws: int, ddp=None, setup=None, per_step=None):
 
 
 def run(sc: Scenario, ws: int, **kw) -> fakepg.SpawnResult:
-    return fakepg.spawn(functools.partial(_train, sc=sc, ws=ws, **kw), nprocs=ws)
+    return fakepg.spawn(functools.partial(train_steps, sc=sc, ws=ws, **kw), nprocs=ws)
 
 
 def assert_states_equal(a, b, keys=None, exact=True):

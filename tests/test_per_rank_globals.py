@@ -42,7 +42,7 @@ def library(tmp_path, monkeypatch):
     sys.modules.pop(name, None)
 
 
-def _train(rank: int, name: str) -> tuple[int, dict, list[float]]:
+def train_steps(rank: int, name: str) -> tuple[int, dict, list[float]]:
     lib = importlib.import_module(name)  # imported by a rank, mid-world, as a script would
     g = lib.group()
     seen = lib.note(f"rank{rank}", rank)
@@ -53,7 +53,7 @@ def _train(rank: int, name: str) -> tuple[int, dict, list[float]]:
 
 def test_a_module_global_declared_per_rank_is_each_ranks_own(library):
     fakepg.per_rank_globals(library)
-    result = fakepg.spawn(_train, args=(library,), nprocs=2)
+    result = fakepg.spawn(train_steps, args=(library,), nprocs=2)
     for rank, (first, seen, total) in enumerate(result.returns):
         assert first == 0
         assert seen == {f"rank{rank}": rank}  # the dict a fresh import made, not rank 0's
@@ -62,14 +62,14 @@ def test_a_module_global_declared_per_rank_is_each_ranks_own(library):
 
 def test_declared_by_name_only_those_globals_are_per_rank(library):
     fakepg.per_rank_globals(library, "_GROUP")
-    result = fakepg.spawn(_train, args=(library,), nprocs=2)
+    result = fakepg.spawn(train_steps, args=(library,), nprocs=2)
     assert [r[2] for r in result.returns] == [[3.0, 3.0], [3.0, 3.0]]
     assert result.returns[1][1] == {"rank0": 0, "rank1": 1}  # _SEEN stayed shared
 
 
 def test_a_group_shared_through_a_module_global_fails_naming_isolation_process(library):
     with pytest.raises(RankFailedError) as info:
-        fakepg.spawn(_train, args=(library,), nprocs=2)
+        fakepg.spawn(train_steps, args=(library,), nprocs=2)
     cause = info.value.__cause__
     assert isinstance(cause, ValueError)  # c10d's own refusal, explained
     text = "\n".join([str(cause), *getattr(cause, "__notes__", [])])
@@ -80,7 +80,7 @@ def test_a_group_shared_through_a_module_global_fails_naming_isolation_process(l
 
 
 def test_the_shared_global_runs_as_processes_without_a_declaration(library):
-    result = fakepg.spawn(_train, args=(library,), nprocs=2, isolation="process")
+    result = fakepg.spawn(train_steps, args=(library,), nprocs=2, isolation="process")
     assert [r[2] for r in result.returns] == [[3.0, 3.0], [3.0, 3.0]]
 
 

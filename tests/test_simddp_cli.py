@@ -246,7 +246,7 @@ def test_a_timeline_over_16_ranks_shows_its_straggler_and_says_which_ranks_it_sh
     from simddp.analysis import plot as plot_mod
 
     titles = []
-    real = plot_mod._matplotlib
+    real = plot_mod.load_matplotlib
 
     def spy():
         canvas, figure, patch = real()
@@ -257,13 +257,13 @@ def test_a_timeline_over_16_ranks_shows_its_straggler_and_says_which_ranks_it_sh
                 return super().savefig(*a, **k)
         return canvas, F, patch
 
-    plot_mod._matplotlib = spy
+    plot_mod.load_matplotlib = spy
     try:
         res.timeline.plot(tmp_path / "a.png", ranks=[0, 17])
         res.timeline.plot(tmp_path / "b.png")
         replay(cap, 4).timeline.plot(tmp_path / "c.png")
     finally:
-        plot_mod._matplotlib = real
+        plot_mod.load_matplotlib = real
     assert titles == ["simddp timeline: ranks 0, 17 of 1024, 2 iterations",
                       "simddp timeline: ranks 0-14, 17 of 1024, 2 iterations",
                       "simddp timeline: 4 ranks, 1 iterations"]

@@ -165,8 +165,8 @@ def test_in_place_outputs_shared_inputs_retained_graphs_and_frozen_layers_keep_t
 def test_gradient_accumulation_with_no_sync_replays_both_kinds_of_backward(
         replays, monkeypatch):
     diverged = []
-    real = tape._diverged
-    monkeypatch.setattr(tape, "_diverged", lambda r, what: diverged.append(what) or real(r, what))
+    real = tape.diverged_at
+    monkeypatch.setattr(tape, "diverged_at", lambda r, what: diverged.append(what) or real(r, what))
 
     def body(rank):
         torch.manual_seed(0)

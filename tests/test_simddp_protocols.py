@@ -38,7 +38,7 @@ class FlatLink:
         return {"network": self.name, "bandwidth_Bps": self.bandwidth_Bps}
 
 
-def _train(rank, iters=3):
+def train_steps(rank, iters=3):
     torch.manual_seed(0)
     model = DDP(nn.Sequential(*[nn.Linear(64, 64) for _ in range(3)]), bucket_cap_mb=0.02)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -59,7 +59,7 @@ def cap():
 def test_a_network_model_of_ones_own_works_in_cosimulation_and_replay_alike(cap):
     link = FlatLink()
     assert isinstance(link, NetworkModel) and isinstance(Network.preset("100gbe"), NetworkModel)
-    sim = simddp.simulate(_train, nprocs=2, timing=Timing(network=link), seed=0)
+    sim = simddp.simulate(train_steps, nprocs=2, timing=Timing(network=link), seed=0)
     for recs in sim.trace:
         for r in recs:
             assert r.end - r.start == pytest.approx(link.collective_time(r.op, r.bytes, 2))
@@ -82,7 +82,7 @@ def test_an_object_missing_part_of_the_network_model_protocol_is_refused_by_both
 
 
 def test_simulate_and_replay_results_share_one_shape(cap):
-    sim = simddp.simulate(_train, nprocs=2, timing=Timing(), seed=0)
+    sim = simddp.simulate(train_steps, nprocs=2, timing=Timing(), seed=0)
     rep = replay(cap, 4, network=Network.preset("100gbe"), iterations=2)
     for res in (sim, rep):
         assert isinstance(res, simddp.RunResult)
@@ -104,7 +104,7 @@ def test_an_observer_is_told_of_each_ranks_end_of_backward_wait():
         def backward_waited(self, rank, start, end):
             seen.append((rank, start, end))
 
-    res = simddp.simulate(_train, nprocs=2, timing=Timing(network=Network.preset("100gbe")),
+    res = simddp.simulate(train_steps, nprocs=2, timing=Timing(network=Network.preset("100gbe")),
                           seed=0, observer=Recorder())
     assert sorted(r for r, _, _ in seen) == [0, 0, 0, 1, 1, 1]  # one per backward pass
     for rank, start, end in seen:
@@ -148,7 +148,7 @@ def test_capture_takes_any_object_with_the_scenario_attributes():
 
 
 def test_plotting_without_matplotlib_says_which_extra_to_install(monkeypatch, tmp_path):
-    tl = simddp.simulate(_train, nprocs=2, timing=Timing(), seed=0).timeline
+    tl = simddp.simulate(train_steps, nprocs=2, timing=Timing(), seed=0).timeline
     for name in ("matplotlib", "matplotlib.figure", "matplotlib.patches",
                  "matplotlib.backends", "matplotlib.backends.backend_agg"):
         monkeypatch.setitem(sys.modules, name, None)  # as if it were not installed

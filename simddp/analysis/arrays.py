@@ -189,7 +189,7 @@ class ArrayTimeline(Timeline):
 
     def notable_ranks(self, limit: int = 16) -> dict[int, str]:
         """As :meth:`Timeline.notable_ranks`, from the arrays (linear in ranks, vectorised)."""
-        from .plot import _Picks
+        from .plot import Picks
 
         n = self.nranks
         if n <= limit:
@@ -200,7 +200,7 @@ class ArrayTimeline(Timeline):
         for i in range(self.iterations):
             compute += f["forward"][:, i] + f["backward"][:, i] + f["optimizer"][:, i]
             wait += f["waits"][:, i]
-        picks = _Picks(limit)
+        picks = Picks(limit)
         for i in range(self.iterations):
             d = f["durations"][:, i]
             top = int(np.argmax(d))

@@ -1,7 +1,7 @@
 """What a timeline is made of: spans, collectives, iteration statistics and per-rank lanes.
 
 A :class:`Lane` is one rank's record (spans, collectives, iteration ends) and computes that
-rank's figures; :class:`~simddp.analysis.Timeline` holds one per rank (a :class:`_LaneView`
+rank's figures; :class:`~simddp.analysis.Timeline` holds one per rank (a :class:`LaneView`
 when replay simulated classes of identical ranks) and aggregates them.
 """
 
@@ -190,7 +190,7 @@ class Lane:
 
 
 
-class _LaneView(_SequenceABC):
+class LaneView(_SequenceABC):
     """Per rank, its class's lane (:meth:`Timeline.from_classes`), without a list per rank."""
 
     __slots__ = ("class_lanes", "rank_class")

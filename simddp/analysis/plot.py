@@ -15,7 +15,7 @@ MAX_LANES = 16  # ranks drawn by default; a bigger world shows its notable ranks
 
 
 
-class _Picks(dict):
+class Picks(dict):
     """Notable ranks and why, at most ``limit``; a rank picked twice keeps both reasons."""
 
     def __init__(self, limit: int) -> None:
@@ -58,7 +58,7 @@ def notable_ranks(tl: Timeline, limit: int = MAX_LANES) -> dict[int, str]:
         compute[s.rank] += s.compute
         wait[s.rank] += s.wait
         durations.setdefault(s.iteration, []).append((s.duration, s.rank))
-    picks = _Picks(limit)
+    picks = Picks(limit)
     add = picks.add
 
     for it in durations.values():  # an iteration's slowest rank, where one stands out
@@ -91,7 +91,7 @@ def _notable_classes(tl: Timeline, limit: int) -> dict[int, str]:
         compute[c] += s.compute
         wait[c] += s.wait
         durations.setdefault(s.iteration, []).append((s.duration, s.rank))
-    picks = _Picks(limit)
+    picks = Picks(limit)
     add = picks.add
 
     def at_position(order: list[tuple[float, int]], k: int) -> float:
@@ -128,7 +128,7 @@ def _notable_classes(tl: Timeline, limit: int) -> dict[int, str]:
     return picks.filled(n)
 
 
-def _matplotlib() -> tuple[Any, Any, Any]:
+def load_matplotlib() -> tuple[Any, Any, Any]:
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -146,7 +146,7 @@ def plot(tl: Timeline, path: str | os.PathLike, *, ranks: Sequence[int] | None =
     pyplot, no global backend change); returns the path written. ``ranks=None`` draws every
     rank of a world of up to :data:`MAX_LANES` ranks, else its :func:`notable_ranks` (the
     slowest, stragglers, most/least waiting), each labelled with why."""
-    FigureCanvasAgg, Figure, Patch = _matplotlib()
+    FigureCanvasAgg, Figure, Patch = load_matplotlib()
 
     if ranks is None:
         why = tl.notable_ranks()

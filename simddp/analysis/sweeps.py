@@ -221,9 +221,9 @@ class SweepResult(list):
     def plot_scaling(self, path: str | os.PathLike, *, dpi: int = 110) -> str:
         """Iteration time (solid) and exposed communication (dashed) vs world size, one line
         per configuration (log-2 x axis); returns the path written."""
-        from .plot import _matplotlib
+        from .plot import load_matplotlib
 
-        FigureCanvasAgg, Figure, _ = _matplotlib()
+        FigureCanvasAgg, Figure, _ = load_matplotlib()
         fig = Figure(figsize=(9, 5))
         FigureCanvasAgg(fig)
         ax = fig.add_subplot(1, 1, 1)
@@ -247,9 +247,9 @@ class SweepResult(list):
         """One stacked bar per row adding up to the iteration time — compute (the largest over
         ranks: the straggler's), exposed communication, other — with beside it the wait of the
         rank that waits most (for stragglers, or collectives); returns the path written."""
-        from .plot import _matplotlib
+        from .plot import load_matplotlib
 
-        FigureCanvasAgg, Figure, Patch = _matplotlib()
+        FigureCanvasAgg, Figure, Patch = load_matplotlib()
         rows = [r for rows in self.configurations().values() for r in rows]
         labels = [f"{r['world_size']}: {self.configuration(r)}" for r in rows]
         fig = Figure(figsize=(max(6.0, 0.55 * len(rows) + 2), 5.5))

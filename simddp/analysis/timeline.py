@@ -33,7 +33,7 @@ from typing import Any, Iterable, Sequence
 
 from . import export
 from .intervals import intersection, measure
-from .lanes import COMPUTE_KINDS, CommSpan, IterationStats, Lane, Span, SpanRow, _LaneView
+from .lanes import COMPUTE_KINDS, CommSpan, IterationStats, Lane, Span, SpanRow, LaneView
 from .perrank import PerRank
 
 __all__ = ["Timeline", "Lane", "Span", "CommSpan", "IterationStats", "COMPUTE_KINDS"]
@@ -76,7 +76,7 @@ class Timeline:
         class; per-rank records (``lanes``, ``boundaries`` …) are views, not copies."""
         tl = cls.__new__(cls)
         lanes = list(lanes)
-        tl._init(_LaneView(lanes, rank_class), lanes, rank_class, list(first))
+        tl._init(LaneView(lanes, rank_class), lanes, rank_class, list(first))
         return tl
 
     def _init(self, lanes: Sequence[Lane], class_lanes: list[Lane] | None = None,

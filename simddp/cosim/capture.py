@@ -6,7 +6,7 @@ world_size)``, ``step(model, batch)``) under :func:`simddp.simulate` on the fake
 torch's real DDP and Reducer — and records its last iteration per rank; see
 :mod:`simddp.replay` for what is recorded and how replay uses it. The end-of-backward wait
 comes from the co-simulation's :class:`~simddp.cosim.simulate.Observer`; the training loop
-is :func:`_train`, the one piece to swap for the zoo's own loop.
+is :func:`train_steps`, the one piece to swap for the zoo's own loop.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ __all__ = ["capture", "capture_workload", "PARALLEL"]
 _FLOATS = ("float16", "bfloat16", "float32", "float64", "complex64", "complex128")
 
 
-def _train(scenario: Any, model: Any, opt: Any, batches: list,
+def train_steps(scenario: Any, model: Any, opt: Any, batches: list,
            mark: Callable[[int, str], None]) -> None:
     """The zoo's training loop (``models/scenario.py``), calling ``mark(i, phase)`` at each
     phase boundary of iteration ``i``: "start", "backward" (loss computed), "backward_done",
@@ -153,7 +153,7 @@ def activation_bytes(scenario: Any, device: str = "cpu", dtype: torch.dtype | No
         model = scenario.build_model()
     if dtype is not None:
         model = model.to(dtype)
-    batch = _batches(scenario, 0, 1, 1, device)[0]
+    batch = rank_batches(scenario, 0, 1, 1, device)[0]
     return saved_bytes(lambda: scenario.step(model, batch), device,
                        checkpointed_modules(units(model), checkpointed)
                        if checkpointed and units is not None else None,
@@ -240,7 +240,7 @@ def saved_bytes(forward: Callable[[], Any], device: str = "cpu",
                        temporary)
 
 
-def _batches(scenario: Any, rank: int, world_size: int, iterations: int,
+def rank_batches(scenario: Any, rank: int, world_size: int, iterations: int,
              device: str = "cpu") -> list:
     """``iterations`` batches of ``rank``, the scenario's batches repeated as needed (on the
     meta device: ``scenario.inputs(..., device="meta")``, drawn on CPU and moved)."""
@@ -286,7 +286,7 @@ def _reducer_params(ddp: Any) -> list[tuple[str, torch.nn.Parameter, torch.nn.Mo
     return out
 
 
-def _probe_costs(compute: Any) -> dict[str, float] | None:
+def probe_costs(compute: Any) -> dict[str, float] | None:
     """A roofline summary of ``compute``: per-op overhead, bytes/s of a copy, FLOP/s of a
     matmul — used to cost comm-hook compression in replay. None if the model cannot say."""
     aten = torch.ops.aten
@@ -407,7 +407,7 @@ def _rank_run(scenario: Any, kwargs: Mapping[str, Any], iterations: int,
                 if i == last:
                     marks[phase] = now()
 
-            _train(scenario, model, opt, _batches(scenario, rank, dist.get_world_size(),
+            train_steps(scenario, model, opt, rank_batches(scenario, rank, dist.get_world_size(),
                                                   iterations, device), mark)
             del nodes
         out = {"marks": dict(t0=marks["start"], t_b=marks["backward"],
@@ -504,7 +504,7 @@ def capture(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None,
         backward_collectives=extra,
         network=(timing.network.to_dict()
                  if isinstance(timing.network, Network) else None),
-        compute=repr(timing.compute), costs=_probe_costs(timing.compute),
+        compute=repr(timing.compute), costs=probe_costs(timing.compute),
         cosim_iteration_time=res.timeline.iteration_times()[last],
         cosim_exposed_comm=res.timeline.exposed_comm()[last], collectives=coll_rows,
         logging_data=logging, device=device, parallel=parallel,

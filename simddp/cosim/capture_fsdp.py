@@ -31,7 +31,7 @@ from ..program.captured import CapturedStep
 from ..program.mesh import DeviceMesh
 from ..timing import Timing
 from .blocks import fsdp_units
-from .capture import (SavedTotals, _batches, _probe_costs, _train, activation_bytes,
+from .capture import (SavedTotals, rank_batches, probe_costs, train_steps, activation_bytes,
                       saved_bytes, state_bytes)
 from .checkpointing import apply as checkpoint_apply
 from .checkpointing import checkpointed_modules, is_op, policy_name
@@ -59,7 +59,7 @@ def outputs_not_modified_in_place() -> Iterator[None]:
         yield
 
 
-def _dtype(name: str | None) -> torch.dtype | None:
+def torch_dtype(name: str | None) -> torch.dtype | None:
     if name is None:
         return None
     if name not in _DTYPES:
@@ -86,7 +86,7 @@ def checkpoint_blocks(blocks: torch.nn.ModuleList, device: str = "cpu",
     checkpoint_apply(blocks, policy, device)
 
 
-def _local_bytes(model: torch.nn.Module) -> int:
+def local_bytes(model: torch.nn.Module) -> int:
     """Bytes of the parameters this rank holds (a DTensor's: its local shard)."""
     total = 0
     for p in model.parameters():
@@ -113,11 +113,11 @@ def _rank_run(scenario: Any, mesh_dims: Mapping[str, int], iterations: int,
         dp_dims = tuple(d for d in mesh_dims if d != "tp")
         if tp > 1:  # torchtitan: TP first, then FSDP2 on the data-parallel submesh
             apply_tensor_parallel(model, mesh["tp"], sequence_parallel=sequence_parallel)
-        local_param_bytes = _local_bytes(model)
+        local_param_bytes = local_bytes(model)
         dp_mesh = mesh[dp_dims] if len(dp_dims) < len(mesh_dims) else mesh
         if checkpointed:
             checkpoint_units(model, device, checkpointed)
-        policy = MixedPrecisionPolicy(param_dtype=_dtype(mp[0]), reduce_dtype=_dtype(mp[1]))
+        policy = MixedPrecisionPolicy(param_dtype=torch_dtype(mp[0]), reduce_dtype=torch_dtype(mp[1]))
         for unit in fsdp_units(model):
             fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard_after_forward,
                         mp_policy=policy)
@@ -131,7 +131,7 @@ def _rank_run(scenario: Any, mesh_dims: Mapping[str, int], iterations: int,
                 marks[phase] = now()
 
         # the ranks of a TP group train on their data-parallel rank's batch
-        _train(scenario, model, opt, _batches(scenario, rank // tp, dist.get_world_size() // tp,
+        train_steps(scenario, model, opt, rank_batches(scenario, rank // tp, dist.get_world_size() // tp,
                                               iterations, device), mark)
         return {"marks": marks, "param_bytes": param_bytes,
                 "local_param_bytes": local_param_bytes,
@@ -218,7 +218,7 @@ def _tp_activation_bytes(scenario: Any, tp: int, device: str, dtype: torch.dtype
         if dtype is not None:
             model = model.to(dtype)
         apply_tensor_parallel(model, mesh["tp"], sequence_parallel=sequence_parallel)
-        batch = _batches(scenario, 0, 1, 1, device)[0]
+        batch = rank_batches(scenario, 0, 1, 1, device)[0]
         return saved_bytes(lambda: scenario.step(model, batch), device,
                            checkpointed_modules(fsdp_units(model), checkpointed)
                            if checkpointed else None, model.parameters(),
@@ -270,7 +270,7 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
                          f"{{'replicate': r, 'shard': s}}, optionally followed by 'tp': t "
                          f"(innermost), with r × s × t = {nprocs}")
     tp = mesh_dims.get("tp", 1)
-    _dtype(param_dtype), _dtype(reduce_dtype)
+    torch_dtype(param_dtype), torch_dtype(reduce_dtype)
     ac = policy_name(activation_checkpointing) or False
     timing = Timing() if timing is None else timing
     stand = choose(mesh_dims, timing, device, representatives, "capture_fsdp")
@@ -283,10 +283,10 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
                        seed=seed)
         if tp > 1:
             saved = _tp_activation_bytes(
-                scenario, tp, device, _dtype(param_dtype), bool(sequence_parallel), ac,
+                scenario, tp, device, torch_dtype(param_dtype), bool(sequence_parallel), ac,
                 represent=device == "meta" and representatives is not False)
     if tp == 1:
-        saved = activation_bytes(scenario, device, _dtype(param_dtype), fsdp_units, ac,
+        saved = activation_bytes(scenario, device, torch_dtype(param_dtype), fsdp_units, ac,
                                  temporaries=True)
     held, recompute = saved
     r0 = res.returns[0]
@@ -315,6 +315,6 @@ def cosim_facts(timing: Timing, res: SimResult, it: int) -> dict[str, Any]:
     and iteration ``it``'s time and exposed communication (to check replay against)."""
     return dict(network=(timing.network.to_dict()
                          if isinstance(timing.network, Network) else None),
-                compute=repr(timing.compute), costs=_probe_costs(timing.compute),
+                compute=repr(timing.compute), costs=probe_costs(timing.compute),
                 cosim_iteration_time=res.timeline.iteration_times()[it],
                 cosim_exposed_comm=res.timeline.exposed_comm()[it])

@@ -32,9 +32,9 @@ from fakepg.errors import RankFailedError
 from ..program.captured import CapturedPipeline
 from ..program.mesh import DeviceMesh
 from ..timing import Timing
-from .capture import _batches, saved_bytes, state_bytes
+from .capture import rank_batches, saved_bytes, state_bytes
 from .checkpointing import checkpointed_modules, is_op, policy_name
-from .capture_fsdp import (_dtype, checkpoint_blocks, cosim_facts, fsdp_units,
+from .capture_fsdp import (torch_dtype, checkpoint_blocks, cosim_facts, fsdp_units,
                            outputs_not_modified_in_place, span_profile)
 from .meta import (DEVICES, fsdp_on_meta, functional_waits_on_meta, in_meta_scope,
                    pipelining_on_meta)
@@ -181,8 +181,8 @@ def _rank_run(scenario: Any, cfg: Mapping[str, Any]) -> Callable[[int], dict[str
             model = scenario.build_model()
         mine = [s for s in range(num_stages) if placement[s] == coord["pp"]]
         inner = mesh[tuple(d for d in mesh_dims if d != "pp")] if len(mesh_dims) > 1 else None
-        policy = MixedPrecisionPolicy(param_dtype=_dtype(cfg["param_dtype"]),
-                                      reduce_dtype=_dtype(cfg["reduce_dtype"]))
+        policy = MixedPrecisionPolicy(param_dtype=torch_dtype(cfg["param_dtype"]),
+                                      reduce_dtype=torch_dtype(cfg["reduce_dtype"]))
         facts: dict[int, dict[str, int]] = {}
         stages = []
         for s in mine:
@@ -247,7 +247,7 @@ def _rank_run(scenario: Any, cfg: Mapping[str, Any]) -> Callable[[int], dict[str
         opt = _StageOptimizers(opts, lambda s, fn: timed((s, "optimizer", None), fn))
         first, final = 0 in mine, num_stages - 1 in mine
         losses_seen: list[list[float]] = []
-        for i, (tokens, targets) in enumerate(_batches(scenario, dp_rank, dp_size,
+        for i, (tokens, targets) in enumerate(rank_batches(scenario, dp_rank, dp_size,
                                                        cfg["iterations"], device)):
             on[0] = i == last
             occurrences.clear()
@@ -346,7 +346,7 @@ def _stage_activation_bytes(scenario: Any, num_stages: int, microbatch_size: int
         if dtype is not None:
             model = model.to(dtype)
         tp_mesh = init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",)) if tp > 1 else None
-        tokens, targets = _batches(scenario, 0, 1, 1, device)[0]
+        tokens, targets = rank_batches(scenario, 0, 1, 1, device)[0]
         # one microbatch's own tokens and targets (a slice would count the whole batch's
         # storage, which the step holds once, not each microbatch in flight)
         x: torch.Tensor = tokens[:microbatch_size].clone()
@@ -437,20 +437,20 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
     for d, v in inner.items():
         integer(f"capture_pp: mesh[{d!r}]", v, minimum=1)
     mesh_dims = {"pp": pp, **{d: int(inner[d]) for d in _MESH_DIMS if d in inner}}
-    model = _checked_llama(scenario)
+    model = checked_llama(scenario)
     num_stages = pp * spr
     from fakepg.zoo.llama import stage_layers
     split = {"input_weight": integer("capture_pp: input_weight", input_weight, minimum=0),
              "output_weight": integer("capture_pp: output_weight", output_weight, minimum=0)}
     stage_layers(model.args.n_layers, 0, num_stages, **split)  # raises when they do not split
-    batch = _batches(scenario, 0, 1, 1, "cpu")[0][0]
+    batch = rank_batches(scenario, 0, 1, 1, "cpu")[0][0]
     batch_size = int(batch.shape[0])
     m = batch_size if microbatches is None else integer("capture_pp: microbatches",
                                                         microbatches, minimum=1)
     if batch_size % m:
         raise ValueError(f"capture_pp: {m} microbatches do not divide the scenario's batch of "
                          f"{batch_size} samples; give a divisor of {batch_size}")
-    _dtype(param_dtype), _dtype(reduce_dtype)
+    torch_dtype(param_dtype), torch_dtype(reduce_dtype)
     timing = Timing() if timing is None else timing
     world = math.prod(mesh_dims.values())
     fsdp = any(d in mesh_dims for d in ("replicate", "shard"))
@@ -458,7 +458,7 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
         raise ValueError("capture_pp: param_dtype / reduce_dtype are FSDP2's mixed precision; "
                          "give a mesh with 'shard' (or 'replicate') to use them")
     io = {"microbatch_size": batch_size // m, "seq_len": int(batch.shape[1]),
-          "dtype": _dtype(param_dtype) or next(model.parameters()).dtype}
+          "dtype": torch_dtype(param_dtype) or next(model.parameters()).dtype}
     cfg = dict(io=io, mesh=mesh_dims, pp=pp, stages_per_rank=spr, microbatches=m, device=device,
                iterations=iterations, schedule=name, param_dtype=param_dtype,
                reduce_dtype=reduce_dtype, sequence_parallel=bool(sequence_parallel), split=split,
@@ -480,7 +480,7 @@ def capture_pp(scenario: Any, pp: int, *, schedule: str = "1F1B",
     placement = stage_ranks(name, pp, spr)
     dmesh = DeviceMesh(world, mesh_dims)
     held = _stage_activation_bytes(scenario, num_stages, batch_size // m, device,
-                                   _dtype(param_dtype), mesh_dims.get("tp", 1),
+                                   torch_dtype(param_dtype), mesh_dims.get("tp", 1),
                                    bool(sequence_parallel), split,
                                    policy_name(activation_checkpointing) or False,
                                    represent=device == "meta" and representatives is not False)
@@ -531,7 +531,7 @@ def _is_p2p(rec: Any) -> bool:
     return rec.op in _P2P
 
 
-def _checked_llama(scenario: Any) -> Any:
+def checked_llama(scenario: Any) -> Any:
     """The scenario's model, built on the meta device (no storage), checked to be a Llama."""
     from fakepg.zoo.llama import Llama
 

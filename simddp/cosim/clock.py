@@ -32,7 +32,7 @@ __all__ = ["RankClock", "Flight", "current", "ptr"]
 
 _gtid = current_graph_task_id
 _Tensor = torch.Tensor
-_EMPTY: Any = types.MappingProxyType({})
+EMPTY: Any = types.MappingProxyType({})
 _OP_NOISE_BITS = 16  # per-op noise: a table of 2**16 factors per rank (see RankClock)
 _OP_NOISE_MASK = (1 << _OP_NOISE_BITS) - 1
 assert _OP_NOISE_MASK == 0xFFFF  # written out as a literal in ClockMode.__torch_dispatch__
@@ -41,14 +41,14 @@ assert _OP_NOISE_MASK == 0xFFFF  # written out as a literal in ClockMode.__torch
 # addition is not associative: 1-ulp differences), and torch itself runs some ops in a
 # run-dependent order. Costs are truncated to whole ticks (exact for costs >= 2**-28 s).
 _PER_S = 2.0 ** 80
-_TICK = 2.0 ** -80
+TICK = 2.0 ** -80
 _floor = math.floor  # (cheaper than int() for a float)
 
 FWD, BWD, OPT, CB, WAIT = 0, 1, 2, 3, 4
-_MEMO, _CALL, _FREE = "memo", "call", "free"  # how an op's cost is found (see classify)
+MEMO, CALL, FREE = "memo", "call", "free"  # how an op's cost is found (see classify)
 _MEMO_LIMIT = 100_000
 # Profiler bookkeeping ops (record_function enter/exit): not work, and not part of any phase.
-_FREE_PACKETS = {getattr(torch.ops.profiler, n) for n in
+FREE_PACKETS = {getattr(torch.ops.profiler, n) for n in
                  ("_record_function_enter", "_record_function_enter_new", "_record_function_exit")
                  if hasattr(torch.ops.profiler, n)}
 KIND_NAMES = ("forward", "backward", "optimizer", "callback", "wait")
@@ -72,12 +72,12 @@ class RankClock:
         t = sim.timing
         self.sim = sim
         self.rank = rank
-        # The clock (a property) is base + ticks·_TICK: ops add their integer ticks to ticks
+        # The clock (a property) is base + ticks·TICK: ops add their integer ticks to ticks
         # (see _PER_S), and setting the clock (a wait, a callback) sets base and zeroes ticks.
         self.base = 0.0
         self.ticks = 0
         self.op_time = t.compute.op_time
-        # func -> the entry (see entry) of its constant cost, or _MEMO, _CALL or _FREE
+        # func -> the entry (see entry) of its constant cost, or MEMO, CALL or FREE
         self.costs: dict[Any, Any] = {}
         # (func, out shape and dtype, arg shapes/dtypes/values) -> entry (see entry)
         self.memo: dict[tuple, Any] = {}
@@ -94,7 +94,7 @@ class RankClock:
         # changes no sum.
         self.noise: array.array | None = None
         self.streams: dict[bytes, list[int]] = {}  # stream name -> [next index, stride]
-        self.call_entries: dict[tuple, Any] = {}  # (func, seconds) -> entry (_CALL ops)
+        self.call_entries: dict[tuple, Any] = {}  # (func, seconds) -> entry (CALL ops)
         self.jitter_seed = jitter_seed
         if self.jitter > 0:
             self.noise = self._noise_table(self.scale)
@@ -161,7 +161,7 @@ class RankClock:
 
     @property
     def clock(self) -> float:
-        return self.base + self.ticks * _TICK
+        return self.base + self.ticks * TICK
 
     @clock.setter
     def clock(self, t: float) -> None:
@@ -204,11 +204,11 @@ class RankClock:
     def memo_entry(self, key: tuple, func: Any, args: tuple, out: Any) -> Any:
         if len(self.memo) > _MEMO_LIMIT:
             self.memo.clear()  # the noise streams stay (keyed by function and cost)
-        e = self.memo[key] = self.entry(func, self.cost(func, args, _EMPTY, out))
+        e = self.memo[key] = self.entry(func, self.cost(func, args, EMPTY, out))
         return e
 
     def const_entry(self, func: Any, cost: Any) -> Any:
-        """What ``costs`` holds for ``func``: its class (_MEMO, _CALL, _FREE), or the entry
+        """What ``costs`` holds for ``func``: its class (MEMO, CALL, FREE), or the entry
         of its constant cost."""
         return self.entry(func, cost) if cost.__class__ is float else cost
 

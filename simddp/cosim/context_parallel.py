@@ -32,8 +32,8 @@ from fakepg.arguments import integer
 
 from ..program.context import CapturedCP, CPMesh
 from ..timing import Timing
-from .capture import _batches, saved_bytes, state_bytes
-from .capture_fsdp import (_dtype, _local_bytes, checkpoint_units, cosim_facts, fsdp_units,
+from .capture import rank_batches, saved_bytes, state_bytes
+from .capture_fsdp import (torch_dtype, local_bytes, checkpoint_units, cosim_facts, fsdp_units,
                            outputs_not_modified_in_place, span_profile)
 from .meta import DEVICES, fsdp_on_meta, functional_waits_on_meta, in_meta_scope
 from .represent import choose, fill, represented, stand_ins
@@ -103,7 +103,7 @@ def _rank_run(scenario: Any, mesh_dims: Mapping[str, int], iterations: int,
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        from .capture import _train
+        from .capture import train_steps
 
         mesh = init_device_mesh("cpu", tuple(mesh_dims.values()),
                                 mesh_dim_names=tuple(mesh_dims))
@@ -113,8 +113,8 @@ def _rank_run(scenario: Any, mesh_dims: Mapping[str, int], iterations: int,
         cp, tp = mesh_dims["cp"], mesh_dims.get("tp", 1)
         if tp > 1:  # torchtitan: TP, then CP's attention, then FSDP2 over dp_shard × cp
             apply_tensor_parallel(model, mesh["tp"], sequence_parallel=sequence_parallel)
-        local_param_bytes = _local_bytes(model)
-        batches = _batches(scenario, rank // (cp * tp), dist.get_world_size() // (cp * tp),
+        local_param_bytes = local_bytes(model)
+        batches = rank_batches(scenario, rank // (cp * tp), dist.get_world_size() // (cp * tp),
                            iterations, device)
         seq = _seq_len(batches[0])
         route = apply_context_parallel(model, mesh["cp"], seq, load_balance)
@@ -127,7 +127,7 @@ def _rank_run(scenario: Any, mesh_dims: Mapping[str, int], iterations: int,
                 dp_mesh = mesh["replicate", "shard_cp"]
         if checkpointed:  # the recomputation routes as the forward did (a thread-local)
             checkpoint_units(model, device)
-        policy = MixedPrecisionPolicy(param_dtype=_dtype(mp[0]), reduce_dtype=_dtype(mp[1]))
+        policy = MixedPrecisionPolicy(param_dtype=torch_dtype(mp[0]), reduce_dtype=torch_dtype(mp[1]))
         for unit in fsdp_units(model):
             fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard_after_forward,
                         mp_policy=policy)
@@ -140,7 +140,7 @@ def _rank_run(scenario: Any, mesh_dims: Mapping[str, int], iterations: int,
             if i == last:
                 marks[phase] = now()
         with route:
-            _train(scenario, model, opt, batches, mark)
+            train_steps(scenario, model, opt, batches, mark)
         scopes = {"cp": mesh["cp"], "shard_cp": dp_mesh if "replicate" not in mesh_dims
                   else dp_mesh["shard_cp"]}
         if tp > 1:
@@ -214,7 +214,7 @@ def _cp_activation_bytes(scenario: Any, mesh_dims: Mapping[str, int], device: st
             model = model.to(dtype)
         if tp > 1:
             apply_tensor_parallel(model, mesh["tp"], sequence_parallel=sequence_parallel)
-        batch = _batches(scenario, 0, 1, 1, device)[0]
+        batch = rank_batches(scenario, 0, 1, 1, device)[0]
         seq = _seq_len(batch)
         route = apply_context_parallel(model, mesh["cp"], seq, load_balance)
         batch = tuple(shard_sequence(mesh["cp"], list(batch[:2]), seq, load_balance))
@@ -278,7 +278,7 @@ def capture_cp(scenario: Any, nprocs: int | None = None, *, timing: Timing | Non
     nprocs = world if nprocs is None else integer("capture_cp: nprocs", nprocs, minimum=1)
     if nprocs != world:
         raise ValueError(f"capture_cp: mesh {dims} has {world} ranks, nprocs is {nprocs}")
-    _dtype(param_dtype), _dtype(reduce_dtype)
+    torch_dtype(param_dtype), torch_dtype(reduce_dtype)
     timing = Timing() if timing is None else timing
     ring = _RingRecorder(nprocs)
     # replicas, shards and TP ranks do the same work: on meta one of each runs (the CP ranks
@@ -293,7 +293,7 @@ def capture_cp(scenario: Any, nprocs: int | None = None, *, timing: Timing | Non
                 (param_dtype, reduce_dtype), device, bool(load_balance),
                 bool(sequence_parallel), checkpointed), stand),
                 (), nprocs, timing=timing, seed=seed)
-        held, recompute = _cp_activation_bytes(scenario, dims, device, _dtype(param_dtype),
+        held, recompute = _cp_activation_bytes(scenario, dims, device, torch_dtype(param_dtype),
                                                bool(load_balance), bool(sequence_parallel),
                                                checkpointed)
     r0 = res.returns[0]

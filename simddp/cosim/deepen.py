@@ -40,7 +40,7 @@ import torch
 from fakepg.arguments import integer
 
 from ..program.captured import CapturedPipeline
-from .capture_pp import _checked_llama, capture_pp, schedule_class, stage_ranks
+from .capture_pp import checked_llama, capture_pp, schedule_class, stage_ranks
 
 __all__ = ["deepen", "capture_pipeline", "shallow_plan"]
 
@@ -195,7 +195,7 @@ def capture_pipeline(scenario: Any, pp: int, *, schedule: str = "1F1B",
     timing, device, …)."""
     cls = schedule_class(schedule)
     spr = integer("capture_pipeline: stages_per_rank", stages_per_rank, minimum=1)
-    model = _checked_llama(scenario)
+    model = checked_llama(scenario)
     split = dict(input_weight=input_weight, output_weight=output_weight)
     plan = None if shallow is False else shallow_plan(model.args.n_layers, pp, spr, schedule,
                                                       **split)

@@ -7,15 +7,20 @@ without calling the compute model whenever it can (:func:`classify`).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
-from ..compat import TorchDispatchMode, fake_tensor_class, is_traceable_wrapper_subclass_type
 
+from ..compat import (TorchDispatchMode, current_graph_task_id, fake_tensor_class,
+                      is_traceable_wrapper_subclass_type)
 from ..models.compute import ConstantCompute, RooflineCompute
 from ..models.kernels import moves_no_data
-from .clock import (_CALL, _EMPTY, _FREE, _MEMO, _TICK, BWD, FWD, RankClock, _floor, _gtid,
-                    _FREE_PACKETS)
+from .clock import (CALL, EMPTY, FREE, MEMO, TICK, BWD, FWD, RankClock,
+                    FREE_PACKETS)
+
+_floor = math.floor  # (cheaper than int() for a float)
+_gtid = current_graph_task_id
 
 __all__ = ["ClockMode", "classify"]
 
@@ -46,16 +51,16 @@ def classify(compute: Any, func: Any) -> Any:
     shapes and dtypes of the output and tensor arguments and the other arguments (the
     roofline's cost is a function of those alone; ops with list arguments or kwargs fall
     back), or a call of ``op_time`` (other models, which may depend on anything)."""
-    if getattr(func, "_overloadpacket", None) in _FREE_PACKETS:
-        return _FREE
+    if getattr(func, "_overloadpacket", None) in FREE_PACKETS:
+        return FREE
     c = compute
     if type(c) is ConstantCompute:
         return float(c.seconds_per_op)
     if type(c) is RooflineCompute:
         if moves_no_data(func):
             return float(c.op_time(func, (), {}, None))
-        return _MEMO  # a function of argument shapes, dtypes and scalars
-    return _CALL
+        return MEMO  # a function of argument shapes, dtypes and scalars
+    return CALL
 
 
 _SUBCLASS_KIND: dict[tuple, str] = {}  # the ``types`` of an op's tensor subclasses -> kind
@@ -99,19 +104,19 @@ class ClockMode(TorchDispatchMode):
             if kind == "fake":
                 return func(*args, **(kwargs or {}))
         r = self.r
-        side = r.access(func, args, kwargs or _EMPTY) if r.watched else None
+        side = r.access(func, args, kwargs or EMPTY) if r.watched else None
         op = func._op  # the C++ operator: hashed in C (OpOverload.__hash__ is Python)
         if kwargs:
             out = op(*args, **kwargs)
         else:
-            kwargs = _EMPTY
+            kwargs = EMPTY
             out = op(*args)
         cost = r.costs.get(op)
         if cost is None:
             cost = r.costs[op] = r.const_entry(func, classify(r.sim.timing.compute, func))
         if cost.__class__ is not str:  # a constant's entry
             q = cost
-        elif cost is _MEMO and not kwargs:
+        elif cost is MEMO and not kwargs:
             try:  # the key: flat for plain tensors (cheaper to build and hash), else nested
                 n = len(args)
                 a = args[0] if n else None
@@ -139,9 +144,9 @@ class ClockMode(TorchDispatchMode):
             except KeyError:
                 q = r.memo_entry(key, func, args, out)
             except (TypeError, AttributeError):  # unhashable args, non-tensor out: never again
-                r.costs[op] = _CALL
+                r.costs[op] = CALL
                 q = r.call_entry(func, r.cost(func, args, kwargs, out))
-        elif cost is _FREE:
+        elif cost is FREE:
             return out
         else:
             q = r.cost(func, args, kwargs, out)
@@ -167,7 +172,7 @@ class ClockMode(TorchDispatchMode):
             st[0] = (i + k) & 0xFFFF  # _OP_NOISE_MASK
             q = _floor(q * noise[i])
         if side is not None:
-            r.side_op(side, q * _TICK)
+            r.side_op(side, q * TICK)
             return out
         ph = r.override
         if ph is None:
@@ -190,7 +195,7 @@ class FaultClockMode(ClockMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         r = self.r
-        t = r.base + r.ticks * _TICK
+        t = r.base + r.ticks * TICK
         if t < r.fault_lo or t >= r.fault_hi:
             r.apply_faults()
         return ClockMode.__torch_dispatch__(self, func, types, args, kwargs)

@@ -20,13 +20,13 @@ if TYPE_CHECKING:
 _ACCUMULATE = AccumulateGrad
 _PY_NODE = torch.autograd.function.BackwardCFunction
 _SAVED_TENSOR = SavedTensor
-_TENSORS = (torch.Tensor, torch.nn.Parameter)
-_SCALARS = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device,
+TENSORS = (torch.Tensor, torch.nn.Parameter)
+SCALARS = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device,
                       torch.layout, torch.memory_format})
 _SUBGRAPH_LIMIT = 64  # module subgraphs noted per rank between backward passes
 
 
-class _Ineligible(Exception):
+class Ineligible(Exception):
     pass
 
 
@@ -49,20 +49,20 @@ def _saved_getter(node: Any) -> Any:
 def _meta(v: Any) -> Any:
     """A saved value as the key holds it: tensors by layout, never unpacked."""
     c = v.__class__
-    if c in _SCALARS:
+    if c in SCALARS:
         return (c, v)  # 1, 1.0 and True are distinct here
     if c is _SAVED_TENSOR:
         if v.unpack_hook is not None:
-            raise _Ineligible  # saved-tensor hooks (checkpointing, offloading): Python code
+            raise Ineligible  # saved-tensor hooks (checkpointing, offloading): Python code
         t = v.data
         return None if t is None else (t.shape, t.dtype, t.stride(), t.layout)
     if c is tuple or c is list:
         types = tuple(map(type, v))  # (sizes, strides: ints; the types keep 1 and 1.0 apart)
-        return (c, types, tuple(v)) if _SCALARS.issuperset(types) else \
+        return (c, types, tuple(v)) if SCALARS.issuperset(types) else \
             (c, *[_meta(x) for x in v])
-    if c in _TENSORS:
+    if c in TENSORS:
         return t_meta(v)
-    raise _Ineligible  # SymInts, opaque objects
+    raise Ineligible  # SymInts, opaque objects
 
 
 def t_meta(t: torch.Tensor) -> tuple:
@@ -77,13 +77,13 @@ def _leaf(node: Any) -> tuple:
 def leaf_state(v: torch.Tensor) -> tuple:
     """A leaf tensor (a parameter) and the state of its ``.grad``."""
     if v._backward_hooks or getattr(v, "_post_accumulate_grad_hooks", None):
-        raise _Ineligible
+        raise Ineligible
     g = v.grad
     return (id(v), v.shape, v.dtype, v.stride(), None if g is None else t_meta(g))
 
 
 def graph_key(roots: list, subs: dict | None = None) -> tuple:
-    """The key of a backward from ``roots`` (nodes): raises _Ineligible where there is none.
+    """The key of a backward from ``roots`` (nodes): raises Ineligible where there is none.
     ``subs``: output node -> (key, leaves, outward edges) of the subgraphs that module calls
     replayed from confirmed tapes built (see :func:`note_subgraph`)."""
     index: dict = {}
@@ -107,7 +107,7 @@ def graph_key(roots: list, subs: dict | None = None) -> tuple:
         if cls is _ACCUMULATE:
             nodes.append(_leaf(n))
         elif isinstance(n, _PY_NODE):
-            raise _Ineligible  # a Python autograd Function: its backward is arbitrary code
+            raise Ineligible  # a Python autograd Function: its backward is arbitrary code
         else:
             get = _attrs.get(cls)
             if get is None:
@@ -115,7 +115,7 @@ def graph_key(roots: list, subs: dict | None = None) -> tuple:
             try:
                 saved = tuple(map(_meta, get(n)))
             except RuntimeError:  # freed saved tensors: the backward will say so, per-op
-                raise _Ineligible from None
+                raise Ineligible from None
             nodes.append((cls, *saved, *[(*m.shape, m.dtype) for m in n._input_metadata]))
         edges.append(nf)
         if nf:
@@ -126,16 +126,16 @@ def graph_key(roots: list, subs: dict | None = None) -> tuple:
 
 def backward_key(r: "RankClock", t_outputs: Any, args: tuple, kwargs: dict) -> tuple:
     if len(args) != 4 or args[3] or len(kwargs) > 2:  # inputs=: which nodes run is not in
-        raise _Ineligible                                # the graph
+        raise Ineligible                                # the graph
     grads, retain, create, _inputs = args
     allow, acc = kwargs.get("allow_unreachable"), kwargs.get("accumulate_grad")
     if len(kwargs) != (allow is not None) + (acc is not None):
-        raise _Ineligible
+        raise Ineligible
     roots = []
     for t in t_outputs:
         fn = getattr(t, "grad_fn", None)
         if fn is None:
-            raise _Ineligible
+            raise Ineligible
         roots.append(fn)
     gk = tuple([None if g is None else t_meta(g) for g in grads])
     return (bool(retain), bool(create), allow, acc, gk, tuple(r.fwd_context),

@@ -9,7 +9,7 @@ tensor arguments' layout, and the grad/inference/autocast modes; recorded per-op
 recordings agree, replayed with the rank's ClockMode off. Not coarse: modules with hooks (or
 any global module hook), keyword arguments, non-tensor arguments, a torch function mode, a
 module called inside backward, an optimizer step or a future callback — and everything
-:func:`simddp.cosim.tape._eligible` refuses (faults, collectives in flight, other models).
+:func:`simddp.cosim.tape.eligible` refuses (faults, collectives in flight, other models).
 """
 
 from __future__ import annotations
@@ -44,11 +44,11 @@ _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks",
 
 
 def _tree(m: nn.Module, out: list, leaves: list) -> None:
-    """Append ``m``'s part of the key (its subtree); raise tape._Ineligible if not pure."""
+    """Append ``m``'s part of the key (its subtree); raise tape.Ineligible if not pure."""
     names = PURE.get(m.__class__)
     if names is None or m._forward_hooks or m._forward_pre_hooks or m._backward_hooks \
             or m._backward_pre_hooks:
-        raise tape._Ineligible
+        raise tape.Ineligible
     out.append((m.__class__, id(m), m.training, *[getattr(m, a) for a in names]))
     for ts in (m._parameters, m._buffers):
         for p in ts.values():
@@ -68,12 +68,12 @@ def _tree(m: nn.Module, out: list, leaves: list) -> None:
 def _key(m: nn.Module, args: tuple, leaves: list) -> tuple:
     if any(getattr(_module, h, None) for h in _GLOBAL_HOOKS) \
             or is_torch_function_mode_enabled():
-        raise tape._Ineligible
+        raise tape.Ineligible
     key: list = ["module", torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
                  torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")]
     for a in args:
         if a.__class__ not in _TENSORS:
-            raise tape._Ineligible
+            raise tape.Ineligible
         key.append(tape.t_meta(a))
     _tree(m, key, leaves)
     return tuple(key)
@@ -88,13 +88,13 @@ def _call(orig: Any, m: nn.Module, args: tuple, kwargs: dict) -> Any:
             r.fwd_context.append((id(m), m.require_backward_grad_sync,
                                   m.require_forward_param_sync))
         return orig(m, *args, **kwargs)
-    if kwargs or not tape._eligible(r):
+    if kwargs or not tape.eligible(r):
         return orig(m, *args, **kwargs)
     leaves: list = []
     try:
         key = _key(m, args, leaves)
         hash(key)
-    except (tape._Ineligible, TypeError):
+    except (tape.Ineligible, TypeError):
         return orig(m, *args)
     out = tape.segment(r, key, lambda: orig(m, *args), FWD)
     done = r.tapes.get(key)

@@ -31,19 +31,19 @@ OPT = 2  # clock.OPT
 
 def _value(v: Any) -> Any:
     c = v.__class__
-    if c in tape._SCALARS:
+    if c in tape.SCALARS:
         return (c, v)
-    if c in tape._TENSORS:
+    if c in tape.TENSORS:
         return tape.t_meta(v)
     if c is tuple or c is list:
         return (c, *[_value(x) for x in v])
-    raise tape._Ineligible
+    raise tape.Ineligible
 
 
 def _key(opt: Any, args: Any, kwargs: Any) -> tuple:
     if len(args) > 1 or kwargs or type(opt) not in PURE or opt._optimizer_step_pre_hooks \
             or opt._optimizer_step_post_hooks:
-        raise tape._Ineligible  # a closure (args: self, closure): arbitrary code; hooks: idem
+        raise tape.Ineligible  # a closure (args: self, closure): arbitrary code; hooks: idem
     key: list = ["step", type(opt), id(opt)]
     state = opt.state
     for group in opt.param_groups:
@@ -58,12 +58,12 @@ def _key(opt: Any, args: Any, kwargs: Any) -> tuple:
 
 def begin(r: "RankClock", opt: Any, args: Any, kwargs: Any) -> None:
     """Called as an outermost step starts (its span opened): record it, or replay it."""
-    if not tape._eligible_in(r, OPT):
+    if not tape.eligible_in(r, OPT):
         return
     try:
         key = _key(opt, args, kwargs)
         hash(key)
-    except (tape._Ineligible, TypeError):
+    except (tape.Ineligible, TypeError):
         return
     found = r.tapes.get(key, False)
     if found is None:
@@ -84,7 +84,7 @@ def end(r: "RankClock") -> None:
         r.popped = None
         play, r.play = r.play, None
         if play.i != len(play.tape.events):
-            raise tape._diverged(r, "ended an optimizer step early")
+            raise tape.diverged_at(r, "ended an optimizer step early")
         play.charge(r, play.tape.tail)
     elif r.step_rec is not None:
         (key, prev), r.step_rec = r.step_rec, None

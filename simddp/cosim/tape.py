@@ -39,14 +39,14 @@ import torch
 from ..compat import (current_graph_task_id, len_torch_dispatch_stack, pop_torch_dispatch_stack,
                       push_on_torch_dispatch_stack, queue_callback)
 from .bound import current
-from .keys import _SCALARS, _TENSORS, _Ineligible, backward_key, note_subgraph, t_meta
+from .keys import SCALARS, TENSORS, Ineligible, backward_key, note_subgraph, t_meta
 
 if TYPE_CHECKING:
     from .clock import RankClock
 
 __all__ = ["Divergence", "install", "uninstall", "event", "interrupt", "segment", "store",
            # the keys' pieces modules and steps use (from .keys)
-           "_Ineligible", "_SCALARS", "_TENSORS", "note_subgraph", "t_meta"]
+           "Ineligible", "SCALARS", "TENSORS", "note_subgraph", "t_meta"]
 
 _floor = math.floor
 _gtid = current_graph_task_id
@@ -65,11 +65,11 @@ def pure(compute: Any) -> bool:
     return type(compute) in (ConstantCompute, RooflineCompute)
 
 
-def _eligible(r: "RankClock") -> bool:
-    return _eligible_in(r, None)
+def eligible(r: "RankClock") -> bool:
+    return eligible_in(r, None)
 
 
-def _eligible_in(r: "RankClock", override: int | None) -> bool:
+def eligible_in(r: "RankClock", override: int | None) -> bool:
     """Whether a segment may start now on ``r`` (its clock's override being ``override``)."""
     return (r.coarse and r.rec is None and r.play is None and r.override == override
             and not r.flights and not r.rank_faults and _gtid() == -1
@@ -145,12 +145,12 @@ class Player:
         events = self.tape.events
         if self.i >= len(events) or events[self.i][0] != sig:
             want = events[self.i][0] if self.i < len(events) else "the end of backward"
-            raise _diverged(r, f"met {sig}, its tape holds {want}")
+            raise diverged_at(r, f"met {sig}, its tape holds {want}")
         self.charge(r, events[self.i][1])
         self.i += 1
 
 
-def _diverged(r: "RankClock", what: str) -> Divergence:
+def diverged_at(r: "RankClock", what: str) -> Divergence:
     r.sim.diverged = True
     return Divergence(f"simddp: rank {r.rank}'s replayed backward {what}; rerunning per-op")
 
@@ -175,7 +175,7 @@ def interrupt(r: "RankClock", what: str) -> None:
     if r.rec is not None:
         r.rec.clean = False
     elif r.play is not None:
-        raise _diverged(r, f"met {what}")
+        raise diverged_at(r, f"met {what}")
 
 
 # -- running a segment ------------------------------------------------------------------------
@@ -229,7 +229,7 @@ def _replay(r: "RankClock", tape: Tape, run: Any, phase: int, before: Any) -> An
         finally:
             push_on_torch_dispatch_stack(mode)
         if play.i != len(tape.events):
-            raise _diverged(r, f"ended before {tape.events[play.i][0]}")
+            raise diverged_at(r, f"ended before {tape.events[play.i][0]}")
         play.charge(r, tape.tail)
     finally:
         r.play = None
@@ -239,12 +239,12 @@ def _replay(r: "RankClock", tape: Tape, run: Any, phase: int, before: Any) -> An
 def _run(orig: Any, t_outputs: Any, *args: Any, **kwargs: Any) -> Any:
     """A backward pass (torch.autograd's ``_engine_run_backward``): a segment."""
     r = current()
-    if r is None or not _eligible(r):
+    if r is None or not eligible(r):
         return orig(t_outputs, *args, **kwargs)
     try:
         key = backward_key(r, t_outputs, args, kwargs)
         hash(key)
-    except (_Ineligible, TypeError):  # TypeError: an unhashable value in the key
+    except (Ineligible, TypeError):  # TypeError: an unhashable value in the key
         r.fwd_context.clear()
         return orig(t_outputs, *args, **kwargs)
 

@@ -130,9 +130,9 @@ def plot_pareto(path: str | os.PathLike, cands: Sequence[Candidate], *, title: s
                 memory_limit_gib: float) -> str:
     """A PNG: every replayed layout's tokens/s per GPU against its peak memory, the Pareto
     front joined, the card's memory as a line."""
-    from ..analysis.plot import _matplotlib
+    from ..analysis.plot import load_matplotlib
 
-    canvas_cls, figure_cls, _ = _matplotlib()
+    canvas_cls, figure_cls, _ = load_matplotlib()
     ok = [c for c in cands if c.tokens_per_s_per_gpu]
     front = pareto_front(cands)
     fig = figure_cls(figsize=(8, 5))

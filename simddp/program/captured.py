@@ -74,7 +74,7 @@ class _Capture(_JSON):
         return None if self.network is None else Network(**self.network)
 
 
-class _MeshCapture(_Capture):
+class MeshCapture(_Capture):
     """A capture on a DeviceMesh (``mesh``: dimension → size)."""
 
     mesh: dict[str, int]
@@ -324,7 +324,7 @@ def parse_indices(text: str) -> list[list[int]]:
 
 
 @dataclass
-class CapturedStep(_MeshCapture):
+class CapturedStep(MeshCapture):
     """One training step of a sharded program (FSDP2, HSDP) as
     :func:`~simddp.cosim.capture_fsdp.capture_fsdp` recorded it; JSON-serialisable.
 
@@ -379,7 +379,7 @@ class CapturedStep(_MeshCapture):
 
 
 @dataclass
-class CapturedPipeline(_MeshCapture):
+class CapturedPipeline(MeshCapture):
     """One training step of a pipeline-parallel program (``torch.distributed.pipelining``,
     optionally with FSDP2 and/or tensor parallelism inside each stage), as
     :func:`~simddp.cosim.capture_pp.capture_pp` recorded it; JSON-serialisable.

@@ -45,7 +45,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .captured import _MeshCapture
+from .captured import MeshCapture
 from .contract import Program
 from .fsdp import check_sharded_knobs, event_marks
 from .knobs import CheckedKnobs
@@ -62,7 +62,7 @@ _GATHERS = ("all_gather_into_tensor", "all_gather", "_allgather_base")
 
 
 @dataclass
-class CapturedCP(_MeshCapture):
+class CapturedCP(MeshCapture):
     """One context-parallel training step as
     :func:`~simddp.cosim.context_parallel.capture_cp` recorded it; JSON-serialisable. The
     fields of a :class:`~simddp.program.captured.CapturedStep` (not a subclass: a registry that

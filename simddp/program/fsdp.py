@@ -58,14 +58,14 @@ from .steps import (Collective, Instruction, Issue, Mark, Memory, Segment, Wait,
 __all__ = ["FSDPProgram", "plan_fsdp", "event_marks", "check_sharded_knobs"]
 
 _NOISE = {"forward": 0, "backward": 1, "optimizer": 3}
-_GATHERS = ("all_gather_into_tensor", "all_gather", "_allgather_base")
+GATHERS = ("all_gather_into_tensor", "all_gather", "_allgather_base")
 _SCATTERS = ("reduce_scatter_tensor", "reduce_scatter", "_reduce_scatter_base")
 _ITEMSIZE = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp32": 4, "float32": 4}
 
 
 def _fsdp_gather(ev: dict[str, Any]) -> bool:
     """An all-gather of FSDP2's (a unit's parameters), not tensor parallelism's."""
-    return ev["op"] in _GATHERS and ev["scope"] != "tp"
+    return ev["op"] in GATHERS and ev["scope"] != "tp"
 
 
 class FSDPProgram(Program):

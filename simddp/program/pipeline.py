@@ -56,7 +56,7 @@ from fakepg.arguments import integer, number
 from ..models import Network
 from .contract import Program
 from .captured import CapturedPipeline
-from .fsdp import _GATHERS, check_sharded_knobs, event_marks
+from .fsdp import GATHERS, check_sharded_knobs, event_marks
 from .knobs import CheckedKnobs
 from .mesh import PipelineMesh
 from .parallel import Parallel
@@ -418,7 +418,7 @@ def _gathered(prof: dict[str, Any] | None) -> int:
     if prof is None:
         return 0
     return sum(int(e["bytes"]) for e in prof["events"]
-               if e["op"] in _GATHERS and e["scope"] != "tp")
+               if e["op"] in GATHERS and e["scope"] != "tp")
 
 
 def _default_spec(cap: CapturedPipeline, world: int) -> str:

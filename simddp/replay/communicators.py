@@ -1,6 +1,6 @@
 """The communicators of the simpy replay engine (:mod:`~simddp.replay.simpy_engine`).
 
-:class:`_Communicators`, a mixin of :class:`~simddp.replay.simpy_engine._Replay`: each communicator
+:class:`Communicators`, a mixin of :class:`~simddp.replay.simpy_engine._Replay`: each communicator
 of the program's mesh (DDP's groups and node subgroups, FSDP's shard and replicate groups…),
 the collectives enqueued on them in program order with their sequence numbers and durations
 (the network's time for the communicator's size and placement: how many of its members share
@@ -15,10 +15,10 @@ from typing import Any
 from ..models import collective_time
 from ..core import CollectiveProcess
 
-__all__ = ["_Communicators"]
+__all__ = ["Communicators"]
 
 
-class _Communicators:
+class Communicators:
     """Collectives on communicators; the host provides ``net``, ``mesh`` (the program's
     :class:`~simddp.program.mesh.Mesh`), ``rep``, ``fabric``, ``env``, ``net_noise`` and
     ``comms`` (per lane: its collectives and their issue times)."""

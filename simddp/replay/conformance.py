@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 from ..program.contract import Program
 from ..program.steps import (MEMORY_CATEGORIES, Compute, Instruction, Issue, Mark, Memory, Pace,
                              Segment, Wait, WaitAll)
-from .simpy_engine import _Replay
+from .simpy_engine import SimpyReplay
 from .vector_engine import VectorReplay, unsupported
 
 __all__ = ["check_planner", "PlannerContractError"]
@@ -125,7 +125,7 @@ def check_planner(planner: Callable[[Any, Any], Any], captured: Any, checked: An
 
 def _check_engines(program: Program, checked: Any, name: str) -> None:
     """Both engines end every iteration at the same time (where the vectorised one runs it)."""
-    ends = _Replay(program, checked, classes=True).run(None).iteration_times()
+    ends = SimpyReplay(program, checked, classes=True).run(None).iteration_times()
     if unsupported(program, checked) is None:
         vec = VectorReplay(program, checked).run(None).iteration_times()
         if [round(x, 12) for x in vec] != [round(x, 12) for x in ends]:

@@ -1,6 +1,6 @@
 """Compute under the network's contention, for the simpy replay engine (:mod:`~simddp.replay.simpy_engine`).
 
-:class:`_ContentionClock`, a mixin of :class:`~simddp.replay.simpy_engine._Replay`: the network's
+:class:`ContentionClock`, a mixin of :class:`~simddp.replay.simpy_engine._Replay`: the network's
 Contention (:mod:`simddp.models.contention`) slows a lane's compute while one of its
 collectives is in flight, and costs a fixed compute-stream time per issued collective.
 Inactive (None, or slowdown 1 and no cost): the code paths of no contention, so results are
@@ -12,10 +12,10 @@ from __future__ import annotations
 from ..models import NetworkModel
 from ..core import CollectiveProcess, at
 
-__all__ = ["_ContentionClock"]
+__all__ = ["ContentionClock"]
 
 
-class _ContentionClock:
+class ContentionClock:
     """Contention's state and its clock; the host provides ``env``, ``comms`` (per lane: its
     collectives and their issue times) and ``_span``."""
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from ..analysis import CommSpan, Lane
 
-__all__ = ["_ReplayLane"]
+__all__ = ["ReplayLane"]
 
 
-class _ReplayLane(Lane):
+class ReplayLane(Lane):
     """A replayed rank's lane: its collectives are the engine's processes (shared by every
     member) with this rank's issue time, turned into CommSpans only when asked."""
 

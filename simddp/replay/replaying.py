@@ -3,7 +3,7 @@
 It checks the knobs (:class:`~simddp.program.knobs.Knobs`), has the capture's planner write
 the step program (:mod:`simddp.program`) and runs it on one engine:
 
-* the **simpy engine** (:class:`~simddp.replay.simpy_engine._Replay`), one simpy process per class of
+* the **simpy engine** (:class:`~simddp.replay.simpy_engine.SimpyReplay`), one simpy process per class of
   identical ranks (:mod:`~simddp.replay.classes`) — without jitter a million ranks are a few
   classes — or per rank (``per_rank=True``, and where nothing else applies);
 * the **vectorised engine** (:class:`~simddp.replay.vector_engine.VectorReplay`), every rank a slot
@@ -30,7 +30,7 @@ from ..program import Knobs, plan
 from ..program.captured import CapturedIteration
 from ..program.steps import job_memory
 from .progress import progress_display
-from .simpy_engine import _Replay
+from .simpy_engine import SimpyReplay
 from .vector_engine import DrawOrderUnsettled, VectorReplay, unsupported
 
 __all__ = ["replay", "ENGINES"]
@@ -141,7 +141,7 @@ def replay(captured: Any, world_size: int | None = None, *,
         finally:
             if was_enabled:
                 gc.enable()
-    sim = _Replay(program, checked, classes=not per_rank)
+    sim = SimpyReplay(program, checked, classes=not per_rank)
     with progress_display(progress) as report:
         timeline = sim.run(report)
     colls = [{"name": c.info["name"], "op": c.info["op"], "group": c.info["group"],

@@ -1,6 +1,6 @@
 """Replay's simpy engine: a step program (:mod:`simddp.program`) run on one simpy environment.
 
-:class:`_Replay`: every rank (or one representative per class of identical ranks,
+:class:`SimpyReplay`: every rank (or one representative per class of identical ranks,
 :mod:`~simddp.replay.classes`) a simpy process that interprets its instructions, every
 collective a process on its communicator, on one :class:`~simddp.core.Fabric`.
 :func:`~simddp.replay.replaying.replay` plans the program and picks this engine or the
@@ -23,11 +23,11 @@ from ..models import noise
 from ..program.knobs import CheckedKnobs
 from ..program.steps import Compute, Instruction, Issue, Memory, Pace, Segment, Wait, WaitAll
 from .classes import classes as _classes
-from .communicators import _Communicators
-from .contention_clock import _ContentionClock
-from .replay_lane import _ReplayLane
+from .communicators import Communicators
+from .contention_clock import ContentionClock
+from .replay_lane import ReplayLane
 
-__all__ = ["_Replay"]
+__all__ = ["SimpyReplay"]
 
 _NO_NOISE = (1.0, 1.0, 1.0, 1.0)
 
@@ -53,7 +53,7 @@ def tagged(tag: tuple, it: int | None) -> tuple:
     return tag if it is None else (tag[0], it, *tag[1:])
 
 
-class _Replay(_Communicators, _ContentionClock):
+class SimpyReplay(Communicators, ContentionClock):
     """One replay: every rank a simpy process on one :class:`Fabric`."""
 
     def __init__(self, program: Any, checked: CheckedKnobs, *, classes: bool = True) -> None:
@@ -372,7 +372,7 @@ class _Replay(_Communicators, _ContentionClock):
         return timeline
 
     def timeline(self) -> Timeline:
-        lanes = [_ReplayLane(self.spans[r], self.comms[r], self.bounds[r],
+        lanes = [ReplayLane(self.spans[r], self.comms[r], self.bounds[r],
                              self.bounds[r][-1] if self.bounds[r] else 0.0)
                  for r in range(self.nlanes)]
         if self.rank_class is None:
