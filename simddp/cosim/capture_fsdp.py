@@ -235,8 +235,7 @@ def _tp_activation_bytes(scenario: Any, tp: int, device: str, dtype: torch.dtype
         apply_tensor_parallel(model, mesh["tp"], sequence_parallel=sequence_parallel)
         batch = _batches(scenario, 0, 1, 1, device)[0]
         return saved_bytes(lambda: scenario.step(model, batch), device,
-                           fsdp_units(model) if checkpointed else None, model.parameters(),
-                           temporaries=True)
+                           fsdp_units(model) if checkpointed else None, model.parameters())
 
     saved = fakepg.spawn(run, nprocs=tp).returns[0]
     return SavedTotals(*saved, getattr(saved, "sizes", ()), getattr(saved, "temporary", 0))
