@@ -222,7 +222,7 @@ def _tp_activation_bytes(scenario: Any, tp: int, device: str, dtype: torch.dtype
         return saved_bytes(lambda: scenario.step(model, batch), device,
                            checkpointed_modules(fsdp_units(model), checkpointed)
                            if checkpointed else None, model.parameters(),
-                           temporaries=True, op_saved=is_op(checkpointed))
+                           op_saved=is_op(checkpointed))  # temporaries: not under DTensor
 
     # on meta the TP ranks are symmetric: rank 0 runs, its collectives answered for the rest
     fn = represented(run, stand_ins({"tp": tp}) if represent else {})
