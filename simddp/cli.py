@@ -34,34 +34,10 @@ import sys
 from typing import Any, Callable, Iterator, Sequence
 
 from . import cli_args as A
+from .cli_calibrate import add_parser as add_calibrate_parser, run as run_calibrate
 from .cli_plan import add_parser as add_plan_parser, run as run_plan
 
 __all__ = ["main"]
-
-_SUFFIX = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def _list(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
-    def parse(text: str) -> list[Any]:
-        parts = [x.strip() for x in text.split(",")]
-        if not text.strip() or any(not x for x in parts):
-            raise argparse.ArgumentTypeError(f"{text!r}: give a comma-separated list without "
-                                             f"empty items")
-        try:
-            return [kind(x) for x in parts]
-        except (ValueError, argparse.ArgumentTypeError) as e:
-            raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
-    return parse
-
-
-def _bool(text: str) -> bool:
-    t = text.strip().lower()
-    if t in ("true", "yes", "on", "1"):
-        return True
-    if t in ("false", "no", "off", "0"):
-        return False
-    raise ValueError(f"{text!r} is not a boolean: give true or false")
-
 
 def _networks(text: str) -> list[str]:
     """--network: presets, calibrate files, spec files and specs; a spec is checked here, so
@@ -80,29 +56,6 @@ def _networks(text: str) -> list[str]:
         except (ValueError, OSError) as e:
             raise argparse.ArgumentTypeError(str(e)) from None
     return items
-
-
-def _hook(text: str) -> str | None:
-    return None if text.lower() in ("none", "no", "-") else text
-
-
-def _cap(text: str) -> float | None:
-    if text.lower() in ("none", "default"):
-        return None
-    return A.real(positive=True, what=" (MB), or none")(text)
-
-
-def _size(text: str) -> int:
-    t = text.strip().upper().rstrip("B").rstrip("I")
-    mult = _SUFFIX.get(t[-1:], 1)
-    try:
-        v = float(t[:-1] if t[-1:] in _SUFFIX else t) * mult
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size: give bytes, e.g. 4096, "
-                                         f"4K, 1M or 1G") from None
-    if not 1 <= v <= 1 << 40:
-        raise argparse.ArgumentTypeError(f"{text!r} is out of range: give 1 byte to 1T")
-    return int(v)
 
 
 def _straggler(text: str) -> dict[int, float]:
@@ -124,8 +77,8 @@ def _straggler(text: str) -> dict[int, float]:
 
 def _grid_flags(p: argparse.ArgumentParser, *, world_default: str | None) -> None:
     g = p.add_argument_group("configurations (comma-separated lists: one row per combination)")
-    g.add_argument("--world-size", type=_list(A.integer(1, A.MAX_WORLD, " ranks")),
-                   default=None if world_default is None else _list(int)(world_default),
+    g.add_argument("--world-size", type=A.listed(A.integer(1, A.MAX_WORLD, " ranks")),
+                   default=None if world_default is None else A.listed(int)(world_default),
                    help="world sizes, e.g. 64,1024 (needed unless every --parallel spec gives "
                         "all its sizes, e.g. pp:4,fsdp:16,tp:8: then the ranks it lays out)")
     g.add_argument("--network", type=_networks, default=["ib-ndr"],
@@ -136,9 +89,9 @@ def _grid_flags(p: argparse.ArgumentParser, *, world_default: str | None) -> Non
                         ".json file of those fields (simddp.models.netspec)")
     g.add_argument("--gpus-per-node", type=A.integer(1, 1024), default=None,
                    help="ranks per node (NVLink inside, the network between nodes)")
-    g.add_argument("--bucket-cap-mb", type=_list(_cap), default=[None],
+    g.add_argument("--bucket-cap-mb", type=A.listed(A.cap), default=[None],
                    help="DDP bucket caps in MB ('none': as captured)")
-    g.add_argument("--comm-hook", type=_list(_hook), default=[None],
+    g.add_argument("--comm-hook", type=A.listed(A.hook), default=[None],
                    help="comm hooks: none, fp16, bf16, powersgd")
     g.add_argument("--straggler", type=_straggler, action="append", default=[],
                    help="RANK:SPEED, e.g. 3:0.5 (repeatable; left out where a world is smaller)")
@@ -155,7 +108,7 @@ def _grid_flags(p: argparse.ArgumentParser, *, world_default: str | None) -> Non
                         "T ranks, innermost) and pp:P (pipeline stages, outermost), e.g. "
                         "fsdp:32,tp:8, dp:8,tp:8 or pp:4,fsdp:16,tp:8; one spec per flag, repeat "
                         "it to compare layouts (the modes are listed below)")
-    g.add_argument("--reshard-after-forward", type=_list(_bool), default=None,
+    g.add_argument("--reshard-after-forward", type=A.listed(A.boolean), default=None,
                    metavar="BOOLS", help="FSDP2's reshard_after_forward, e.g. true,false "
                                          "(one capture each; default true)")
     g.add_argument("--forward-prefetch", type=A.integer(0, 1024), default=None, metavar="N",
@@ -181,11 +134,11 @@ def _grid_flags(p: argparse.ArgumentParser, *, world_default: str | None) -> Non
                    help="Float8 linear layers (modelled by the compute model, or refused)")
     g.add_argument("--async-tp", action="store_true",
                    help="async tensor parallelism (with tp:T; modelled or refused)")
-    g.add_argument("--pp-schedule", type=_list(str), default=None, metavar="NAMES",
+    g.add_argument("--pp-schedule", type=A.listed(str), default=None, metavar="NAMES",
                    help="pipeline layouts (pp:P): torch's schedules, e.g. 1f1b,interleaved1f1b "
                         "(GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, "
                         "ZBVZeroBubble, DualPipeV; default 1F1B)")
-    g.add_argument("--microbatches", type=_list(A.integer(1, 1 << 20)), default=None,
+    g.add_argument("--microbatches", type=A.listed(A.integer(1, 1 << 20)), default=None,
                    metavar="COUNTS",
                    help="pipeline layouts: microbatches per step, e.g. 8,16 (default: the "
                         "fewest the schedule takes)")
@@ -358,41 +311,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("capture", help="a capture JSON (CapturedIteration.save)")
     _grid_flags(r, world_default=None)
     add_plan_parser(sub)
-    c = sub.add_parser("calibrate", help="measure collectives on this machine's backend and "
-                       "fit a network model", description="nccl-tests-style timing of "
-                       "collectives (gloo on CPU, NCCL with GPUs), one process per rank.")
-    c.add_argument("--world-size", type=_list(A.integer(1, 64, " processes")), default=[2],
-                   help="e.g. 2,4")
-    sz = c.add_mutually_exclusive_group()
-    sz.add_argument("--sizes", type=_list(_size), default=None,
-                    help="message sizes, e.g. 4K,1M,16M (default: 4K, 16K, ... up to "
-                         "--max-bytes)")
-    sz.add_argument("--max-bytes", type=_size, default=32 << 20, metavar="SIZE",
-                    help="the largest message, sizes from 4K in powers of 4 up to it "
-                         "(default 32M: DDP's 25 MB bucket and then some)")
-    sz.add_argument("--workload", metavar="NAME",
-                    help="measure up to the largest DDP bucket of this zoo workload or script "
-                         "(at --bucket-cap-mb), e.g. vgg16 (a 411 MB bucket)")
-    c.add_argument("--bucket-cap-mb", type=_list(_cap), default=[None],
-                   help="with --workload: the bucket caps the what-if will try (default DDP's)")
-    c.add_argument("--op", type=_list(str), default=["all_reduce"],
-                   help="all_reduce, all_gather, reduce_scatter, broadcast")
-    c.add_argument("--reps", type=A.integer(1, 10_000), default=5,
-                   help="timed calls per point and round")
-    c.add_argument("--min-rounds", type=A.integer(1, 1000), default=3,
-                   help="stable: each point's median over rounds held still while the last "
-                        "this many rounds came in (default 3)")
-    c.add_argument("--max-rounds", type=A.integer(1, 1000), default=10,
-                   help="rounds at most before giving up on stability (default 10)")
-    c.add_argument("--tolerance", type=A.real(positive=True, hi=10.0), default=0.1,
-                   help="how far (relative) a stable point's median may move over the last "
-                        "--min-rounds rounds (default 0.1)")
-    c.add_argument("--backend", choices=["gloo", "nccl"], default=None)
-    c.add_argument("--json", metavar="FILE", help="write measurements and the fit as JSON")
-    c.add_argument("--no-contention", action="store_true",
-                   help="skip the contention measurement (gloo: a matmul alone vs beside an "
-                        "all_reduce, and the cost of issuing one; stored as the file's "
-                        "\"contention\", which replay applies)")
+    add_calibrate_parser(sub)
     return p
 
 
@@ -629,106 +548,6 @@ def _finish(res: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-def _calibrate_sizes(args: argparse.Namespace) -> list[int]:
-    """--sizes as given; else 4K, 16K, ... up to --max-bytes or the workload's largest bucket."""
-    from .measure import default_sizes, largest_bucket_bytes
-
-    if args.workload is None and args.bucket_cap_mb != [None]:
-        raise ValueError("--bucket-cap-mb says which buckets --workload NAME forms; give the "
-                         "workload too, or --max-bytes for the largest message")
-    if args.sizes is not None:
-        return args.sizes
-    if args.workload is None:
-        return default_sizes(args.max_bytes)
-    import torch
-
-    from .whatif import load_workload
-
-    sc = load_workload(args.workload)
-    with torch.device("meta"):  # shapes only
-        model = sc.build_model()
-    caps = [sc.ddp_kwargs.get("bucket_cap_mb") if c is None else c for c in args.bucket_cap_mb]
-    largest = max(largest_bucket_bytes(model, c) for c in caps)
-    print(f"{args.workload}: largest DDP bucket {largest} bytes "
-          f"({largest / (1 << 20):.1f} MiB); measuring up to it")
-    return default_sizes(largest)
-
-
-def _calibrate(args: argparse.Namespace) -> int:
-    import json
-
-    from .measure import measure
-    from .models import Network
-    from .program.parallel import UsageError
-
-    if args.max_rounds < args.min_rounds:
-        raise UsageError(f"--max-rounds {args.max_rounds} is below --min-rounds "
-                         f"{args.min_rounds}: give max >= min")
-    if args.backend == "nccl":
-        import torch
-
-        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if have < max(args.world_size):
-            raise RuntimeError(f"--backend nccl needs a GPU per rank: this machine has {have}, "
-                               f"--world-size asks for {max(args.world_size)} (use --backend "
-                               f"gloo, or run on a machine with the GPUs)")
-
-    rows = measure(world_sizes=args.world_size, sizes=_calibrate_sizes(args), ops=args.op,
-                   reps=args.reps, backend=args.backend, min_rounds=args.min_rounds,
-                   max_rounds=args.max_rounds, tolerance=args.tolerance)
-    print(f"{'op':<15}{'ranks':>6}{'bytes':>12}{'time us':>12}{'busbw GB/s':>12}"
-          f"{'spread':>8}{'moved':>7}{'rounds':>7}  note")
-    for r in rows:
-        bus = Network.bus_bandwidth_factor(r["op"], r["world_size"]) * r["bytes"] / r["seconds"]
-        note = [] if r["stable"] else ["unstable"]
-        if "measured_seconds" in r:
-            note.append(f"lowered from {r['measured_seconds'] * 1e6:.1f} us (a larger "
-                        f"message was faster)")
-        print(f"{r['op']:<15}{r['world_size']:>6}{r['bytes']:>12}{r['seconds'] * 1e6:>12.1f}"
-              f"{bus / 1e9:>12.3f}{r['spread']:>8.1%}{r['moved']:>7.1%}{r['rounds']:>7}  "
-              f"{'; '.join(note)}")
-    print("spread: interquartile range of a point's rounds / their median; moved: how far its "
-          f"median moved over the last {args.min_rounds} rounds; time: the median, made "
-          "monotone in size")
-    unstable = [r for r in rows if not r["stable"]]
-    if unstable:
-        print(f"calibrate: {len(unstable)} of {len(rows)} points did not settle (median moved "
-              f"more than {args.tolerance:.0%}) in {args.max_rounds} rounds (spread per size "
-              f"above): this machine's load varies; predictions from this file carry that "
-              f"uncertainty. Rerun on a quieter machine or raise --max-rounds.")
-    fits = {}
-    for op in args.op:
-        data = [(r["bytes"], r["world_size"], r["seconds"]) for r in rows if r["op"] == op]
-        try:
-            net = Network.calibrate(data, op=op, name=f"calibrated-{rows[0]['backend']}")
-        except ValueError as e:
-            print(f"{op}: no α–β fit ({e})")
-            continue
-        fits[op] = {"bandwidth_GBps": net.bandwidth_GBps, "latency_us": net.latency_us}
-        print(f"{op}: α–β fit: latency {net.latency_us:.1f} us, bandwidth "
-              f"{net.bandwidth_GBps:.3f} GB/s (Network(bandwidth_GBps=..., latency_us=...))")
-    contention = None
-    if not args.no_contention and rows and rows[0]["backend"] == "gloo":
-        from .measure import contention_of, measure_contention
-
-        worlds = [n for n in args.world_size if n >= 2]
-        if worlds:
-            contention = contention_of(measure_contention(world_sizes=worlds, reps=args.reps))
-            for r in contention["measurements"]:
-                print(f"contention, {r['world_size']} ranks: compute x{r['slowdown']:.2f} while "
-                      f"an all_reduce runs (the all_reduce x{r['comm_slowdown']:.2f} while the "
-                      f"rank computes); issuing one: {r['per_collective_us']:.0f} us")
-            print(f"contention: slowdown {contention['slowdown']:.2f}, per collective "
-                  f"{contention['per_collective_us']:.0f} us (medians over world sizes)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"measurements": rows, "alpha_beta": fits, "contention": contention}, f,
-                      indent=1)
-        print(f"wrote {args.json}: use it as a measured network model, e.g. "
-              f"`simddp whatif mlp --network {args.json}` or Network.from_measurements(path)")
-    return 0
-
-
 def _plan(args: argparse.Namespace) -> int:
     with _executor(args) as ex, _progress(not args.no_progress) as (status, _, _):
         return run_plan(args, ex, status)
@@ -740,7 +559,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .program.parallel import UsageError
 
     try:
-        return {"whatif": _whatif, "replay": _replay, "calibrate": _calibrate,
+        return {"whatif": _whatif, "replay": _replay, "calibrate": run_calibrate,
                 "plan": _plan}[args.command](args)
     except KeyboardInterrupt:
         print("simddp: interrupted", file=sys.stderr)

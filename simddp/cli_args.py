@@ -13,8 +13,8 @@ import argparse
 import math
 from typing import Any, Callable
 
-__all__ = ["integer", "real", "parallel_spec", "ac_policy", "dtype", "MAX_WORLD",
-           "HELP_LISTINGS", "DTYPES"]
+__all__ = ["integer", "real", "listed", "boolean", "hook", "cap", "size", "parallel_spec",
+           "ac_policy", "dtype", "MAX_WORLD", "HELP_LISTINGS", "DTYPES"]
 
 # the largest world simddp replays: 2**24 ranks (the vectorised engine's arrays per rank)
 MAX_WORLD = 1 << 24
@@ -97,6 +97,60 @@ def dtype(text: str) -> str:
 
 
 # what `whatif --help` lists (tests/test_simddp_cli_light.py checks these equal the registries)
+_SUFFIX = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def listed(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
+    """A comma-separated list of ``kind`` (one row per item)."""
+    def parse(text: str) -> list[Any]:
+        parts = [x.strip() for x in text.split(",")]
+        if not text.strip() or any(not x for x in parts):
+            raise argparse.ArgumentTypeError(f"{text!r}: give a comma-separated list without "
+                                             f"empty items")
+        try:
+            return [kind(x) for x in parts]
+        except (ValueError, argparse.ArgumentTypeError) as e:
+            raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
+    return parse
+
+
+def boolean(text: str) -> bool:
+    """true/false, yes/no, on/off, 1/0."""
+    t = text.strip().lower()
+    if t in ("true", "yes", "on", "1"):
+        return True
+    if t in ("false", "no", "off", "0"):
+        return False
+    raise ValueError(f"{text!r} is not a boolean: give true or false")
+
+
+def hook(text: str) -> str | None:
+    """A comm hook's name; none, no or - for none."""
+    return None if text.lower() in ("none", "no", "-") else text
+
+
+def cap(text: str) -> float | None:
+    """A bucket cap in MB > 0; none or default for DDP's."""
+    if text.lower() in ("none", "default"):
+        return None
+    return real(positive=True, what=" (MB), or none")(text)
+
+
+def size(text: str) -> int:
+    """Bytes: 4096, 4K, 1M, 1G (1 byte to 1T)."""
+    t = text.strip().upper().rstrip("B").rstrip("I")
+    mult = _SUFFIX.get(t[-1:], 1)
+    try:
+        v = float(t[:-1] if t[-1:] in _SUFFIX else t) * mult
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: give bytes, e.g. 4096, "
+                                         f"4K, 1M or 1G") from None
+    if not 1 <= v <= 1 << 40:
+        raise argparse.ArgumentTypeError(f"{text!r} is out of range: give 1 byte to 1T")
+    return int(v)
+
+
+
 HELP_LISTINGS: dict[str, tuple[str, ...]] = {
     "zoo scenarios": ("mlp", "many_small_few_large", "grad_order_differs",
                       "grad_order_differs_per_rank", "rank_dependent_unused", "tied_weights",

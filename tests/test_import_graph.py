@@ -277,7 +277,8 @@ def test_rooms_import_only_their_own_room_and_the_rooms_below() -> None:
 # layers, and (drivers only) from other drivers. The engines (cosim, replay) run what the
 # program layer writes; the models and the analysis know nothing of either.
 SIMDDP_LAYERS = (
-    ("simddp", "simddp.__main__", "simddp.cli", "simddp.cli_args", "simddp.cli_plan"),
+    ("simddp", "simddp.__main__", "simddp.cli", "simddp.cli_args", "simddp.cli_plan",
+     "simddp.cli_calibrate"),
     ("simddp.whatif", "simddp.sweep", "simddp.measure", "simddp.exploration", "simddp.strategies",
      "simddp.jobs", "simddp.plan", "simddp.cache", "simddp.capture_cache",
      "simddp.parallelisms"),

@@ -39,7 +39,7 @@ def test_the_mesh_is_pp_replicate_shard_cp_tp_row_major():
 @pytest.mark.parametrize("spec,words", [
     ("fsdp:0", "'fsdp:0': a size is a positive integer"),
     ("hsdp", "hsdp needs its shard size"),
-    ("cp:2", "context parallelism (cp:N) is reserved"),
+    ("cp:0", "'cp:0': a size is a positive integer"),
     ("fsdp,fsdp", "names the data dimension twice"),
     ("ddp,fsdp", "names the data dimension twice (ddp and fsdp)"),
     ("", "an empty --parallel spec"),

@@ -44,7 +44,7 @@ W = ("whatif", "mlp", "--no-progress")
     ((*W, "--world-size", "2", "--network", ""), "an empty --network"),
     ((*W, "--world-size", "8", "--parallel", "fsdp:0"), "'fsdp:0': a size is a positive"),
     ((*W, "--world-size", "8", "--parallel", "hsdp"), "hsdp needs its shard size"),
-    ((*W, "--world-size", "8", "--parallel", "cp:2"), "context parallelism (cp:N) is reserved"),
+    ((*W, "--world-size", "8", "--parallel", "cp:2"), "context parallelism is replayed with FSDP2"),
     ((*W, "--world-size", "8", "--parallel", "fsdp,fsdp"), "names the data dimension twice"),
     ((*W, "--world-size", "8", "--parallel", ""), "an empty --parallel spec"),
     ((*W, "--world-size", "2", "--stages-per-rank", "0"), "--stages-per-rank: 0 is out of range"),
