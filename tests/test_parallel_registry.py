@@ -106,7 +106,7 @@ def test_plan_dispatches_through_the_registry_and_refuses_an_unknown_capture():
 
     checked = Knobs().checked(4, Network.preset("ib-ndr"))
     with pytest.raises(TypeError, match="no planner for dict: the captures replay knows are "
-                                        "CapturedIteration, CapturedPipeline, CapturedStep"):
+                                        "CapturedCP, CapturedIteration, CapturedPipeline, CapturedStep"):
         plan({}, checked)
 
 
