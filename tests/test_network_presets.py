@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from simddp.analysis.published import PUBLISHED, format_table, validate
-from simddp.models.network import NVLS_LATENCY_US, PRESETS, Network
+from simddp.models.network import NVLS_LATENCY_US, Network
+from simddp.models.presets import PRESETS
 
 DGX = ["dgx1-v100", "dgx-a100", "dgx-h100", "dgx-b200"]
 ROOT = Path(__file__).resolve().parents[1]
