@@ -183,7 +183,8 @@ def replay_config(shape: Shape, layout: Layout, cap: Any, network: NetworkModel,
         from ..cosim.deepen import deepen
 
         if cap.pp != layout.pp:
-            cap = deepen(cap, layout.pp, layout.stages_per_rank, n_layers=shape.n_layers)
+            cap = deepen(cap, layout.pp, layout.stages_per_rank, n_layers=shape.n_layers,
+                         input_weight=1, output_weight=1)  # torchtitan's split, as captured
         knobs.update(pp_schedule=layout.schedule, microbatches=layout.microbatches)
     return cap, Config(layout.gpus, network, Knobs.of(**knobs))
 

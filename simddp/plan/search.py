@@ -122,8 +122,8 @@ def plan(shape: Shape, scenario: Callable[..., Any], *, gpus: int, gpus_per_node
             c.feasible, c.reason, c.stage = False, f"not captured: {' '.join(str(cap).split())}", \
                 "memory"
             continue
-        deep, config = replay_config(shape, c.layout, cap, network, gpu_memory_gb)
         try:
+            deep, config = replay_config(shape, c.layout, cap, network, gpu_memory_gb)
             peak, _ = memory_verdict(deep, config)
         except ValueError as e:
             c.feasible, c.reason, c.stage = False, f"refused by the planner: {e}", "memory"
