@@ -45,27 +45,22 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .captured import MeshCapture
-from .contract import Program
-from .fsdp import check_sharded_knobs, event_marks
+from .captured import ShardedStep
+from .fsdp import ShardedProgram, check_reshard, check_sharded_knobs, event_marks
 from .knobs import CheckedKnobs
 from .mesh import DeviceMesh
 from .parallel import Parallel
-from .steps import (Collective, Instruction, Issue, Mark, Memory, Segment, Wait, WaitAll,
-                    peak_memory)
+from .steps import Collective, Instruction, Issue, Mark, Memory, Wait, WaitAll, peak_memory
 
 __all__ = ["CapturedCP", "CPMesh", "CPProgram", "plan_cp", "ring_collectives"]
 
-_NOISE = {"forward": 0, "backward": 1, "optimizer": 3}
-_ITEMSIZE = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp32": 4, "float32": 4}
-_GATHERS = ("all_gather_into_tensor", "all_gather", "_allgather_base")
-
 
 @dataclass
-class CapturedCP(MeshCapture):
+class CapturedCP(ShardedStep):
     """One context-parallel training step as
     :func:`~simddp.cosim.context_parallel.capture_cp` recorded it; JSON-serialisable. The
-    fields of a :class:`~simddp.program.captured.CapturedStep` (not a subclass: a registry that
+    fields FSDP2's :class:`~simddp.program.captured.CapturedStep` has
+    (:class:`~simddp.program.captured.ShardedStep`'s; not a ``CapturedStep``: a registry that
     finds a planner by ``isinstance`` must not take it for FSDP2's) — ``mesh``: ``{"shard": s,
     "cp": c}``, optionally ``"replicate"`` first and ``"tp"`` last; event scopes ``"shard_cp"``,
     ``"cp"``, ``"tp"``, ``"replicate"``; every ``"cp"`` event has its ``wait_at`` — plus the
@@ -73,35 +68,10 @@ class CapturedCP(MeshCapture):
     balancing was on and the device. ``activation_bytes``: one CP rank's (its sequence
     shard's)."""
 
-    name: str
-    parallel: str
-    world_size: int
-    mesh: dict[str, int]
-    reshard_after_forward: bool
-    param_dtype: str | None
-    reduce_dtype: str | None
-    profiles: list[dict[str, Any]]
-    param_bytes: int
-    optimizer_state_bytes: int
-    activation_bytes: int
-    network: dict[str, Any] | None = None
-    compute: str = ""
-    costs: dict[str, float] | None = None
-    cosim_iteration_time: float = 0.0
-    cosim_exposed_comm: float = 0.0
-    recompute_bytes: int = 0
-    activation_checkpointing: bool = False
-    local_param_bytes: int = 0
-    sequence_parallel: bool = False
     seq_len: int = 0
     rotate_method: str = "allgather"
     load_balance: bool = True
     device: str = "cpu"
-
-    @property
-    def tp_param_bytes(self) -> int:
-        """The parameters one TP rank holds before FSDP2 shards them."""
-        return int(self.local_param_bytes or self.param_bytes)
 
     @property
     def cp_size(self) -> int:
@@ -138,12 +108,13 @@ def _p2p(ev: dict[str, Any]) -> bool:
     return ev["op"].startswith("all_to_all")
 
 
-class CPProgram(Program):
+class CPProgram(ShardedProgram):
     """A captured context-parallel step as a step program for one world and set of knobs (see
     the module docstring). ``parallel``: the layout replayed (a
     :class:`~simddp.program.parallel.Parallel`, ``cp:N`` with ``fsdp``, ``hsdp:S`` or ``dp``,
     optionally ``tp:T``; ``cp:N`` alone is FSDP2 over the ring's ranks, as torchtitan shards
-    over ``dp_shard_cp``)."""
+    over ``dp_shard_cp``). FSDP2's part is the FSDP2 planner's
+    (:class:`~simddp.program.fsdp.ShardedProgram`, sharded over shard × cp)."""
 
     def __init__(self, cap: CapturedCP, checked: CheckedKnobs) -> None:
         k = checked.knobs
@@ -167,11 +138,7 @@ class CPProgram(Program):
                              f"rank's sequence shard, ring steps and bytes depend on the "
                              f"degrees, so capture the ones you replay (capture_cp with "
                              f"mesh cp={cp}{f', tp={par.tp}' if par.tp > 1 else ''})")
-        if k.reshard_after_forward is not None and \
-                bool(k.reshard_after_forward) != cap.reshard_after_forward:
-            raise ValueError(f"reshard_after_forward={k.reshard_after_forward} but the capture "
-                             f"ran with {cap.reshard_after_forward}: FSDP2's collectives differ "
-                             f"between the two, so each needs its own capture")
+        check_reshard(k, cap)
         check_sharded_knobs(k, "a context-parallel replay", "CP")
         self.cap, self.world, self.cp = cap, world, cp
         self.parallel = par
@@ -179,38 +146,9 @@ class CPProgram(Program):
         self.mesh = CPMesh(world, {d: v for d, v in dims.items()
                                    if v > 1 or d in ("shard", "cp")
                                    or (d == "replicate" and data == "hsdp")})
-        self.iterations = checked.iterations
-        self.nprofiles = cap.world_size
         self.fsdp_size = par.shard * cp  # FSDP2's group: shard × cp
         self.shard_ratio = (cap.shard_size * cap.cp_size) / self.fsdp_size
-        self.prefetch = {"forward": k.forward_prefetch, "backward": k.backward_prefetch}
-        self.param_bytes = cap.param_bytes
-        shapes = {self._shape(p) for p in cap.profiles}
-        self._why = None if len(shapes) == 1 else \
-            "captured ranks issue different collectives (per-rank programs)"
-        self._by_profile = [self._iteration(p) for p in
-                            (range(self.nprofiles) if self._why else [0])]
-
-    # -- what engines ask ------------------------------------------------------------------
-    def iteration(self, rank: int, it: int) -> Sequence[Instruction]:
-        return self._by_profile[rank % self.nprofiles if self._why else 0]
-
-    def epilogue(self, rank: int) -> Sequence[Instruction]:
-        return ()
-
-    def uniform(self) -> str | None:
-        return self._why
-
-
-    def static_memory(self) -> dict[str, int]:
-        """Per rank before the step: parameters and optimizer state sharded over shard × cp."""
-        return {"parameters": int(self.cap.tp_param_bytes / self.fsdp_size),
-                "optimizer": int(self.cap.optimizer_state_bytes * self.shard_ratio)}
-
-    def memory_programs(self) -> list[tuple[Sequence[Instruction], dict[str, int]]]:
-        """Each distinct rank's step and its memory before the step (for
-        :func:`~simddp.program.steps.job_memory`, the caching allocator's replay)."""
-        return [(prog, self.static_memory()) for prog in self._by_profile]
+        self._plan(checked)
 
     def memory(self, rank: int | None = None) -> tuple[int, dict[str, int]]:
         """(peak bytes, bytes per category at the peak) of ``rank`` in one step (every rank
@@ -219,31 +157,9 @@ class CPProgram(Program):
         return peak, at_peak
 
     # -- the instructions ------------------------------------------------------------------
-    @staticmethod
-    def _shape(profile: dict[str, Any]) -> tuple:
-        return tuple((ph, tuple((e["op"], e["scope"], e["bytes"]) for e in v["events"]))
-                     for ph, v in profile.items())
-
-    def _bytes(self, ev: dict[str, Any]) -> int:
-        if ev["scope"] == "replicate":  # one shard's worth, across replicas
-            return int(round(ev["bytes"] * self.shard_ratio))
-        return int(ev["bytes"])
-
-    def _sharded_grad(self, unit_bytes: int) -> int:
-        """A unit's sharded gradient (fp32 as its sharded parameter) from its all-gather size."""
-        itemsize = _ITEMSIZE.get(self.cap.param_dtype or "fp32", 4)
-        return int(unit_bytes * 4 / itemsize / self.fsdp_size)
-
     def _iteration(self, p: int) -> tuple[Instruction, ...]:
         cap = self.cap
-        fsdp = lambda e: e["op"] in _GATHERS and e["scope"] not in ("tp", "cp")  # noqa: E731
-        units = [e["bytes"] for e in cap.profiles[p]["forward"]["events"] if fsdp(e)]
-        regathered = Counter(e["bytes"] for e in cap.profiles[p]["backward"]["events"]
-                             if fsdp(e))
-        resharded = []
-        for b in units:  # units all-gathered again in backward were resharded after forward
-            resharded.append(regathered[b] > 0)
-            regathered[b] -= 1
+        units, resharded = self._units(p)
         out: list[Instruction] = []
         act = int(cap.activation_bytes)
         for phase in ("forward", "backward", "optimizer"):
@@ -258,9 +174,7 @@ class CPProgram(Program):
                 marks = [m for _, _, m in sorted(
                     [(m.at[p], 0, m) for m in marks] + [(m.at[p], 1, m) for m in ring],
                     key=lambda x: (x[0], x[1]))]
-            seconds = tuple(float(q["seconds"]) * (self.shard_ratio if phase == "optimizer"
-                                                   else 1.0) for q in phases)
-            out.append(Segment(phase, seconds, _NOISE[phase], tuple(marks)))
+            out.append(self._segment(phase, marks))
             out.extend(after)
             if phase == "forward" and act:
                 out.append(Memory("activations", act, "saved for backward"))

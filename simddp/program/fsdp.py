@@ -55,7 +55,8 @@ from .parallel import Parallel
 from .steps import (Collective, Instruction, Issue, Mark, Memory, Segment, Wait, WaitAll,
                     peak_memory)
 
-__all__ = ["FSDPProgram", "plan_fsdp", "event_marks", "check_sharded_knobs"]
+__all__ = ["FSDPProgram", "ShardedProgram", "plan_fsdp", "event_marks", "check_sharded_knobs",
+           "check_reshard", "fsdp_gather", "GATHERS"]
 
 _NOISE = {"forward": 0, "backward": 1, "optimizer": 3}
 GATHERS = ("all_gather_into_tensor", "all_gather", "_allgather_base")
@@ -63,12 +64,107 @@ _SCATTERS = ("reduce_scatter_tensor", "reduce_scatter", "_reduce_scatter_base")
 _ITEMSIZE = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp32": 4, "float32": 4}
 
 
-def _fsdp_gather(ev: dict[str, Any]) -> bool:
-    """An all-gather of FSDP2's (a unit's parameters), not tensor parallelism's."""
-    return ev["op"] in GATHERS and ev["scope"] != "tp"
+def fsdp_gather(ev: dict[str, Any]) -> bool:
+    """An all-gather of FSDP2's (a unit's parameters), not tensor parallelism's (``"tp"``) nor
+    a context-parallel ring's (``"cp"``)."""
+    return ev["op"] in GATHERS and ev["scope"] not in ("tp", "cp")
 
 
-class FSDPProgram(Program):
+class ShardedProgram(Program):
+    """What FSDP2's planner and the planners built on its pieces (context parallelism's:
+    :class:`~simddp.program.context.CPProgram`) share: one program per distinct captured
+    profile (one for all when every captured rank issued the same collectives), parameters,
+    gradients and optimizer state sharded over ``fsdp_size`` ranks.
+
+    A subclass's ``__init__`` checks its layout, sets ``cap``, ``world``, ``parallel``,
+    ``mesh``, ``fsdp_size`` (the ranks FSDP2 shards over) and ``shard_ratio`` (a rank's shard
+    bytes vs the capture's), then calls :meth:`_plan`, which writes each distinct profile's
+    step with the subclass's ``_iteration(p)``."""
+
+    cap: Any
+    fsdp_size: int
+    shard_ratio: float
+
+    def _plan(self, checked: CheckedKnobs) -> None:
+        k, cap = checked.knobs, self.cap
+        self.iterations = checked.iterations
+        self.nprofiles = cap.world_size
+        self.prefetch = {"forward": k.forward_prefetch, "backward": k.backward_prefetch}
+        self.param_bytes = cap.param_bytes
+        shapes = {self._shape(p) for p in cap.profiles}
+        self._why = None if len(shapes) == 1 else \
+            "captured ranks issue different collectives (per-rank programs)"
+        self._by_profile = [self._iteration(p) for p in
+                            (range(self.nprofiles) if self._why else [0])]
+
+    def _iteration(self, p: int) -> tuple[Instruction, ...]:
+        raise NotImplementedError
+
+    # -- what engines ask ------------------------------------------------------------------
+    def iteration(self, rank: int, it: int) -> Sequence[Instruction]:
+        return self._by_profile[rank % self.nprofiles if self._why else 0]
+
+    def epilogue(self, rank: int) -> Sequence[Instruction]:
+        return ()
+
+    def uniform(self) -> str | None:
+        return self._why
+
+    def static_memory(self) -> dict[str, int]:
+        """Per rank before the step: parameters and optimizer state sharded over
+        ``fsdp_size`` ranks (under TP, the TP rank's parameters)."""
+        return {"parameters": int(self.cap.tp_param_bytes / self.fsdp_size),
+                "optimizer": int(self.cap.optimizer_state_bytes * self.shard_ratio)}
+
+    def memory_programs(self) -> list[tuple[Sequence[Instruction], dict[str, int]]]:
+        """Each distinct rank's step and its memory before the step (for
+        :func:`~simddp.program.steps.job_memory`, the caching allocator's replay)."""
+        return [(prog, self.static_memory()) for prog in self._by_profile]
+
+    def memory(self, rank: int | None = None) -> tuple[int, dict[str, int]]:
+        """(peak bytes, bytes per category at the peak) of ``rank`` in one step (None: the
+        captured profile with the highest peak)."""
+        ranks = range(self.nprofiles) if rank is None else [rank]
+        return max((peak_memory(self.iteration(r, 0), self.static_memory())[:2] for r in ranks),
+                   key=lambda x: x[0])
+
+    # -- the pieces of a step --------------------------------------------------------------
+    @staticmethod
+    def _shape(profile: dict[str, Any]) -> tuple:
+        return tuple((ph, tuple((e["op"], e["scope"], e["bytes"]) for e in v["events"]))
+                     for ph, v in profile.items())
+
+    def _bytes(self, ev: dict[str, Any]) -> int:
+        if ev["scope"] == "replicate":  # one shard's worth, across replicas
+            return int(round(ev["bytes"] * self.shard_ratio))
+        return int(ev["bytes"])
+
+    def _sharded_grad(self, unit_bytes: int) -> int:
+        """A unit's sharded gradient (fp32 as its sharded parameter) from its all-gather size."""
+        itemsize = _ITEMSIZE.get(self.cap.param_dtype or "fp32", 4)
+        return int(unit_bytes * 4 / itemsize / self.fsdp_size)
+
+    def _units(self, p: int) -> tuple[list[int], list[bool]]:
+        """Profile ``p``'s FSDP2 units (their all-gather bytes, forward order) and, per unit,
+        whether FSDP2 resharded it after forward (it is all-gathered again in backward)."""
+        prof = self.cap.profiles[p]
+        units = [e["bytes"] for e in prof["forward"]["events"] if fsdp_gather(e)]
+        regathered = Counter(e["bytes"] for e in prof["backward"]["events"] if fsdp_gather(e))
+        resharded = []
+        for b in units:
+            resharded.append(regathered[b] > 0)
+            regathered[b] -= 1
+        return units, resharded
+
+    def _segment(self, phase: str, marks: Sequence[Mark]) -> Segment:
+        """``phase``'s compute with ``marks``: the capture's per profile (the optimizer
+        updates the local shard: its time scales with ``shard_ratio``)."""
+        seconds = tuple(float(q[phase]["seconds"]) * (self.shard_ratio if phase == "optimizer"
+                                                      else 1.0) for q in self.cap.profiles)
+        return Segment(phase, seconds, _NOISE[phase], tuple(marks))
+
+
+class FSDPProgram(ShardedProgram):
     """A captured FSDP2 step as a step program for one world and set of knobs (see the module
     docstring). ``parallel``: the layout replayed; ``memory``: per category at the peak."""
 
@@ -88,82 +184,24 @@ class FSDPProgram(Program):
                              f"shapes, compute and TP collectives depend on the degree, so "
                              f"capture the TP degree you replay (capture_fsdp(mesh={{'shard': "
                              f"s, 'tp': {par.tp}}}); simddp whatif --parallel does)")
-        if k.reshard_after_forward is not None and \
-                bool(k.reshard_after_forward) != cap.reshard_after_forward:
-            raise ValueError(f"reshard_after_forward={k.reshard_after_forward} but the capture "
-                             f"ran with {cap.reshard_after_forward}: FSDP2's collectives differ "
-                             f"between the two, so each needs its own capture")
+        check_reshard(k, cap)
         check_sharded_knobs(k, "an FSDP2 replay", "FSDP2")
         self.cap, self.world, self.parallel = cap, world, par
-        self.iterations = checked.iterations
-        self.nprofiles = cap.world_size
         self.mesh = par.mesh()
+        self.fsdp_size = par.shard
         self.shard_ratio = cap.shard_size / par.shard  # per-rank shard bytes vs the capture's
-        self.prefetch = {"forward": k.forward_prefetch, "backward": k.backward_prefetch}
-        self.param_bytes = cap.param_bytes
-        shapes = {self._shape(p) for p in cap.profiles}
-        self._why = None if len(shapes) == 1 else \
-            "captured ranks issue different collectives (per-rank programs)"
-        self._by_profile = [self._iteration(p) for p in
-                            (range(self.nprofiles) if self._why else [0])]
-
-    # -- what engines ask ------------------------------------------------------------------
-    def iteration(self, rank: int, it: int) -> Sequence[Instruction]:
-        return self._by_profile[rank % self.nprofiles if self._why else 0]
-
-    def epilogue(self, rank: int) -> Sequence[Instruction]:
-        return ()
-
-    def uniform(self) -> str | None:
-        return self._why
-
-    def static_memory(self) -> dict[str, int]:
-        """Per rank before the step: sharded parameters and optimizer state."""
-        return {"parameters": int(self.cap.tp_param_bytes / self.parallel.shard),
-                "optimizer": int(self.cap.optimizer_state_bytes * self.shard_ratio)}
-
-    def memory_programs(self) -> list[tuple[Sequence[Instruction], dict[str, int]]]:
-        """Each distinct rank's step and its memory before the step (for
-        :func:`~simddp.program.steps.job_memory`)."""
-        return [(prog, self.static_memory()) for prog in self._by_profile]
-
-    def memory(self, rank: int | None = None) -> tuple[int, dict[str, int]]:
-        """(peak bytes, bytes per category at the peak) of ``rank`` in one step (None: the
-        captured profile with the highest peak)."""
-        ranks = range(self.nprofiles) if rank is None else [rank]
-        return max((peak_memory(self.iteration(r, 0), self.static_memory())[:2] for r in ranks),
-                   key=lambda x: x[0])
-
-    # -- the instructions ------------------------------------------------------------------
-    @staticmethod
-    def _shape(profile: dict[str, Any]) -> tuple:
-        return tuple((ph, tuple((e["op"], e["scope"], e["bytes"]) for e in v["events"]))
-                     for ph, v in profile.items())
-
-    def _bytes(self, ev: dict[str, Any]) -> int:
-        if ev["scope"] == "replicate":  # one shard's worth, across replicas
-            return int(round(ev["bytes"] * self.shard_ratio))
-        return int(ev["bytes"])
+        self._plan(checked)
 
     def _iteration(self, p: int) -> tuple[Instruction, ...]:
         cap = self.cap
-        units = [e["bytes"] for e in cap.profiles[p]["forward"]["events"] if _fsdp_gather(e)]
-        regathered = Counter(e["bytes"] for e in cap.profiles[p]["backward"]["events"]
-                             if _fsdp_gather(e))
-        resharded = []
-        for b in units:  # units all-gathered again in backward were resharded after forward
-            resharded.append(regathered[b] > 0)
-            regathered[b] -= 1
+        units, resharded = self._units(p)
         out: list[Instruction] = []
-        scale = self.shard_ratio
         act = int(cap.activation_bytes)
         chunks = _activation_chunks(act, tuple(getattr(cap, "activation_sizes", ()) or ()),
                                     units)
         for phase in ("forward", "backward", "optimizer"):
             marks, after = self._phase_marks(p, phase, units, resharded, chunks)
-            seconds = tuple(float(q[phase]["seconds"]) * (scale if phase == "optimizer" else 1.0)
-                            for q in cap.profiles)
-            out.append(Segment(phase, seconds, _NOISE[phase], tuple(marks)))
+            out.append(self._segment(phase, marks))
             out.extend(after)
             if phase == "forward" and act and not units:
                 out.append(Memory("activations", act, "saved for backward",
@@ -189,11 +227,6 @@ class FSDPProgram(Program):
             out.append(Memory("gradients", -grads, "zero_grad(set_to_none=True)"))
         return tuple(out)
 
-    def _sharded_grad(self, unit_bytes: int) -> int:
-        """A unit's sharded gradient (fp32 as its sharded parameter) from its all-gather size."""
-        itemsize = _ITEMSIZE.get(self.cap.param_dtype or "fp32", 4)
-        return int(unit_bytes * 4 / itemsize / self.parallel.shard)
-
     def _phase_marks(self, p: int, phase: str, units: list[int], resharded: list[bool],
                      activations: list[tuple[int, ...]] | None = None
                      ) -> tuple[list[Mark], list[Instruction]]:
@@ -201,6 +234,16 @@ class FSDPProgram(Program):
                            self.prefetch.get(phase, 0), self._bytes, units=units,
                            resharded=resharded, sharded_grad=self._sharded_grad,
                            activations=activations)
+
+
+def check_reshard(k: Knobs, cap: Any) -> None:
+    """``k.reshard_after_forward``, when set, is the capture's (``cap``'s): FSDP2 issues other
+    collectives with the other setting, so each needs its own capture."""
+    if k.reshard_after_forward is not None and \
+            bool(k.reshard_after_forward) != cap.reshard_after_forward:
+        raise ValueError(f"reshard_after_forward={k.reshard_after_forward} but the capture "
+                         f"ran with {cap.reshard_after_forward}: FSDP2's collectives differ "
+                         f"between the two, so each needs its own capture")
 
 
 def check_sharded_knobs(k: Knobs, replay: str, who: str) -> None:
@@ -261,7 +304,7 @@ def event_marks(phases: Sequence[dict[str, Any]], p: int, phase: str, prefetch: 
         float(q["events"][i][key] if q["events"][i][key] is not None
               else q["events"][i]["offset"]) for q in phases)
     # FSDP's unit all-gathers (tensor parallelism's keep their captured points, as others)
-    gathers = [i for i, e in enumerate(evs) if _fsdp_gather(e)]
+    gathers = [i for i, e in enumerate(evs) if fsdp_gather(e)]
     # the unit each all-gather unshards: forward, in order; backward, the resharded units
     # in reverse
     if phase == "backward":

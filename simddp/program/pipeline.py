@@ -56,7 +56,7 @@ from fakepg.arguments import integer, number
 from ..models import Network
 from .contract import Program
 from .captured import CapturedPipeline
-from .fsdp import GATHERS, check_sharded_knobs, event_marks
+from .fsdp import check_reshard, check_sharded_knobs, event_marks, fsdp_gather
 from .knobs import CheckedKnobs
 from .mesh import PipelineMesh
 from .parallel import Parallel
@@ -107,11 +107,7 @@ class PipelineProgram(Program):
             raise ValueError(f"{cap.name}: {len(cap.stages)} stages captured, pp × "
                              f"stages_per_rank = {cap.pp * v}")
         check_sharded_knobs(k, "a pipeline replay", "pipelines")
-        if k.reshard_after_forward is not None and \
-                bool(k.reshard_after_forward) != cap.reshard_after_forward:
-            raise ValueError(f"reshard_after_forward={k.reshard_after_forward} but the capture "
-                             f"ran with {cap.reshard_after_forward}: FSDP2's collectives differ "
-                             f"between the two, so each needs its own capture")
+        check_reshard(k, cap)
         self.schedule = schedule_name(k.pp_schedule or cap.schedule)
         self.microbatches = m = k.microbatches or cap.microbatches
         self.ops = schedule_ops(k.pp_schedule or cap.schedule, cap.pp, m, v)
@@ -417,8 +413,7 @@ def _gathered(prof: dict[str, Any] | None) -> int:
     """Bytes FSDP2 all-gathered (unsharded parameters) in a captured profile."""
     if prof is None:
         return 0
-    return sum(int(e["bytes"]) for e in prof["events"]
-               if e["op"] in GATHERS and e["scope"] != "tp")
+    return sum(int(e["bytes"]) for e in prof["events"] if fsdp_gather(e))
 
 
 def _default_spec(cap: CapturedPipeline, world: int) -> str:
