@@ -50,7 +50,8 @@ class Tally(TorchDispatchMode):
 
 def main(argv: list[str] | None = None) -> int:
     from fakepg.zoo.llama import LLAMA3_CONFIGS, TransformerBlock, rope_tables
-    from simddp.models.compute import Compute, gpu_spec
+    from simddp.models.compute import Compute
+    from simddp.models.devices import gpu_spec
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--gpu", default="h100")

@@ -8,7 +8,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from simddp.models.compute import DEVICES, GPU_FIELDS, Compute, gpu_spec
+from simddp.models.compute import Compute
+from simddp.models.devices import DEVICES, GPU_FIELDS, gpu_spec
 from simddp.models.kernels import (ATTENTION_CURVES, COMPILE_POINTWISE_TRAFFIC, POWER_EXPONENT,
                                    Kernels, op_kind)
 

@@ -6,7 +6,8 @@ from hypothesis import given, settings, strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from simddp.models.compute import DEVICES, Compute, DevicePreset
+from simddp.models.compute import Compute
+from simddp.models.devices import DEVICES, DevicePreset
 
 aten = torch.ops.aten
 

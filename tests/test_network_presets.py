@@ -217,7 +217,8 @@ def test_validate_script_prints_the_table():
 
 
 def test_gpu_compute_presets_cover_the_dgx_generations():
-    from simddp.models.compute import DEVICES, Compute
+    from simddp.models.compute import Compute
+    from simddp.models.devices import DEVICES
     for name in ("v100", "a100", "h100", "b200"):
         assert name in DEVICES and Compute.roofline(name).device.name == name
     peaks = [DEVICES[n].fp16_tflops for n in ("v100", "a100", "h100", "b200")]

@@ -315,7 +315,7 @@ def test_whatif_help_lists_the_workloads_presets_and_parallel_modes_the_registri
 
     from simddp import cli, cli_args
     from simddp.program import registry
-    from simddp.models.compute import DEVICES
+    from simddp.models.devices import DEVICES
     from simddp.models.presets import PRESETS
 
     # help reads light tables (the zoo and presets import torch); they equal the registries

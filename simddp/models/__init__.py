@@ -9,13 +9,14 @@
   issuing a collective (carried by a network model; replay applies it);
 * :class:`MeasuredNetwork`: collective times interpolated from this machine's measurements;
 * :class:`Compute`: kernel-efficiency (the default), roofline, per-op constant and
-  profile-based compute models; :func:`gpu_spec` reads ``PRESET[,field=value...]``;
+  profile-based compute models (:mod:`~simddp.models.compute`) on a GPU preset
+  (:mod:`~simddp.models.devices`; :func:`gpu_spec` reads ``PRESET[,field=value...]``);
 * :mod:`simddp.models.noise`: the seeded log-normal jitter both engines draw.
 """
 
 from . import noise
-from .compute import (DEVICES, GPU_FIELDS, Compute, ConstantCompute, DevicePreset,
-                      ProfileCompute, RooflineCompute, ScaledCompute, gpu_spec)
+from .compute import Compute, ConstantCompute, ProfileCompute, RooflineCompute, ScaledCompute
+from .devices import DEVICES, GPU_FIELDS, DevicePreset, gpu_spec
 from .contention import Contention
 from .measured import MeasuredNetwork
 from .netspec import load_network_spec, parse_network

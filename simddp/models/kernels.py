@@ -11,7 +11,7 @@ of pointwise chains. Every constant's source is in docs/costs.md ("Compute from 
 ::
 
     >>> from simddp.models.kernels import Kernels
-    >>> from simddp.models.compute import gpu_spec
+    >>> from simddp.models.devices import gpu_spec
     >>> k = Kernels(gpu_spec("h100"))
     >>> round(k.gemm_efficiency(8192, 8192, 8192), 3)  # the 0.75 plateau × 2,048 tiles in 16 waves
     0.727
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from .compute import DevicePreset
+    from .devices import DevicePreset
 
 __all__ = ["Kernels", "op_kind", "moves_no_data", "ATTENTION_CURVES", "POWER_EXPONENT",
            "COMPILE_POINTWISE_TRAFFIC", "FLOAT8_CAST_BYTES"]
@@ -165,7 +165,7 @@ def _dims(t: Any) -> tuple[int, ...]:
 
 class Kernels:
     """Per-op costs from kernel efficiencies on ``device`` (a
-    :class:`~simddp.models.compute.DevicePreset`); ``compile``: torch.compile fuses pointwise
+    :class:`~simddp.models.devices.DevicePreset`); ``compile``: torch.compile fuses pointwise
     chains; ``float8``: GEMMs run as Float8 (torchao) on the FP8 tensor cores; ``attention``:
     the fused-attention kernel ("fa2", PyTorch's flash backend, default; "cudnn"; the op's own
     name decides where it says cudnn); ``efficiency``: "kernels" (this model) or "peak" (every

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 __all__ = ["DEFAULT_SYNC_US", "METRIC_BYTES", "sync_seconds"]
 
-DEFAULT_SYNC_US = 2 * 5.0  # two per-op overheads of the device presets (simddp.models.compute)
+DEFAULT_SYNC_US = 2 * 5.0  # two per-op overheads of the device presets (simddp.models.devices)
 METRIC_BYTES = 8  # e.g. a loss and a count in fp32
 
 
