@@ -7,10 +7,11 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from simddp.models.allocator import (CUDA_CONTEXT_BYTES, K_LARGE_BUFFER, K_SMALL_BUFFER,
-                                     NCCL_BUFFSIZE, NCCL_LL128_BUFFSIZE, NCCL_LL_BUFFSIZE,
-                                     CachingAllocator, allocation_size, nccl_buffer_bytes,
-                                     replay_trace, round_size)
+from simddp.models.allocator import (K_LARGE_BUFFER, K_SMALL_BUFFER, CachingAllocator,
+                                     allocation_size, replay_trace, round_size)
+from simddp.models.outside_allocator import (CUDA_CONTEXT_BYTES, NCCL_BUFFSIZE,
+                                             NCCL_LL128_BUFFSIZE, NCCL_LL_BUFFSIZE,
+                                             nccl_buffer_bytes)
 from simddp.program.steps import (Collective, Compute, Issue, Memory, allocator_memory,
                                   job_memory)
 

@@ -42,6 +42,8 @@ event completes; here frees take effect where they stand), CUDA graph private po
 garbage-collection threshold (off by default), ``roundup_power2_divisions``.
 
 Deterministic: the same trace gives the same segments (addresses are handed out in order).
+What a process holds outside the allocator (the CUDA context, NCCL's buffers) is
+:mod:`simddp.models.outside_allocator`'s.
 """
 
 from __future__ import annotations
@@ -51,9 +53,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Hashable, Iterable
 
-__all__ = ["CUDA_CONTEXT_BYTES", "NCCL_BUFFSIZE", "NCCL_LL128_BUFFSIZE", "NCCL_LL_BUFFSIZE",
-           "NCCL_CHANNELS", "NCCL_P2P_CHANNELS_PER_PEER", "nccl_buffer_bytes",
-           "K_MIN_BLOCK_SIZE", "K_SMALL_SIZE", "K_SMALL_BUFFER", "K_MIN_LARGE_ALLOC",
+__all__ = ["K_MIN_BLOCK_SIZE", "K_SMALL_SIZE", "K_SMALL_BUFFER", "K_MIN_LARGE_ALLOC",
            "K_LARGE_BUFFER", "K_ROUND_LARGE", "round_size", "allocation_size",
            "CachingAllocator", "AllocatorStats", "replay_trace"]
 
@@ -491,35 +491,3 @@ def replay_trace(events: Iterable[tuple], *, expandable_segments: bool = False,
             raise ValueError(f"replay_trace: an event is ('alloc', key, nbytes[, stream]) or "
                              f"('free', key), got {ev!r}")
     return alloc.stats()
-
-
-# -- what a training process holds outside the caching allocator --------------------------------
-# The CUDA context (driver state, the kernels loaded): about 400 MB per process with CUDA >= 11.7's
-# lazy module loading, which PyTorch enables (ptrblck, pytorch/pytorch#109888; ~300 MB in #107667).
-# It is not in torch's reserved bytes: it lowers what the allocator can get.
-CUDA_CONTEXT_BYTES = 400 * 10 ** 6
-# NCCL's buffers per connection and protocol (NVIDIA/nccl src/init.cc, DEFAULT_BUFFSIZE,
-# DEFAULT_LL128_BUFFSIZE = NCCL_LL128_ELEMS_PER_THREAD (120) × NCCL_LL128_MAX_NTHREADS (640) ×
-# NCCL_STEPS (8) × 8 B, DEFAULT_LL_BUFFSIZE = NCCL_LL_LINES_PER_THREAD (8) × NCCL_LL_MAX_NTHREADS
-# (512) × NCCL_STEPS (8) × 16 B), allocated by NCCL itself (cudaMalloc / cuMem), not by torch.
-NCCL_BUFFSIZE = 1 << 22  # Simple: NCCL_BUFFSIZE, 4 MiB
-NCCL_LL128_BUFFSIZE = 120 * 640 * 8 * 8  # 4,915,200 B
-NCCL_LL_BUFFSIZE = 8 * 512 * 8 * 16  # 524,288 B
-# channels of a collective communicator: NCCL's MAXCHANNELS (32), what it builds on an
-# NVSwitch H100 node ("32 coll channels" in NCCL_DEBUG=INFO); p2p channels per peer for
-# pipeline sends (NCCL_NCHANNELS_PER_NET_PEER's default, 2)
-NCCL_CHANNELS = 32
-NCCL_P2P_CHANNELS_PER_PEER = 2
-
-
-def nccl_buffer_bytes(communicators: int, p2p_peers: int = 0, *,
-                      channels: int = NCCL_CHANNELS,
-                      p2p_channels_per_peer: int = NCCL_P2P_CHANNELS_PER_PEER) -> int:
-    """NCCL's own buffers in one rank's memory: per collective communicator of two or more
-    ranks, ``channels`` ring connections, each receiving into one buffer per protocol
-    (Simple + LL128 + LL: 9.19 MiB); per pipeline peer, ``p2p_channels_per_peer`` connections
-    each way with a Simple buffer. Tree and NVLS buffers are left out (NCCL connects them on
-    first use; NVLS's multicast buffers depend on the NVSwitch)."""
-    per_connection = NCCL_BUFFSIZE + NCCL_LL128_BUFFSIZE + NCCL_LL_BUFFSIZE
-    return communicators * channels * per_connection + \
-        p2p_peers * p2p_channels_per_peer * 2 * NCCL_BUFFSIZE

@@ -424,7 +424,7 @@ def job_memory(program: Any, *, gpu_memory_bytes: int | None = None,
     largest reserved peak kept; plus the CUDA context and NCCL's buffers
     (:mod:`simddp.models.allocator`), which lower what the allocator may take of
     ``gpu_memory_bytes``."""
-    from ..models.allocator import CUDA_CONTEXT_BYTES, nccl_buffer_bytes
+    from ..models.outside_allocator import CUDA_CONTEXT_BYTES, nccl_buffer_bytes
     pairs = program.memory_programs()
     if pairs is None:  # a planner without per-rank memory programs:
         peak, at_peak = program.memory()  # its program-order peak, nothing outside
