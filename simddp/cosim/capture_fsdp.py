@@ -19,6 +19,7 @@ for backward (a ``saved_tensors_hooks`` count of non-parameter storages).
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -42,9 +43,13 @@ from .simulate import SimResult, now, simulate
 from .tensor_parallel import apply_tensor_parallel
 
 __all__ = ["capture_fsdp", "fsdp_units", "outputs_not_modified_in_place", "checkpoint_units",
-           "checkpoint_blocks", "span_profile", "PHASES"]
+           "checkpoint_blocks", "span_profile", "PHASES", "PHASE_BOUNDS", "shard_model",
+           "step_marks", "sharded_capture_scope", "sharded_step_fields"]
 
 PHASES = ("forward", "backward", "optimizer")
+# each phase of a recorded step: from one mark of train_steps to the next
+PHASE_BOUNDS = {"forward": ("start", "backward"), "backward": ("backward", "backward_done"),
+                "optimizer": ("backward_done", "end")}
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
            "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
 
@@ -56,6 +61,16 @@ def outputs_not_modified_in_place() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view "
                                 "tensor")
+        yield
+
+
+@contextlib.contextmanager
+def sharded_capture_scope(device: str) -> Iterator[None]:
+    """What a capture of FSDP2 runs under: on meta, FSDP2 and functional collectives' waits
+    working without data (:mod:`simddp.cosim.meta`); FSDP2's warnings of view outputs off."""
+    with (fsdp_on_meta() if device == "meta" else contextlib.nullcontext()), \
+            (functional_waits_on_meta() if device == "meta" else contextlib.nullcontext()), \
+            outputs_not_modified_in_place():
         yield
 
 
@@ -95,6 +110,32 @@ def local_bytes(model: torch.nn.Module) -> int:
     return total
 
 
+def shard_model(model: torch.nn.Module, mesh: Any, reshard_after_forward: bool,
+                mp: tuple[str | None, str | None]) -> None:
+    """FSDP2 as torchtitan applies it: ``fully_shard`` on each unit (:func:`fsdp_units`), then
+    on the root, over ``mesh`` with the mixed-precision policy ``mp`` (param and reduce dtype
+    names, None: the parameters' own)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=torch_dtype(mp[0]), reduce_dtype=torch_dtype(mp[1]))
+    for unit in fsdp_units(model):
+        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard_after_forward,
+                    mp_policy=policy)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward,
+                mp_policy=policy)
+
+
+def step_marks(last: int) -> tuple[dict[str, float], Callable[[int, str], None]]:
+    """The virtual times where step ``last``'s phases begin and end (filled as it runs), and
+    the ``mark(i, phase)`` that :func:`~simddp.cosim.capture.train_steps` calls."""
+    marks: dict[str, float] = {}
+
+    def mark(i: int, phase: str) -> None:
+        if i == last:
+            marks[phase] = now()
+    return marks, mark
+
+
 def _rank_run(scenario: Any, mesh_dims: Mapping[str, int], iterations: int,
               reshard_after_forward: bool, mp: tuple[str | None, str | None], device: str,
               checkpointed: Any, sequence_parallel: bool = True):
@@ -102,7 +143,6 @@ def _rank_run(scenario: Any, mesh_dims: Mapping[str, int], iterations: int,
     def _run(rank: int) -> dict[str, Any]:
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         mesh = init_device_mesh("cpu", tuple(mesh_dims.values()),
                                 mesh_dim_names=tuple(mesh_dims))
@@ -117,19 +157,9 @@ def _rank_run(scenario: Any, mesh_dims: Mapping[str, int], iterations: int,
         dp_mesh = mesh[dp_dims] if len(dp_dims) < len(mesh_dims) else mesh
         if checkpointed:
             checkpoint_units(model, device, checkpointed)
-        policy = MixedPrecisionPolicy(param_dtype=torch_dtype(mp[0]), reduce_dtype=torch_dtype(mp[1]))
-        for unit in fsdp_units(model):
-            fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard_after_forward,
-                        mp_policy=policy)
-        fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward,
-                    mp_policy=policy)
+        shard_model(model, dp_mesh, reshard_after_forward, mp)
         opt = scenario.optimizer(model.parameters())
-        marks: dict[str, float] = {}
-
-        def mark(i: int, phase: str) -> None:
-            if i == last:
-                marks[phase] = now()
-
+        marks, mark = step_marks(last)
         # the ranks of a TP group train on their data-parallel rank's batch
         train_steps(scenario, model, opt, rank_batches(scenario, rank // tp, dist.get_world_size() // tp,
                                               iterations, device), mark)
@@ -190,10 +220,8 @@ def span_profile(res: SimResult, rank: int, windows: Sequence[tuple], mesh: Devi
 def _phase_profile(res: SimResult, rank: int, marks: Mapping[str, float],
                    mesh: DeviceMesh) -> dict[str, Any]:
     """Per phase: compute seconds (waits excluded) and the collectives issued in it."""
-    bounds = {"forward": ("start", "backward"), "backward": ("backward", "backward_done"),
-              "optimizer": ("backward_done", "end")}
     return {phase: span_profile(res, rank, [(marks[a], marks[b])], mesh)
-            for phase, (a, b) in bounds.items()}
+            for phase, (a, b) in PHASE_BOUNDS.items()}
 
 
 def _tp_activation_bytes(scenario: Any, tp: int, device: str, dtype: torch.dtype | None,
@@ -276,9 +304,7 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
     stand = choose(mesh_dims, timing, device, representatives, "capture_fsdp")
     run = _rank_run(scenario, mesh_dims, iterations, bool(reshard_after_forward),
                     (param_dtype, reduce_dtype), device, ac, bool(sequence_parallel))
-    with (fsdp_on_meta() if device == "meta" else contextlib.nullcontext()), \
-            (functional_waits_on_meta() if device == "meta" else contextlib.nullcontext()), \
-            outputs_not_modified_in_place():
+    with sharded_capture_scope(device):
         res = simulate(represented(run, stand), (), nprocs, timing=timing,
                        seed=seed)
         if tp > 1:
@@ -295,19 +321,29 @@ def capture_fsdp(scenario: Any, nprocs: int = 2, *, timing: Timing | None = None
     profiles = [None if r in stand else _phase_profile(res, r, o["marks"], dmesh)
                 for r, o in enumerate(res.returns)]
     return CapturedStep(
-        name=str(getattr(scenario, "name", "scenario")),
-        parallel="hsdp" if "replicate" in mesh_dims else "fsdp",
-        world_size=nprocs, mesh=mesh_dims, reshard_after_forward=bool(reshard_after_forward),
-        param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+        **sharded_step_fields(scenario, mesh_dims, r0, reshard_after_forward, param_dtype,
+                              reduce_dtype, sequence_parallel),
         profiles=fill(profiles, stand),
-        param_bytes=int(r0["param_bytes"]),
-        local_param_bytes=int(r0["local_param_bytes"]),
-        sequence_parallel=bool(sequence_parallel) if tp > 1 else False,
-        optimizer_state_bytes=int(r0["optimizer_state_bytes"]),
         activation_bytes=held, recompute_bytes=recompute,
         activation_sizes=list(saved.sizes), temporary_bytes=saved.temporary,
         activation_checkpointing=bool(activation_checkpointing),
         **cosim_facts(timing, res, last))
+
+
+def sharded_step_fields(scenario: Any, mesh_dims: Mapping[str, int], r0: Mapping[str, Any],
+                        reshard_after_forward: bool, param_dtype: str | None,
+                        reduce_dtype: str | None, sequence_parallel: bool) -> dict[str, Any]:
+    """The fields of a :class:`~simddp.program.captured.ShardedStep` that the capture's
+    arguments and rank 0's return (``r0``: parameter and optimizer-state bytes) give."""
+    return dict(name=str(getattr(scenario, "name", "scenario")),
+                parallel="hsdp" if "replicate" in mesh_dims else "fsdp",
+                world_size=math.prod(mesh_dims.values()), mesh=mesh_dims,
+                reshard_after_forward=bool(reshard_after_forward), param_dtype=param_dtype,
+                reduce_dtype=reduce_dtype, param_bytes=int(r0["param_bytes"]),
+                local_param_bytes=int(r0["local_param_bytes"]),
+                sequence_parallel=bool(sequence_parallel) if mesh_dims.get("tp", 1) > 1
+                else False,
+                optimizer_state_bytes=int(r0["optimizer_state_bytes"]))
 
 
 def cosim_facts(timing: Timing, res: SimResult, it: int) -> dict[str, Any]:

@@ -33,9 +33,10 @@ from fakepg.arguments import integer
 from ..program.context import CapturedCP, CPMesh
 from ..timing import Timing
 from .capture import rank_batches, saved_bytes, state_bytes
-from .capture_fsdp import (torch_dtype, local_bytes, checkpoint_units, cosim_facts, fsdp_units,
-                           outputs_not_modified_in_place, span_profile)
-from .meta import DEVICES, fsdp_on_meta, functional_waits_on_meta, in_meta_scope
+from .capture_fsdp import (PHASE_BOUNDS, checkpoint_units, cosim_facts, fsdp_units, local_bytes,
+                           shard_model, sharded_capture_scope, sharded_step_fields, span_profile,
+                           step_marks, torch_dtype)
+from .meta import DEVICES, in_meta_scope
 from .represent import choose, fill, represented, stand_ins
 from .ring_attention import (ROTATE_METHODS, apply_context_parallel, cpu_ring_attention,
                              observing_ring, shard_sequence, torch_cp)
@@ -101,7 +102,6 @@ def _rank_run(scenario: Any, mesh_dims: Mapping[str, int], iterations: int,
     def _run(rank: int) -> dict[str, Any]:
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         from .capture import train_steps
 
@@ -127,18 +127,9 @@ def _rank_run(scenario: Any, mesh_dims: Mapping[str, int], iterations: int,
                 dp_mesh = mesh["replicate", "shard_cp"]
         if checkpointed:  # the recomputation routes as the forward did (a thread-local)
             checkpoint_units(model, device)
-        policy = MixedPrecisionPolicy(param_dtype=torch_dtype(mp[0]), reduce_dtype=torch_dtype(mp[1]))
-        for unit in fsdp_units(model):
-            fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard_after_forward,
-                        mp_policy=policy)
-        fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward,
-                    mp_policy=policy)
+        shard_model(model, dp_mesh, reshard_after_forward, mp)
         opt = scenario.optimizer(model.parameters())
-        marks: dict[str, float] = {}
-
-        def mark(i: int, phase: str) -> None:
-            if i == last:
-                marks[phase] = now()
+        marks, mark = step_marks(last)
         with route:
             train_steps(scenario, model, opt, batches, mark)
         scopes = {"cp": mesh["cp"], "shard_cp": dp_mesh if "replicate" not in mesh_dims
@@ -163,14 +154,12 @@ def _profile(res: SimResult, rank: int, out: Mapping[str, Any], mesh: CPMesh,
     group has the same ranks, and torch may hand both the same process group) — and each ring
     collective's ``wait_at`` where torch waited for it."""
     marks = out["marks"]
-    bounds = {"forward": ("start", "backward"), "backward": ("backward", "backward_done"),
-              "optimizer": ("backward_done", "end")}
     spans = [(s.start, s.end) for s in res.timeline.rank_spans(rank, ("wait",))]
 
     def offset(t0: float, t: float) -> float:  # compute since t0, waits excluded
         return (t - t0) - sum(max(0.0, min(e, t) - max(s, t0)) for s, e in spans)
     profile = {}
-    for phase, (a, b) in bounds.items():
+    for phase, (a, b) in PHASE_BOUNDS.items():
         t0, t1 = marks[a], marks[b]
         p = span_profile(res, rank, [(t0, t1)], mesh)
         records = [(i, r) for i, r in enumerate(res.trace[rank])
@@ -284,9 +273,7 @@ def capture_cp(scenario: Any, nprocs: int | None = None, *, timing: Timing | Non
     # replicas, shards and TP ranks do the same work: on meta one of each runs (the CP ranks
     # all run: their ring steps differ)
     stand = choose(dims, timing, device, None, "capture_cp")
-    with (fsdp_on_meta() if device == "meta" else contextlib.nullcontext()), \
-            (functional_waits_on_meta() if device == "meta" else contextlib.nullcontext()), \
-            outputs_not_modified_in_place(), cpu_ring_attention(rotate_method):
+    with sharded_capture_scope(device), cpu_ring_attention(rotate_method):
         with ring.recording():
             res = simulate(represented(_rank_run(
                 scenario, dims, iterations, bool(reshard_after_forward),
@@ -299,15 +286,11 @@ def capture_cp(scenario: Any, nprocs: int | None = None, *, timing: Timing | Non
     r0 = res.returns[0]
     cpmesh = CPMesh(nprocs, dims)
     return CapturedCP(
-        name=str(getattr(scenario, "name", "scenario")), parallel="fsdp" if "replicate" not in
-        dims else "hsdp", world_size=nprocs, mesh=dims,
-        reshard_after_forward=bool(reshard_after_forward), param_dtype=param_dtype,
-        reduce_dtype=reduce_dtype,
+        **sharded_step_fields(scenario, dims, r0, reshard_after_forward, param_dtype,
+                              reduce_dtype, sequence_parallel),
         profiles=fill([None if r in stand else _profile(res, r, o, cpmesh, ring)
                        for r, o in enumerate(res.returns)], stand),
-        param_bytes=int(r0["param_bytes"]), local_param_bytes=int(r0["local_param_bytes"]),
-        sequence_parallel=bool(sequence_parallel) if dims.get("tp", 1) > 1 else False,
-        optimizer_state_bytes=int(r0["optimizer_state_bytes"]), activation_bytes=held,
+        activation_bytes=held,
         recompute_bytes=recompute, activation_checkpointing=checkpointed,
         seq_len=int(r0["seq_len"]), rotate_method=rotate_method,
         load_balance=bool(load_balance), device=device,
