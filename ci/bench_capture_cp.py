@@ -15,41 +15,28 @@ step, one CP rank's activations and the co-simulated step.
 
 from __future__ import annotations
 
-import argparse
 import os
 
-from bench_capture_realsize import run_child
+from bench_capture_realsize import degree_sweep, run_child, timed_capture
 
-_CHILD = r"""
-import json, sys, time
-name, cp, seq = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-from simddp import Compute, Network, Timing
+_CHILD = timed_capture(
+    setup="""name, cp, seq = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 from simddp.cosim.context_parallel import capture_cp
-from simddp.jobs import resolve_model
-timing = Timing(network=Network.preset("dgx-h100"), compute=Compute.roofline("h100"))
-t0, c0 = time.perf_counter(), time.process_time()
-cap = capture_cp(resolve_model(name, seq_len=seq), timing=timing, mesh={"shard": 1, "cp": cp},
-                 device="meta", param_dtype="bf16", reduce_dtype="fp32")
-wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-ring = sum(e["scope"] == "cp" for ph in cap.profiles[0].values() for e in ph["events"])
-print(json.dumps({"wall": wall, "cpu": cpu, "ring": ring,
-                  "act_gb": cap.activation_bytes / 1e9,
-                  "iteration": cap.cosim_iteration_time}))
-"""
+from simddp.jobs import resolve_model""",
+    capture="""cap = capture_cp(resolve_model(name, seq_len=seq), timing=timing, mesh={"shard": 1, "cp": cp},
+                 device="meta", param_dtype="bf16", reduce_dtype="fp32")""",
+    report='''"ring": sum(e["scope"] == "cp" for ph in cap.profiles[0].values() for e in ph["events"]),
+                  "act_gb": cap.activation_bytes / 1e9''')
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="llama3-8b")
-    ap.add_argument("--cp", default="2,8")
-    ap.add_argument("--seq-len", type=int, default=131072)
-    a = ap.parse_args()
+    models, cps, seq_len = degree_sweep(__doc__, "cp", "2,8", 131072)
     print(f"{'workload':<12} {'cp':>3} {'tokens':>7} {'seconds':>8} {'cpu s':>6} "
           f"{'peak RSS MB':>11} {'ring colls':>10} {'act GB/rank':>11} {'cosim iter s':>12}")
-    for name in a.models.split(","):
-        for cp in (int(c) for c in a.cp.split(",")):
-            r = run_child(_CHILD, name, str(cp), str(a.seq_len))
-            print(f"{name:<12} {cp:>3} {a.seq_len:>7} {r['wall']:>8.1f} {r['cpu']:>6.1f} "
+    for name in models:
+        for cp in cps:
+            r = run_child(_CHILD, name, str(cp), str(seq_len))
+            print(f"{name:<12} {cp:>3} {seq_len:>7} {r['wall']:>8.1f} {r['cpu']:>6.1f} "
                   f"{r['rss_mb']:>11} {r['ring']:>10} {r['act_gb']:>11.1f} "
                   f"{r['iteration']:>12.3f}   {'within' if r['wall'] <= 60 else 'OVER'} "
                   f"the 60 s goal", flush=True)

@@ -62,6 +62,37 @@ def run_child(child: str, *args: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def timed_capture(setup: str, capture: str, report: str) -> str:
+    """A child's source for :func:`run_child`: ``setup`` (reading ``sys.argv``, imports), then
+    ``capture`` (statements binding ``cap``, with ``timing``: an H100 roofline on dgx-h100)
+    timed, then one JSON line: ``wall``, ``cpu``, the co-simulated ``iteration`` and
+    ``report`` (the items of a dict literal, over ``cap``)."""
+    return f"""
+import json, sys, time
+from simddp import Compute, Network, Timing
+timing = Timing(network=Network.preset("dgx-h100"), compute=Compute.roofline("h100"))
+{setup}
+t0, c0 = time.perf_counter(), time.process_time()
+{capture}
+wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+print(json.dumps({{"wall": wall, "cpu": cpu, "iteration": cap.cosim_iteration_time,
+                  {report}}}))
+"""
+
+
+def degree_sweep(doc: str, degree: str, degrees: str, seq_len: int
+                 ) -> tuple[list[str], list[int], int]:
+    """The command line of a bench sweeping one parallel degree: ``--models`` (default
+    llama3-8b), ``--DEGREE`` (comma-separated, default ``degrees``) and ``--seq-len``; returns
+    (models, degrees, sequence length)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--models", default="llama3-8b")
+    ap.add_argument(f"--{degree}", default=degrees)
+    ap.add_argument("--seq-len", type=int, default=seq_len)
+    a = ap.parse_args()
+    return a.models.split(","), [int(d) for d in getattr(a, degree).split(",")], a.seq_len
+
+
 def _run(name: str, parallel: str, ws: int, seq: int) -> dict:
     return run_child(_CHILD, name, parallel, str(ws), str(seq))
 

@@ -12,41 +12,28 @@ co-simulated step. ``T = 1`` is the FSDP2-only capture beside it, for the ratio.
 
 from __future__ import annotations
 
-import argparse
 import os
 
-from bench_capture_realsize import run_child
+from bench_capture_realsize import degree_sweep, run_child, timed_capture
 
-_CHILD = r"""
-import json, sys, time
-name, tp, seq = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+_CHILD = timed_capture(
+    setup="""name, tp, seq = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 from fakepg import zoo
-from simddp import Compute, Network, Timing
 from simddp.cosim.capture_fsdp import capture_fsdp
-timing = Timing(network=Network.preset("dgx-h100"), compute=Compute.roofline("h100"))
-mesh = {"shard": 2, "tp": tp} if tp > 1 else {"shard": 2}
-t0, c0 = time.perf_counter(), time.process_time()
-cap = capture_fsdp(zoo.get(name, seq_len=seq), 2 * tp, timing=timing, mesh=mesh, device="meta")
-wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-tp_events = sum(e["scope"] == "tp" for ph in cap.profiles[0].values() for e in ph["events"])
-print(json.dumps({"wall": wall, "cpu": cpu, "tp_collectives": tp_events,
-                  "tp_param_gb": cap.tp_param_bytes / 1e9,
-                  "iteration": cap.cosim_iteration_time}))
-"""
+mesh = {"shard": 2, "tp": tp} if tp > 1 else {"shard": 2}""",
+    capture="""cap = capture_fsdp(zoo.get(name, seq_len=seq), 2 * tp, timing=timing, mesh=mesh, device="meta")""",
+    report='''"tp_collectives": sum(e["scope"] == "tp" for ph in cap.profiles[0].values() for e in ph["events"]),
+                  "tp_param_gb": cap.tp_param_bytes / 1e9''')
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="llama3-8b")
-    ap.add_argument("--tp", default="1,2,8")
-    ap.add_argument("--seq-len", type=int, default=8192)
-    a = ap.parse_args()
+    models, tps, seq_len = degree_sweep(__doc__, "tp", "1,2,8", 8192)
     print(f"{'workload':<12} {'tp':>3} {'ranks':>5} {'seconds':>8} {'cpu s':>6} "
           f"{'peak RSS MB':>11} {'TP colls':>8} {'TP-rank GB':>10} {'cosim iter s':>12}")
-    for name in a.models.split(","):
+    for name in models:
         base = None
-        for tp in (int(t) for t in a.tp.split(",")):
-            r = run_child(_CHILD, name, str(tp), str(a.seq_len))
+        for tp in tps:
+            r = run_child(_CHILD, name, str(tp), str(seq_len))
             base = base or r["wall"]
             print(f"{name:<12} {tp:>3} {2 * tp:>5} {r['wall']:>8.1f} {r['cpu']:>6.1f} "
                   f"{r['rss_mb']:>11} {r['tp_collectives']:>8} {r['tp_param_gb']:>10.2f} "
