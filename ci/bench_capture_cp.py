@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from bench_capture_realsize import degree_sweep, run_child, timed_capture
+from bench_capture_realsize import degree_sweep, timed_capture
 
 _CHILD = timed_capture(
     setup="""name, cp, seq = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -25,21 +25,17 @@ from simddp.cosim.context_parallel import capture_cp
 from simddp.jobs import resolve_model""",
     capture="""cap = capture_cp(resolve_model(name, seq_len=seq), timing=timing, mesh={"shard": 1, "cp": cp},
                  device="meta", param_dtype="bf16", reduce_dtype="fp32")""",
-    report='''"ring": sum(e["scope"] == "cp" for ph in cap.profiles[0].values() for e in ph["events"]),
-                  "act_gb": cap.activation_bytes / 1e9''')
+    report='"ring": scope_events(cap, "cp"), "act_gb": cap.activation_bytes / 1e9')
 
 
 def main() -> None:
-    models, cps, seq_len = degree_sweep(__doc__, "cp", "2,8", 131072)
     print(f"{'workload':<12} {'cp':>3} {'tokens':>7} {'seconds':>8} {'cpu s':>6} "
           f"{'peak RSS MB':>11} {'ring colls':>10} {'act GB/rank':>11} {'cosim iter s':>12}")
-    for name in models:
-        for cp in cps:
-            r = run_child(_CHILD, name, str(cp), str(seq_len))
-            print(f"{name:<12} {cp:>3} {seq_len:>7} {r['wall']:>8.1f} {r['cpu']:>6.1f} "
-                  f"{r['rss_mb']:>11} {r['ring']:>10} {r['act_gb']:>11.1f} "
-                  f"{r['iteration']:>12.3f}   {'within' if r['wall'] <= 60 else 'OVER'} "
-                  f"the 60 s goal", flush=True)
+    for name, cp, seq_len, r in degree_sweep(__doc__, _CHILD, "cp", "2,8", 131072):
+        print(f"{name:<12} {cp:>3} {seq_len:>7} {r['wall']:>8.1f} {r['cpu']:>6.1f} "
+              f"{r['rss_mb']:>11} {r['ring']:>10} {r['act_gb']:>11.1f} "
+              f"{r['iteration']:>12.3f}   {'within' if r['wall'] <= 60 else 'OVER'} "
+              f"the 60 s goal", flush=True)
     print(f"goal: cp:8 at 131,072 tokens cold <= 60 s on this machine (load average now "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
 

@@ -22,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Iterator
 
 _CHILD = r"""
 import json, sys, time
@@ -66,11 +67,14 @@ def timed_capture(setup: str, capture: str, report: str) -> str:
     """A child's source for :func:`run_child`: ``setup`` (reading ``sys.argv``, imports), then
     ``capture`` (statements binding ``cap``, with ``timing``: an H100 roofline on dgx-h100)
     timed, then one JSON line: ``wall``, ``cpu``, the co-simulated ``iteration`` and
-    ``report`` (the items of a dict literal, over ``cap``)."""
+    ``report`` (the items of a dict literal, over ``cap``; ``scope_events(cap, scope)``: rank
+    0's collectives on a mesh dimension in the step)."""
     return f"""
 import json, sys, time
 from simddp import Compute, Network, Timing
 timing = Timing(network=Network.preset("dgx-h100"), compute=Compute.roofline("h100"))
+def scope_events(cap, scope):
+    return sum(e["scope"] == scope for ph in cap.profiles[0].values() for e in ph["events"])
 {setup}
 t0, c0 = time.perf_counter(), time.process_time()
 {capture}
@@ -80,17 +84,20 @@ print(json.dumps({{"wall": wall, "cpu": cpu, "iteration": cap.cosim_iteration_ti
 """
 
 
-def degree_sweep(doc: str, degree: str, degrees: str, seq_len: int
-                 ) -> tuple[list[str], list[int], int]:
-    """The command line of a bench sweeping one parallel degree: ``--models`` (default
-    llama3-8b), ``--DEGREE`` (comma-separated, default ``degrees``) and ``--seq-len``; returns
-    (models, degrees, sequence length)."""
+def degree_sweep(doc: str, child: str, degree: str, degrees: str, seq_len: int
+                 ) -> Iterator[tuple[str, int, int, dict]]:
+    """A bench sweeping one parallel degree: reads its command line (``--models``, default
+    llama3-8b; ``--DEGREE``, comma-separated, default ``degrees``; ``--seq-len``) and runs
+    ``child`` with (model, degree, sequence length) for each model and degree, yielding them
+    with the child's JSON."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--models", default="llama3-8b")
     ap.add_argument(f"--{degree}", default=degrees)
     ap.add_argument("--seq-len", type=int, default=seq_len)
     a = ap.parse_args()
-    return a.models.split(","), [int(d) for d in getattr(a, degree).split(",")], a.seq_len
+    for name in a.models.split(","):
+        for d in (int(x) for x in getattr(a, degree).split(",")):
+            yield name, d, a.seq_len, run_child(child, name, str(d), str(a.seq_len))
 
 
 def _run(name: str, parallel: str, ws: int, seq: int) -> dict:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from bench_capture_realsize import degree_sweep, run_child, timed_capture
+from bench_capture_realsize import degree_sweep, timed_capture
 
 _CHILD = timed_capture(
     setup="""name, tp, seq = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -22,23 +22,19 @@ from fakepg import zoo
 from simddp.cosim.capture_fsdp import capture_fsdp
 mesh = {"shard": 2, "tp": tp} if tp > 1 else {"shard": 2}""",
     capture="""cap = capture_fsdp(zoo.get(name, seq_len=seq), 2 * tp, timing=timing, mesh=mesh, device="meta")""",
-    report='''"tp_collectives": sum(e["scope"] == "tp" for ph in cap.profiles[0].values() for e in ph["events"]),
-                  "tp_param_gb": cap.tp_param_bytes / 1e9''')
+    report='"tp_collectives": scope_events(cap, "tp"), "tp_param_gb": cap.tp_param_bytes / 1e9')
 
 
 def main() -> None:
-    models, tps, seq_len = degree_sweep(__doc__, "tp", "1,2,8", 8192)
     print(f"{'workload':<12} {'tp':>3} {'ranks':>5} {'seconds':>8} {'cpu s':>6} "
           f"{'peak RSS MB':>11} {'TP colls':>8} {'TP-rank GB':>10} {'cosim iter s':>12}")
-    for name in models:
-        base = None
-        for tp in tps:
-            r = run_child(_CHILD, name, str(tp), str(seq_len))
-            base = base or r["wall"]
-            print(f"{name:<12} {tp:>3} {2 * tp:>5} {r['wall']:>8.1f} {r['cpu']:>6.1f} "
-                  f"{r['rss_mb']:>11} {r['tp_collectives']:>8} {r['tp_param_gb']:>10.2f} "
-                  f"{r['iteration']:>12.3f}   x{r['wall'] / base:.2f} of the first row",
-                  flush=True)
+    first: dict[str, float] = {}  # each model's first row, for the ratio
+    for name, tp, _, r in degree_sweep(__doc__, _CHILD, "tp", "1,2,8", 8192):
+        base = first.setdefault(name, r["wall"])
+        print(f"{name:<12} {tp:>3} {2 * tp:>5} {r['wall']:>8.1f} {r['cpu']:>6.1f} "
+              f"{r['rss_mb']:>11} {r['tp_collectives']:>8} {r['tp_param_gb']:>10.2f} "
+              f"{r['iteration']:>12.3f}   x{r['wall'] / base:.2f} of the first row",
+              flush=True)
     print(f"goal: seconds per capture on this machine (load average now "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
 
