@@ -21,6 +21,7 @@ import dataclasses
 import enum
 import functools
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -30,7 +31,7 @@ import types
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["cache_dir", "capture_key", "cached", "enabled_by_default", "Unkeyable"]
+__all__ = ["cache_dir", "capture_key", "cached", "enabled_by_default", "Unkeyable", "by_ref"]
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
@@ -57,15 +58,20 @@ def enabled_by_default() -> bool:
 @functools.lru_cache(maxsize=1)
 def code_version() -> str:
     """A digest of the source that captures run (simddp, fakepg, the zoo) and the versions of
-    torch and Python: a change to any of them is a new key."""
-    import torch
+    torch and Python: a change to any of them is a new key. torch's version is read from its
+    installed metadata, so computing a key imports no torch."""
+    from importlib.metadata import version
 
-    h = hashlib.sha256(f"{torch.__version__}|{sys.version_info[:3]}".encode())
+    h = hashlib.sha256(f"{version('torch')}|{sys.version_info[:3]}".encode())
     roots = []
+    # found, not imported, so a key is the same whatever the process loaded so far; the zoo
+    # (models/) where it sits beside simddp (a checkout), not a `models` of the working directory
     for name in ("simddp", "fakepg", "models"):
-        mod = sys.modules.get(name)
-        if mod is not None and getattr(mod, "__file__", None):
-            roots.append(Path(mod.__file__).parent)
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin and spec.origin.endswith("__init__.py"):
+            root = Path(spec.origin).parent
+            if name != "models" or root.parent == Path(__file__).resolve().parent.parent:
+                roots.append(root)
     for root in roots:
         for path in sorted(root.rglob("*.py")):
             h.update(str(path.relative_to(root.parent)).encode())
@@ -128,11 +134,13 @@ def capture_key(request: Any, layout_key: str) -> str:
 
 
 def cached(request: Any, layout_key: str, run: Callable[[], Any], *,
-           enabled: bool = True, note: Callable[[str], None] = lambda text: None
-           ) -> tuple[Any, bool]:
+           enabled: bool = True, note: Callable[[str], None] = lambda text: None,
+           ref: tuple[str, dict[str, Any]] | None = None) -> tuple[Any, bool]:
     """``run()``'s capture for ``request``, from the cache when an entry exists (then
     ``(capture, True)``), else run and stored (``(capture, False)``). ``note`` hears about a
-    hit, an entry ignored and a capture that cannot be cached."""
+    hit, an entry ignored and a capture that cannot be cached. ``ref``: (a key over the
+    request as the user gave it, facts to keep beside it): remembered, so :func:`by_ref` finds
+    the capture again without building the request."""
     from .program.captured import CaptureFileError, capture_from_dict
 
     if not enabled:
@@ -148,15 +156,42 @@ def cached(request: Any, layout_key: str, run: Callable[[], Any], *,
             with open(path, encoding="utf-8") as f:
                 cap = capture_from_dict(json.load(f))
             note(f"capture loaded from the cache ({path})")
+            _remember(ref, key)
             return cap, True
         except (OSError, ValueError, CaptureFileError) as e:
             note(f"ignoring the cache entry {path}: {e}")
     cap = run()
     try:
         _write(path, cap.to_json())
+        _remember(ref, key)
     except OSError as e:
         note(f"could not write the cache entry {path} ({e}); the capture is not cached")
     return cap, False
+
+
+def by_ref(ref: str, *, note: Callable[[str], None] = lambda text: None
+           ) -> tuple[Any, dict[str, Any]] | None:
+    """The capture and the facts remembered under ``ref`` by :func:`cached` (None when there
+    is none, or its entry does not load: the caller then captures through :func:`cached`,
+    which notes and replaces a bad entry). Reads JSON only: no workload is built."""
+    from .program.captured import CaptureFileError, capture_from_dict
+
+    try:
+        with open(cache_dir() / "refs" / f"{ref}.json", encoding="utf-8") as f:
+            facts = json.load(f)
+        path = cache_dir() / f"{facts.pop('key')}.json"
+        with open(path, encoding="utf-8") as f:
+            cap = capture_from_dict(json.load(f))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, CaptureFileError):
+        return None
+    note(f"capture loaded from the cache ({path})")
+    return cap, facts
+
+
+def _remember(ref: tuple[str, dict[str, Any]] | None, key: str) -> None:
+    if ref is not None:  # a shortcut only: one not written costs the next command its build
+        with contextlib.suppress(OSError):
+            _write(cache_dir() / "refs" / f"{ref[0]}.json", json.dumps({"key": key, **ref[1]}))
 
 
 def _write(path: Path, text: str) -> None:

@@ -28,21 +28,19 @@ Steps:
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import inspect
+import json
 import os
 import runpy
 from typing import Any, Callable, Mapping
 
-import torch
-
 from .analysis.sweeps import SweepResult
-from .models import Compute, Network, NetworkModel
+from .models import Network, NetworkModel
 from .timing import Timing
-from .cosim.meta import in_meta_scope
 from .program.knobs import Config, Knobs
 from .program.parallel import UsageError
 from .program.registry import CaptureOptions
-from .cosim.simulate import now, simulate
 from .sweep import Progress, run_configs
 
 __all__ = ["whatif", "replay_grid", "load_workload", "step_time", "step_phases", "calibrate_compute",
@@ -115,6 +113,10 @@ def _plain_steps(scenario: Any, steps: int, device: str
                  ) -> Callable[[int], list[dict[str, float]]]:
     """Each step's phases (as the capture splits a DDP step): forward (zero_grad, forward,
     loss), backward, optimizer."""
+    import torch  # here, not at import: a what-if whose capture is cached runs no torch
+
+    from .cosim.simulate import now
+
     def run(rank: int) -> list[dict[str, float]]:
         with torch.device(device):  # on meta a real-size model is built without storage
             model = scenario.build_model()
@@ -141,6 +143,9 @@ def step_phases(scenario: Any, compute: Any, *, device: str | None = None
     the device the capture runs on, so the plain step runs the very ops the DDP step runs —
     on "meta" some ops decompose differently, e.g. attention, and a transformer's step came
     out 15 % apart) or "meta" (shapes only, no arithmetic)."""
+    from .cosim.meta import in_meta_scope
+    from .cosim.simulate import simulate
+
     timing = Timing(compute=compute)
     device = device or "cpu"
     # under the capture's meta scope, so the plain step runs the ops the capture runs
@@ -234,12 +239,14 @@ def replay_grid(captured: Any, *, world_size: Any, network: Any = "ib-ndr",
                        title=title)
 
 
-def _pipeline_variants(workload: Any, sc: Any, par: Any, schedules: Any, microbatches: Any,
+def _pipeline_variants(workload: Any, par: Any, schedules: Any, microbatches: Any,
                        stages_per_rank: int | None, batch_size: int | None,
-                       base: CaptureOptions) -> list[tuple[Any, CaptureOptions, dict[str, Any]]]:
+                       base: CaptureOptions) -> list[tuple[int | None, CaptureOptions,
+                                                           list[dict[str, Any]]]]:
     """A pipeline layout's captures: one per schedule and microbatch size (torch's real
     pipelining, FSDP2 / TP inside the stages), each replayed per microbatch count: a list of
-    (scenario, capture options, [replay knobs per microbatch count])."""
+    (the batch the workload is built with — None: the what-if's own scenario —, capture
+    options, [replay knobs per microbatch count])."""
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
     from .program.schedules import schedule_class
@@ -264,12 +271,12 @@ def _pipeline_variants(workload: Any, sc: Any, par: Any, schedules: Any, microba
             by_size.setdefault(1 if batch_size is None else batch_size // m, []).append(m)
         for size, ms in by_size.items():
             # a name, or a workload that resizes itself (simddp.jobs.ModelScenario)
-            scenario = load_workload(workload, batch_size=cap_m * size) \
+            batch = cap_m * size \
                 if isinstance(workload, (str, os.PathLike)) or hasattr(workload, "recipe") \
-                else sc
+                else None
             opts = base.replace(pp_schedule=name, microbatches=cap_m, microbatch_size=size,
                                 stages_per_rank=v)
-            out.append((scenario, opts, [dict(pp_schedule=name, microbatches=m,
+            out.append((batch, opts, [dict(pp_schedule=name, microbatches=m,
                                               stages_per_rank=v) for m in ms]))
     return out
 
@@ -439,8 +446,7 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
     compute (:mod:`simddp.models.ddp_overhead`); False scales it too (as before). ``knobs``:
     further :class:`~simddp.program.knobs.Knobs` fields (single values), e.g. ``overlap=False``.
     The result's ``meta`` dict says what was modelled (compute, calibration factor)."""
-    from .capture_cache import cached, enabled_by_default
-    from .models.compute import gpu_spec
+    from .capture_cache import by_ref, cached, enabled_by_default
     from .parallelisms import describe
     from .program.registry import CaptureRequest
 
@@ -464,30 +470,55 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
     # FSDP2's default prefetch (one unit ahead); None above meant "not given"
     forward_prefetch = 1 if forward_prefetch is None else forward_prefetch
     backward_prefetch = 1 if backward_prefetch is None else backward_prefetch
-    sc = load_workload(workload, batch_size=batch_size)
-    # a real-size workload (Llama 3 8B/70B) is captured on the meta device: shapes only
-    device = capture_device or ("meta" if "real-size" in getattr(sc, "features", ()) else "cpu")
-    if compute is None:  # the default model: kernels as they run, torch.compile/Float8 priced
-        model = _with_options(Compute.kernels(gpu, compile=compile, float8=float8),
-                              async_tp=async_tp)
-    else:
-        model = _with_options(compute, compile=compile, float8=float8, async_tp=async_tp)
+    enabled = enabled_by_default() if cache is None else bool(cache)
+    first_net = network_for(_as_list(network)[0], gpus_per_node, contention)
+    built: dict[str, Any] = {}  # the workload, compute model and device: built on first need
+
+    def workload_and_model() -> tuple[Any, Any, str]:
+        if not built:
+            sc = load_workload(workload, batch_size=batch_size)
+            # a real-size workload (Llama 3 8B/70B) is captured on the meta device: shapes only
+            built["device"] = capture_device or (
+                "meta" if "real-size" in getattr(sc, "features", ()) else "cpu")
+            if compute is None:  # the default: kernels as they run, torch.compile/Float8 priced
+                from .models import Compute
+
+                built["model"] = _with_options(Compute.kernels(gpu, compile=compile,
+                                                               float8=float8), async_tp=async_tp)
+            else:
+                built["model"] = _with_options(compute, compile=compile, float8=float8,
+                                               async_tp=async_tp)
+            built["sc"] = sc
+        return built["sc"], built["model"], built["device"]
+
     # the rows say which compute options were priced (the compute model read them)
     knobs.update({k: True for k, v in (("compile", compile), ("float8", float8),
                                         ("async_tp", async_tp)) if v})
     factor = None
     if step_time_s is not None:
         say(f"calibrating compute: one rank's step without DDP = {step_time_s * 1e3:g} ms")
-        model, factor, plain = _calibrated(sc, model, step_time_s,
-                                           device if device == "meta" else None)
+        sc, model, device = workload_and_model()
+        built["model"], factor, plain = _calibrated(sc, model, step_time_s,
+                                                    device if device == "meta" else None)
     if gpu_memory_gb is None and compute is None:
+        from .models.devices import gpu_spec
+
         gpu_memory_gb = gpu_spec(gpu).memory_GB
-    first_net = network_for(_as_list(network)[0], gpus_per_node, contention)
-    timing = Timing(network=first_net, compute=model)
-    title = f"{sc.name}, {gpu if compute is None else 'custom'} compute" + (
-        f" ×{factor:.3g} ({step_time_s * 1e3:g} ms step)" if factor else "")
+    # what a capture found in the cache by the request as given tells instead of a build
+    facts: dict[str, Any] = {}
+
+    def fact(name: str) -> Any:
+        if not built and name in facts:
+            return facts[name]
+        sc, model, device = workload_and_model()
+        return {"workload": sc.name, "compute": repr(model), "device": device}[name]
+
+    def title() -> str:
+        return f"{fact('workload')}, {gpu if compute is None else 'custom'} compute" + (
+            f" ×{factor:.3g} ({step_time_s * 1e3:g} ms step)" if factor else "")
+
     common = dict(network=network, gpus_per_node=gpus_per_node, rank_speed=rank_speed,
-                  executor=executor, progress=progress, title=title,
+                  executor=executor, progress=progress,
                   replay_progress=replay_progress, contention=contention,
                   iterations=iterations, jitter=jitter, seed=seed, gpu_memory_gb=gpu_memory_gb,
                   **knobs)
@@ -498,43 +529,90 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
     for spec, par, worlds in layouts:
         owner = par.owner()
         if owner.name == "pp":
-            variants = _pipeline_variants(workload, sc, par, pp_schedule, microbatches,
+            variants = _pipeline_variants(workload, par, pp_schedule, microbatches,
                                           stages_per_rank, batch_size, base)
         # FSDP2's capture options and knobs: its flavours', and context parallelism's (FSDP2
         # over shard × cp)
         elif (owner.data in ("fsdp", "hsdp") or owner.name == "cp") and \
                 par.reshard_after_forward is None:
-            variants = [(sc, base.replace(reshard_after_forward=bool(raf)),
+            variants = [(None, base.replace(reshard_after_forward=bool(raf)),
                          [dict(reshard_after_forward=bool(raf),
                                forward_prefetch=forward_prefetch,
                                backward_prefetch=backward_prefetch)])
                         for raf in (_as_list(reshard_after_forward)
                                     if reshard_after_forward is not None else [True])]
         elif owner.data in ("fsdp", "hsdp") or owner.name == "cp":
-            variants = [(sc, base.replace(reshard_after_forward=par.reshard_after_forward),
+            variants = [(None, base.replace(reshard_after_forward=par.reshard_after_forward),
                          [dict(reshard_after_forward=par.reshard_after_forward,
                                forward_prefetch=forward_prefetch,
                                backward_prefetch=backward_prefetch)])]
         else:
-            variants = [(sc, base, [dict(bucket_cap_mb=bucket_cap_mb, comm_hook=comm_hook)])]
-        for scenario, opts, replays in variants:
-            req = CaptureRequest(scenario, par, timing, device, seed, opts)
+            variants = [(None, base, [dict(bucket_cap_mb=bucket_cap_mb, comm_hook=comm_hook)])]
+        for batch, opts, replays in variants:
+            ref = _request_key(workload, batch_size if batch is None else batch, par, opts,
+                               first_net, seed, capture_device,
+                               [gpu, compile, float8, async_tp]) \
+                if enabled and compute is None and step_time_s is None else None
+            found = by_ref(ref, note=say) if ref is not None else None
+            if found is not None:
+                cap, more_facts = found
+                facts.update(more_facts)
+            else:
+                sc, model, device = workload_and_model()
+                scenario = sc if batch is None else load_workload(workload, batch_size=batch)
+                req = CaptureRequest(scenario, par, Timing(network=first_net, compute=model),
+                                     device, seed, opts)
 
-            def run(req: CaptureRequest = req) -> Any:
-                say(describe(req))
-                return owner.load("capture")(req)
+                def run(req: CaptureRequest = req) -> Any:
+                    say(describe(req))
+                    return owner.load("capture")(req)
 
-            cap, _ = cached(req, par.capture_key(), run, note=say,
-                            enabled=enabled_by_default() if cache is None else bool(cache))
+                cap, _ = cached(req, par.capture_key(), run, note=say, enabled=enabled,
+                                ref=None if ref is None else (ref, {
+                                    "workload": sc.name, "compute": repr(model),
+                                    "device": device}))
             if owner.name == "ddp" and factor is not None and ddp_work_at_device_cost:
                 # DDP's own work is proportional to the parameters, not the calibrated compute
                 cap = cap.with_ddp_work_at_device_cost(plain, factor)
             for more in replays:
                 parts.append(replay_grid(cap, world_size=worlds,
                                          parallel=None if spec == "ddp" else spec,
-                                         **more, **common))
-    res = parts[0] if len(parts) == 1 else SweepResult.concat(parts, title=title)
-    res.meta = {"workload": sc.name, "compute": repr(model), "calibration_factor": factor,
-                "step_time_s": step_time_s, "capture_ranks": capture_ranks,
-                "gpu_memory_gb": gpu_memory_gb, "capture_device": device}
+                                         **more, **common, title=title()))
+    res = parts[0] if len(parts) == 1 else SweepResult.concat(parts, title=title())
+    res.meta = {"workload": fact("workload"), "compute": fact("compute"),
+                "calibration_factor": factor, "step_time_s": step_time_s,
+                "capture_ranks": capture_ranks, "gpu_memory_gb": gpu_memory_gb,
+                "capture_device": fact("device")}
     return res
+
+
+def _request_key(workload: Any, batch_size: int | None, par: Any, opts: CaptureOptions,
+                 network: Any, seed: int, capture_device: str | None,
+                 compute: list[Any]) -> str | None:
+    """A key over a capture request as the user gave it — the workload's name or config
+    file, the layout, the options, the default compute model's GPU preset and options
+    (``compute``), the network, the
+    seed, the code — so a cached capture is found without building the workload (no torch
+    model, no transformers); None for a workload given as an object or a script, which only
+    its build describes (:func:`~simddp.capture_cache.capture_key` keys those)."""
+    from .capture_cache import Unkeyable, code_version, stable
+
+    if not isinstance(workload, (str, os.PathLike)):
+        return None
+    text = os.fspath(workload)
+    if text.endswith(".py") or os.path.isdir(text):
+        return None
+    if os.path.isfile(text):  # a config file: its name and what it says
+        with open(text, "rb") as f:
+            described: Any = ["file", os.path.abspath(text), hashlib.sha256(f.read()).hexdigest()]
+    elif os.path.sep in text:  # load_workload reads it as a script (and says it is missing)
+        return None
+    else:  # a zoo name, a torchtitan flavor, a shape
+        described = ["name", text]
+    try:
+        parts = {"workload": described, "batch_size": batch_size, "layout": par.capture_key(),
+                 "options": stable(opts), "compute": compute, "network": stable(network),
+                 "device": capture_device, "seed": seed, "code": code_version()}
+    except Unkeyable:
+        return None
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]

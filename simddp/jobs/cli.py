@@ -88,6 +88,11 @@ def apply_job(args: argparse.Namespace, whatif: Callable[..., Any],
             workload: Any = text
         elif zoo_key(text) is not None and seq_len is None and local is None:
             workload = zoo_key(text)  # the zoo's own path, either spelling
+        elif text.endswith(".json") and seq_len is None and local is None and \
+                global_batch is None and not _wants_tp(args):
+            # a config file as is: whatif resolves it, or finds its capture in the cache by
+            # the file's content without building it (no transformers)
+            workload = text
         else:
             model = resolve_model(text, seq_len=seq_len, local_batch=local)
             if _wants_tp(args) and tp_refusal(model):

@@ -14,9 +14,10 @@
 * :mod:`simddp.models.noise`: the seeded log-normal jitter both engines draw.
 """
 
+from importlib import import_module as _import_module
+from typing import Any as _Any
+
 from . import noise
-from .compute import Compute, ConstantCompute, ProfileCompute, RooflineCompute, ScaledCompute
-from .devices import DEVICES, GPU_FIELDS, DevicePreset, gpu_spec
 from .contention import Contention
 from .measured import MeasuredNetwork
 from .netspec import load_network_spec, parse_network
@@ -25,7 +26,27 @@ from .placement import Placement, Tier
 from .presets import PRESETS
 from .protocols import ComputeModel, NetworkModel, collective_time
 
+# the compute models and GPU presets import torch: loaded when first named, so replaying a
+# capture (network models only) loads none of it
+_LAZY = {
+    **dict.fromkeys(("Compute", "ConstantCompute", "ProfileCompute", "RooflineCompute",
+                     "ScaledCompute"), ".compute"),
+    **dict.fromkeys(("DEVICES", "GPU_FIELDS", "DevicePreset", "gpu_spec"), ".devices"),
+}
+
 __all__ = ["NetworkModel", "ComputeModel", "collective_time", "Network", "MeasuredNetwork", "PRESETS",
            "parse_network", "load_network_spec", "Contention", "Compute",
            "DevicePreset", "DEVICES", "RooflineCompute", "ConstantCompute", "ProfileCompute",
            "ScaledCompute", "gpu_spec", "GPU_FIELDS", "noise", "Placement", "Tier"]
+
+
+def __getattr__(name: str) -> _Any:
+    if name in _LAZY:
+        value = getattr(_import_module(_LAZY[name], __name__), name)
+        globals()[name] = value  # later reads skip this function
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
