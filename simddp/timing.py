@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 from fakepg.arguments import integer, number
 
 from . import faults as _faults
-from .models import Compute, ComputeModel, Network, NetworkModel
+from .models import ComputeModel, Network, NetworkModel
 
 __all__ = ["Timing"]
 
@@ -24,7 +24,9 @@ def _default_network() -> Network:
     return Network.preset("gloo-loopback")
 
 
-def _default_compute() -> Compute:
+def _default_compute() -> ComputeModel:
+    from .models import Compute  # when a Timing needs it: the compute models import torch
+
     return Compute.roofline("cpu")
 
 
