@@ -129,6 +129,21 @@ def test_a_workload_named_again_is_found_without_building_it(cache, monkeypatch)
     assert again.table() == first.table()
 
 
+def test_a_corrupt_entry_behind_a_reference_is_captured_anew_and_found_again(cache):
+    said = []
+    whatif("llama3-tiny", world_size=4, parallel="fsdp", status=said.append)
+    (entry,) = cache.glob("*.json")
+    entry.write_text('{"kind": "CapturedStep", "schema": 1, "profiles": [')  # truncated
+    said.clear()
+    whatif("llama3-tiny", world_size=4, parallel="fsdp", status=said.append)
+    assert any("ignoring the cache entry" in s for s in said)
+    assert any(s.startswith("capturing") for s in said)
+    said.clear()
+    whatif("llama3-tiny", world_size=4, parallel="fsdp", status=said.append)
+    assert not any(s.startswith("capturing") for s in said)
+    assert any("loaded from the cache" in s for s in said)
+
+
 def test_an_edited_config_file_is_captured_anew(cache, tmp_path):
     path = _tiny_llama_config(tmp_path / "config.json")
     said = []
