@@ -524,10 +524,6 @@ def _zoo_train(rank, name):
 @pytest.mark.parametrize("name", sorted(__import__("fakepg.zoo", fromlist=["SCENARIOS"]).SCENARIOS))
 def test_every_zoo_scenario_trains_in_processes_as_in_threads_bit_for_bit(name):
     threads = fakepg.spawn(_zoo_train, args=(name,), nprocs=2)
-    if name == "sparse_embedding":  # sparse gradients: refused loudly in process mode
-        with pytest.raises(fakepg.RankFailedError, match="CPU tensors only|sparse"):
-            fakepg.spawn(_zoo_train, args=(name,), nprocs=2, isolation="process")
-        return
     procs = fakepg.spawn(_zoo_train, args=(name,), nprocs=2, isolation="process")
     for a, b in zip(threads.returns, procs.returns):
         assert a.keys() == b.keys()
