@@ -22,6 +22,7 @@ import datetime
 import itertools
 import os
 import threading
+import weakref
 import sys
 from typing import Any, Callable, Iterator, Sequence
 
@@ -311,7 +312,7 @@ class native_store_guard:
     def __enter__(self) -> None:
         original, on_rank, on_helper = self._original, self._on_rank, self._on_helper_refusal
 
-        self._threads_before = {t.ident for t in threading.enumerate()}
+        self._threads_before = set(threading.enumerate())
         self._refused: list[tuple[str, str]] = []
 
         def __init__(store: Any, *args: Any, **kwargs: Any) -> None:
@@ -338,10 +339,12 @@ class native_store_guard:
         # A thread the ranks started outlives the world (another rank's quorum thread, not yet
         # at its store when the world ended): its native client of the ended world's address
         # would retry inside C++ until its timeout and hold the process's exit. Refuse it too.
-        original, before, refused = self._original, self._threads_before, set(self._refused)
+        original, refused = self._original, set(self._refused)
+        # only threads started during the world and still running: none a later world starts
+        leftover = weakref.WeakSet(set(threading.enumerate()) - self._threads_before)
 
         def __init__(store: Any, *args: Any, **kwargs: Any) -> None:
-            if threading.get_ident() not in before:
+            if threading.current_thread() in leftover:
                 host = kwargs.get("host_name", args[0] if args else None)
                 port = kwargs.get("port", args[1] if len(args) > 1 else None)
                 if (str(host), str(port)) in refused:
