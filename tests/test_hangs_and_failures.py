@@ -295,3 +295,22 @@ def test_a_mismatch_in_a_big_world_names_the_odd_rank_on_its_own_line():
     assert lines[1].startswith("  ranks 0-29: all_reduce(shapes=[(2,)]")
     assert lines[2].startswith("  rank 30: all_reduce(shapes=[(3,)]")
     assert lines[3].startswith("  ranks 31-39: all_reduce(shapes=[(2,)]")
+
+
+def test_a_hang_with_thousands_in_flight_lists_the_oldest_and_counts_the_rest():
+    # torch's *_stress tests leave 1,000s of async collectives in flight; a report listing
+    # each was megabytes, copied into every failed work's error (gigabytes in process mode)
+    def body(rank):
+        if rank == 0:
+            works = [dist.all_reduce(torch.ones(1), async_op=True) for _ in range(2000)]
+            works[-1].wait()
+
+    with pytest.raises(fakepg.CollectiveHangError) as info:
+        fakepg.spawn(body, nprocs=2)
+    report = info.value.report
+    assert "waiting on all_reduce(shapes=[(1,)], dtypes=[float32], op=SUM) #1999" in report
+    assert report.count("also pending: all_reduce") == 8
+    assert "... and 1991 more pending (the oldest 8 are listed)" in report
+    assert "pending #7 all_reduce" in report and "pending #8 all_reduce" not in report
+    assert "... and 1992 more pending on this group (the oldest 8 are listed)" in report
+    assert len(report) < 10_000

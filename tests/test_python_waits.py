@@ -205,6 +205,37 @@ def test_a_native_store_client_of_the_worlds_address_fails_at_once_naming_the_na
     assert "run this program under torchrun with real gloo" in text
 
 
+
+def test_a_native_store_client_a_rank_thread_starts_and_the_program_catches_ends_the_world():
+    """torchft builds its store client in its quorum thread and catches the error: the world
+    ends at once naming the refused native wait, not the program's later error of its own
+    (torchft's AttributeError), and the other rank's quorum thread, reaching its store after
+    the world ended, is refused too instead of retrying inside C++ past the world."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def quorum():
+        try:
+            _BOUND_AT_IMPORT("127.0.0.1", 29500, is_master=False,
+                             timeout=datetime.timedelta(seconds=30))
+        except Exception as e:  # noqa: BLE001 - as torchft's quorum catches it
+            return e
+        return None
+
+    def train(rank):
+        with ThreadPoolExecutor(1) as pool:
+            caught = pool.submit(quorum).result()
+        dist.barrier()  # the program goes on, as torchft does, and fails its own way
+        raise AttributeError(f"program's own error after {type(caught).__name__}")
+
+    t0 = time.monotonic()
+    with pytest.raises(fakepg.RankFailedError) as info:
+        fakepg.spawn(train, nprocs=2, timeout=60)
+    assert time.monotonic() - t0 < 20  # not the native client's 30 s connect timeout
+    assert type(info.value.__cause__).__name__ == "NativeWaitError"
+    assert "failed: NativeWaitError:" in str(info.value)
+    assert "in a thread the program started" in str(info.value)
+    assert "program's own error" not in str(info.value).splitlines()[0]
+
 COND = threading.Condition(threading.Lock())
 
 

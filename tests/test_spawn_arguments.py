@@ -24,3 +24,11 @@ def test_seed_must_be_an_integer(seed):
 def test_hang_timeout_must_be_a_positive_number_of_seconds(hang_timeout):
     with pytest.raises(ValueError, match="hang_timeout must be a finite number > 0"):
         fakepg.spawn(lambda rank: None, nprocs=2, hang_timeout=hang_timeout)
+
+
+def test_a_number_of_ranks_given_as_args_says_to_write_nprocs():
+    # spawn(train, 4): the 4 lands in ``args``; it used to fail with "'int' object is not iterable"
+    with pytest.raises(TypeError, match=r"args must be a tuple of fn's arguments after the rank, "
+                                        r"got 4 \(int\); to run 4 ranks, write "
+                                        r"fakepg.spawn\(fn, nprocs=4\)"):
+        fakepg.spawn(lambda rank: rank, 4)

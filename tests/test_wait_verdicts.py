@@ -159,6 +159,46 @@ def test_spawn_timeout_fires_at_its_deadline_and_names_a_rank_blocked_in_c():
     b.close()
 
 
+
+def _blocked_in_c(how: str):
+    """(a wait inside C that only ``release()`` ends, release)."""
+    if how == "multiprocessing.Queue.get":
+        import multiprocessing
+        q = multiprocessing.get_context("spawn").Queue()
+        return q.get, lambda: q.put(1)
+    a, b = socket.socketpair()
+    if how == "select.select":
+        import select
+        return (lambda: select.select([a], [], [])), lambda: b.send(b"x")
+    import asyncio  # an event loop waiting for a socket to become readable
+    a.setblocking(False)
+
+    async def read():
+        return await asyncio.get_running_loop().sock_recv(a, 1)
+
+    return (lambda: asyncio.run(read())), lambda: b.send(b"x")
+
+
+@pytest.mark.parametrize("how", ["select.select", "multiprocessing.Queue.get", "asyncio"])
+def test_spawn_timeout_names_a_rank_inside_a_c_wait_and_the_next_world_starts_clean(how):
+    wait, release = _blocked_in_c(how)
+
+    def train(rank):
+        if rank == 0:
+            wait()  # no Python frame runs until something arrives
+        dist.barrier()
+
+    with pytest.raises(fakepg.SpawnTimeoutError) as info:
+        fakepg.spawn(train, nprocs=2, timeout=0.5)
+    assert "ranks [0] could not be stopped" in str(info.value)
+    assert "rank 0 at tests/test_wait_verdicts.py:" in str(info.value)
+    assert fakepg.spawn(lambda r: r, nprocs=2).returns == [0, 1]
+    release()  # the left-over thread reaches its next wait, which raises: it ends
+    deadline = time.monotonic() + 10
+    while _ranks_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _ranks_alive() == []
+
 def test_a_rank_process_waiting_on_its_own_thread_lets_the_other_ranks_run(tmp_path):
     """Process mode: rank 0 waits on an event its helper thread sets once rank 1 has written
     a file. Before, rank 0's process kept the baton through the wait, so rank 1 never ran."""

@@ -21,6 +21,8 @@ import contextlib
 import datetime
 import itertools
 import os
+import threading
+import weakref
 import sys
 from typing import Any, Callable, Iterator, Sequence
 
@@ -301,22 +303,57 @@ class native_store_guard:
     why, instead of retrying inside C++ until its timeout. (A class, not a generator: a rank
     process drops the ExitStack it is entered on, and a collected generator would undo it.)"""
 
-    def __init__(self, on_rank: Callable[[], bool]) -> None:
+    def __init__(self, on_rank: Callable[[], bool],
+                 on_helper_refusal: Callable[[BaseException], None] | None = None) -> None:
         self._on_rank = on_rank
+        self._on_helper_refusal = on_helper_refusal
         self._original = _NATIVE_TCPSTORE.__init__
 
     def __enter__(self) -> None:
-        original, on_rank = self._original, self._on_rank
+        original, on_rank, on_helper = self._original, self._on_rank, self._on_helper_refusal
+
+        self._threads_before = set(threading.enumerate())
+        self._refused: list[tuple[str, str]] = []
 
         def __init__(store: Any, *args: Any, **kwargs: Any) -> None:
             if on_rank():
-                _refuse_native_client(args, kwargs)
+                try:
+                    _refuse_native_client(args, kwargs)
+                except NativeWaitError as e:
+                    from ..world.binding import current_cluster
+                    self._refused.append(e.address)  # type: ignore[attr-defined]
+                    if on_helper is not None and current_cluster() is None:
+                        # A thread the program started (torchft's quorum thread): the program
+                        # may catch the error and go on down a path torchrun never takes (torchft
+                        # then fails with an AttributeError of its own). End the world with it.
+                        on_helper(e)
+                    raise
             original(store, *args, **kwargs)
 
         _NATIVE_TCPSTORE.__init__ = __init__
 
     def __exit__(self, *exc: Any) -> None:
-        _NATIVE_TCPSTORE.__init__ = self._original
+        if not self._refused:
+            _NATIVE_TCPSTORE.__init__ = self._original
+            return
+        # A thread the ranks started outlives the world (another rank's quorum thread, not yet
+        # at its store when the world ended): its native client of the ended world's address
+        # would retry inside C++ until its timeout and hold the process's exit. Refuse it too.
+        original, refused = self._original, set(self._refused)
+        # only threads started during the world and still running: none a later world starts
+        leftover = weakref.WeakSet(set(threading.enumerate()) - self._threads_before)
+
+        def __init__(store: Any, *args: Any, **kwargs: Any) -> None:
+            if threading.current_thread() in leftover:
+                host = kwargs.get("host_name", args[0] if args else None)
+                port = kwargs.get("port", args[1] if len(args) > 1 else None)
+                if (str(host), str(port)) in refused:
+                    raise NativeWaitError(
+                        f"a thread started in the ended fake world builds torch's native "
+                        f"TCPStore client for {host}:{port}, that world's store, which is gone")
+            original(store, *args, **kwargs)
+
+        _NATIVE_TCPSTORE.__init__ = __init__
 
 
 def _refuse_native_client(args: tuple, kwargs: dict) -> None:
@@ -329,7 +366,8 @@ def _refuse_native_client(args: tuple, kwargs: dict) -> None:
     if is_master or host is None or (str(host), str(port)) != world:
         return  # a store of the program's own (a server it runs, another address)
     rank = os.environ.get("RANK", "?")
-    raise NativeWaitError(
+    raise _with_address(NativeWaitError(
+
         f"rank {rank}: {user_site(3)} builds torch's native TCPStore client for {host}:{port}, "
         f"the fake world's store (MASTER_ADDR:MASTER_PORT), through a reference to the class "
         f"taken before the world started (such as `from torch.distributed import TCPStore` at "
@@ -338,4 +376,11 @@ def _refuse_native_client(args: tuple, kwargs: dict) -> None:
         f"Rust: a TCPStore client, torchft's quorum over gRPC) cannot be seen or served by the "
         f"fake world, in thread mode and with --isolation process alike. Look the class up "
         f"at call time (torch.distributed.TCPStore), or run this program under torchrun with "
-        f"real gloo.")
+        f"real gloo."), (str(host), str(port)))
+
+
+def _with_address(e: NativeWaitError, address: tuple[str, str]) -> NativeWaitError:
+    e.address = address  # type: ignore[attr-defined]
+    rank = os.environ.get("RANK", "")
+    e.rank = int(rank) if rank.isdigit() else None  # type: ignore[attr-defined]
+    return e

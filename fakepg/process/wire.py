@@ -64,6 +64,20 @@ class Ref:
         return (Ref, (self.k,))
 
 
+class SparseRef(Ref):
+    """In a reply: the request's k-th tensor, a sparse COO tensor, whose new contents (the
+    collective changed its indices and values, maybe their number) travel by value."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, k: int, value: torch.Tensor):
+        super().__init__(k)
+        self.value = value
+
+    def __reduce__(self):
+        return (SparseRef, (self.k, self.value))
+
+
 class RemoteTraceback(Exception):
     """The traceback of an exception raised in a rank's process (shown as its cause)."""
 
@@ -199,9 +213,13 @@ class Channel:
         if t.device.type != "cpu":
             raise FakePGError(f"isolation='process' moves CPU tensors only, got a tensor on "
                               f"{t.device}; use isolation='thread' for {t.device.type} tensors")
+        if t.layout == torch.sparse_coo:
+            # Its indices and values travel as dense tensors (this pickler shares them); the
+            # proxy rebuilds the sparse tensor, and the reply brings its contents back.
+            return ("S", t._indices(), t._values(), tuple(t.shape), t.is_coalesced())
         if t.layout != torch.strided:
-            raise FakePGError(f"isolation='process' moves dense tensors only, got {t.layout}; "
-                              f"use isolation='thread'")
+            raise FakePGError(f"isolation='process' moves dense and sparse COO tensors only, "
+                              f"got {t.layout}; use isolation='thread'")
         target = t
         try:
             sid = self._storage_id(t.untyped_storage())
@@ -273,6 +291,10 @@ class Channel:
         return obj, u.tensors
 
     def rebuild(self, desc: tuple) -> torch.Tensor:
+        if desc[0] == "S":  # a sparse COO tensor over its (already rebuilt) indices and values
+            _, indices, values, shape, coalesced = desc
+            return torch.sparse_coo_tensor(indices.clone(), values.clone(), shape,
+                                           is_coalesced=coalesced)
         sid, dtype, shape, stride, offset = desc
         if sid < 0:
             return torch.empty(shape, dtype=dtype)
@@ -324,6 +346,8 @@ def encode(value: Any, index: dict[int, int]) -> Any:
     """``value`` with the request's tensors (``index``: id -> k) replaced by ``Ref(k)``."""
     if isinstance(value, torch.Tensor):
         k = index.get(id(value))
+        if k is not None and value.layout == torch.sparse_coo:
+            return SparseRef(k, value.detach().clone())
         return Ref(k) if k is not None else value.detach().clone()
     if isinstance(value, list):
         return [encode(v, index) for v in value]
@@ -333,6 +357,11 @@ def encode(value: Any, index: dict[int, int]) -> Any:
 
 
 def decode(value: Any, tensors: list[torch.Tensor]) -> Any:
+    if isinstance(value, SparseRef):
+        own = tensors[value.k]
+        with torch.no_grad():
+            own.copy_(value.value)  # the rank's own tensor gets the collective's result
+        return own
     if isinstance(value, Ref):
         return tensors[value.k]
     if isinstance(value, list):

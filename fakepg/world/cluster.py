@@ -38,6 +38,7 @@ class Cluster:
         self._deferred: list[list[Call]] = [[] for _ in range(nprocs)]  # see settle_before_backward_ends
         self._deferred_task = [-1] * nprocs
         self.failed_rank: int | None = None
+        self.native_refusal: BaseException | None = None  # see refused_natively
         self.backend = "fakepg"  # the personality the world shows (fakepg.fidelity.backends)
         self.faults: tuple[Any, ...] = ()  # fakepg.faults, set by spawn
         self.dead: set[int] = set()  # ranks an injected crash ended
@@ -240,6 +241,14 @@ class Cluster:
             self.dead.add(call.rank)
             self._orphan_collectives_of(call.rank)
             raise faults.RankCrashed(call.rank)
+
+    def refused_natively(self, error: BaseException) -> None:
+        """A thread the program started hit fakepg's refusal of a native wait (torchft's quorum
+        thread building a TCPStore client): the program may catch it and fail later in its
+        own words, so the world ends now and its verdict names this refusal."""
+        if self.native_refusal is None:
+            self.native_refusal = error
+        self.scheduler.abort(error)
 
     def rank_failed(self, rank: int, how: str) -> None:
         """``rank`` ended with an uncaught failure (``how``: "exited with code 3"): its process

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 from ..ops.matching import SPELL_OUT, rank_list, rank_runs
 from .scheduler import BLOCKED, DONE, NEW
 
+MAX_ALSO_PENDING = 8  # per rank, in a hang report
+
 if TYPE_CHECKING:
     from .cluster import Cluster
     from ..ops.matching import Call, PendingCollective
@@ -45,9 +47,14 @@ def hang_report(cluster: "Cluster") -> str:
         else:
             text = f"running{extra}"
         unmatched = [c for c in cluster.outstanding[slot.rank] if not c.collective.settled]
-        for c in unmatched:
-            if slot.state != BLOCKED or c is not unmatched[-1]:
-                text += f"\n      also pending: {waiting_text(c)}"
+        also = [c for c in unmatched if slot.state != BLOCKED or c is not unmatched[-1]]
+        for c in also[:MAX_ALSO_PENDING]:
+            text += f"\n      also pending: {waiting_text(c)}"
+        if len(also) > MAX_ALSO_PENDING:
+            # torch's stress tests leave 1,000s in flight: listing each made a report of
+            # megabytes, copied into every failed work's error (gigabytes in process mode)
+            text += (f"\n      ... and {len(also) - MAX_ALSO_PENDING} more pending "
+                     f"(the oldest {MAX_ALSO_PENDING} are listed)")
         states.append(text)
     for ranks, text in rank_runs(range(cluster.nprocs), states, cluster.nprocs > SPELL_OUT):
         lines.append(f"  {ranks}: {text}")
@@ -57,13 +64,17 @@ def hang_report(cluster: "Cluster") -> str:
         done = ", ".join(f"{ranks}: {text}" for ranks, text in
                          rank_runs(g.ranks, last, len(g.ranks) > SPELL_OUT))
         lines.append(f"  group {g.label}: {done}")
-        for coll in sorted(g.pending.values(), key=lambda c: c.seq):
+        pending = sorted(g.pending.values(), key=lambda c: c.seq)
+        for coll in pending[:MAX_ALSO_PENDING]:
             members = coll.members()
             issued = ", ".join(f"{ranks} at {site}" for ranks, site in
                                rank_runs([c.rank for c in members], [c.site for c in members],
                                          len(members) > SPELL_OUT))
             lines.append(f"    pending #{coll.seq} {coll.op}: issued by {issued}; "
                          f"still waits for ranks {rank_list(coll.missing_ranks())}")
+        if len(pending) > MAX_ALSO_PENDING:
+            lines.append(f"    ... and {len(pending) - MAX_ALSO_PENDING} more pending on this "
+                         f"group (the oldest {MAX_ALSO_PENDING} are listed)")
     lines.extend(cluster.checkers.hang_notes())
     python = [s.rank for s in sched.slots if s.state == BLOCKED and s.python_wait]
     if python:

@@ -60,6 +60,14 @@ def raise_outcome(sched: "Scheduler", cluster: "Cluster", failures: dict[int, Ba
     succeed when every worker exits 0)."""
     __tracebackhide__ = True  # pytest: show the user's frames, not the harness's
     codes = {r: exit_code(e) for r, e in sorted(failures.items())}
+    refusal = getattr(cluster, "native_refusal", None)
+    if refusal is not None and failures:
+        # the root cause, whatever the ranks then raised (the program caught the refusal)
+        r = getattr(refusal, "rank", None)
+        r = r if r in failures else min(failures)
+        raise RankFailedError(r, f"rank {r} failed: {_name(refusal)}: {refusal}\n(raised at "
+                                 f"{exception_site(refusal)}, in a thread the program started; "
+                                 f"the ranks' own errors followed from it)", codes) from refusal
     if cluster.failed_rank is not None:
         r = cluster.failed_rank
         e = failures[r]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from typing import TYPE_CHECKING, Any
 
 from ..wire import Channel, unpack_exception
@@ -23,16 +24,21 @@ class Rank:
         self.initialised_by_program: Any = None
         self.num_threads = 1
         self.nested = False
+        # One request at a time on the channel: threads the program starts in this process
+        # (torchft's quorum thread) reach the world's stores and groups through it too, and
+        # two threads' messages interleaved on the pipe garbled both (a KeyError: None).
+        self._lock = threading.Lock()
 
     def request(self, *msg: Any, tensors_out: list | None = None) -> Any:
         """Send ``msg``; return the reply's value (or raise its error). Works the reply
         reports complete are completed afterwards, here, as thread mode completes them."""
-        released, self.released = self.released, []
-        tensors, staged = self.channel.send_request((msg, released))
-        if tensors_out is not None:
-            tensors_out.append(tensors)
-            tensors_out.append(staged)
-        ok, value, backend, completed = self.channel.recv_reply()
+        with self._lock:
+            released, self.released = self.released, []
+            tensors, staged = self.channel.send_request((msg, released))
+            if tensors_out is not None:
+                tensors_out.append(tensors)
+                tensors_out.append(staged)
+            ok, value, backend, completed = self.channel.recv_reply()
         self.backend = backend
         for wid, state in completed:
             work = self.works.get(wid)
