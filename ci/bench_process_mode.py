@@ -8,7 +8,11 @@ reaping the ranks' processes separately. Optionally multi-process gloo (torch.mu
 process run; best and median times and their ratios are printed (these machines are shared
 and noisy: only ratios measured side by side mean anything).
 
+First, each mode's *first* world in a fresh interpreter (a subprocess per mode and repeat,
+interleaved: imports and first-use costs included), the start-up-only world; then the rest.
+
 Targets (issue 9): process mode <= 3x thread mode; >= 10x faster than multi-process gloo.
+Issue 27: a first process-mode world <= 2x a first thread-mode one.
 
     python ci/bench_process_mode.py [--ranks 4] [--iters 50] [--repeat 3] [--gloo]
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -34,6 +39,16 @@ def run(isolation: str, ranks: int, iters: int, cap: float | None) -> torch.Tens
     return fakepg.spawn(train, args=(iters, cap), nprocs=ranks, isolation=isolation).returns[0]
 
 
+def first_world(isolation: str, ranks: int) -> float:
+    """Seconds of the first start-up-only world in a fresh interpreter (torch, fakepg imported)."""
+    code = (f"import sys, time; sys.path[:0] = {[_CI, os.path.dirname(_CI)]!r}\n"
+            "from bench_fakepg import train\nimport fakepg\nt = time.perf_counter()\n"
+            f"fakepg.spawn(train, args=(0, None), nprocs={ranks}, isolation={isolation!r})\n"
+            "print(time.perf_counter() - t)")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    return float(out.stdout.split()[-1])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, default=4)
@@ -41,6 +56,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--gloo", action="store_true", help="also time multi-process gloo (slow)")
     args = ap.parse_args(argv)
+    first: dict[str, list[float]] = {"thread": [], "process": []}
+    for _ in range(args.repeat):
+        for mode in first:
+            first[mode].append(first_world(mode, args.ranks))
+    ft, fp = (min(first["thread"]), statistics.median(first["thread"])), \
+        (min(first["process"]), statistics.median(first["process"]))
+    print(f"first world in a fresh interpreter (start-up only, {args.ranks} ranks), best / median s: "
+          f"thread {ft[0]:.3f} / {ft[1]:.3f}, process {fp[0]:.3f} / {fp[1]:.3f}; process/thread "
+          f"{fp[0] / ft[0]:.2f}x / {fp[1] / ft[1]:.2f}x  (target <= 2x)")
     contenders = {"thread": lambda r, i, c: run("thread", r, i, c),
                   "process": lambda r, i, c: run("process", r, i, c)}
     if args.gloo:

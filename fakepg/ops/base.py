@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ..torch_private import AutoDispatchBelowADInplaceOrView
-from .reductions import check_supported
+from .reductions import DTYPE_LIMITED, check_supported
 
 if TYPE_CHECKING:
     from .matching import Call
@@ -44,7 +44,7 @@ class Op:
     # -- one rank on its own --------------------------------------------------------
     def validate(self, call: "Call", group_size: int) -> str | None:
         """Why ``call`` is invalid on its own (None when it is fine)."""
-        if call.reduce_op is not None:
+        if call.reduce_op is not None and call.record.reduce_op in DTYPE_LIMITED:
             for t in tensors_of(call.inputs, call.outputs):
                 why = check_supported(call.record.reduce_op, t.dtype)
                 if why:
@@ -63,7 +63,8 @@ class Op:
     # -- across ranks ---------------------------------------------------------------------
     def fingerprint(self, call: "Call") -> Fingerprint:
         """The properties of ``call`` that every member must agree on."""
-        fp: list[tuple[str, Any]] = [("op", call.op), *self.agreed(call)]
+        fp: list[tuple[str, Any]] = [("op", call.op)]
+        fp += self.agreed(call)
         rec = call.record
         if rec.reduce_op is not None:
             fp.append(("reduce op", rec.reduce_op))
@@ -163,7 +164,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def signature(ts: Sequence[Any]) -> tuple:
-    return tuple((tuple(t.shape), dtype_name(t.dtype), t.device.type) for t in ts)
+    return tuple([(tuple(t.shape), dtype_name(t.dtype), t.device.type) for t in ts])
 
 
 def tensor_bytes(t: Any) -> int:

@@ -36,10 +36,13 @@ class AllReduce(Op):
             if self.name == "all_reduce_coalesced" and any(
                     first.inputs[i] is t for t in first.inputs[:i]):
                 continue  # gloo reduces a tensor listed twice once
-            red = reduce_tensors([c.inputs[i] for c in calls], first.reduce_op, first.record.reduce_op,
-                                 order)
-            for c in calls:  # sparse too: gloo replaces the input's indices and values in place
-                c.inputs[i].copy_(red)
+            ins = [c.inputs[i] for c in calls]
+            red = reduce_tensors(ins, first.reduce_op, first.record.reduce_op, order)
+            if red.is_sparse:  # sparse too: gloo replaces the input's indices and values in place
+                for t in ins:
+                    t.copy_(red)
+            else:
+                torch._foreach_copy_(ins, [red] * len(ins))  # one op for every rank's copy
         for c in calls:
             c.result = list(c.inputs)
 

@@ -58,6 +58,10 @@ def op_name(op: object) -> str:
         return name
 
 
+# The reduce ops check_supported can refuse for some dtype (the others take every dtype).
+DTYPE_LIMITED = frozenset(_INTEGRAL_ONLY | {"MIN", "MAX", "UNUSED"})
+
+
 def check_supported(op: object, dtype: torch.dtype) -> str | None:
     """Why ``op`` cannot reduce ``dtype`` (None when it can), in the words gloo uses."""
     name = op_name(op)
@@ -232,9 +236,14 @@ def reduce_tensors(tensors: Sequence[torch.Tensor], op: object,
         if name == "AVG":
             acc.div_(len(tensors))
         return acc
-    acc = first.clone()
     if name in ("SUM", "AVG"):
-        for t in tensors[1:]:
+        second = tensors[1] if len(tensors) > 1 else None
+        if second is not None and second.dtype == first.dtype and second.shape == first.shape:
+            acc = first + second  # = first.clone().add_(second), one op fewer
+            rest = tensors[2:]
+        else:
+            acc, rest = first.clone(), tensors[1:]
+        for t in rest:
             acc.add_(t)
         if name == "AVG":
             if acc.dtype.is_floating_point or acc.dtype.is_complex:
@@ -242,6 +251,7 @@ def reduce_tensors(tensors: Sequence[torch.Tensor], op: object,
             else:
                 acc = torch.div(acc, len(tensors), rounding_mode="trunc")  # as ncclAvg (C division)
         return acc
+    acc = first.clone()
     binary = {"PRODUCT": torch.Tensor.mul_, "MIN": None, "MAX": None,
               "BAND": torch.Tensor.bitwise_and_, "BOR": torch.Tensor.bitwise_or_,
               "BXOR": torch.Tensor.bitwise_xor_}

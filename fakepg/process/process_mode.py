@@ -134,6 +134,29 @@ def _unlink_segments_of(pids: Sequence[int]) -> None:
                 os.unlink(os.path.join("/dev/shm", name))
 
 
+# What a rank process imports on first use, imported once in this (the parent) process before
+# its first fork: else every child imports it on its own, one after the other (a child runs
+# only while it holds the baton), and a fresh interpreter's first world pays it nprocs times.
+# torch._dynamo is what DDP's constructor imports (~2 s); a thread-mode world imports it into
+# this process as well.
+WARM_MODULES = ("fakepg.process.remote", "torch.nn.parallel.distributed", "torch._dynamo")
+_warmed = False
+
+
+def warm_parent() -> None:
+    """Import :data:`WARM_MODULES` here, once per process (the parent is the ranks' template)."""
+    global _warmed
+    if _warmed:
+        return
+    import importlib
+    for name in WARM_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a child that needs it raises it where it is used
+            pass
+    _warmed = True
+
+
 @contextlib.contextmanager
 def forked_ranks(fn: Callable[..., Any], args: Sequence[Any], processes: list[ProcessState],
                  seed: int, ended_threads: Sequence[int], start_world: StartWorld,
@@ -144,6 +167,7 @@ def forked_ranks(fn: Callable[..., Any], args: Sequence[Any], processes: list[Pr
     error = _open_files_error(len(processes))
     if error is not None:
         raise error
+    warm_parent()
     handle = (threading.current_thread() is threading.main_thread()
               and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
     terminated: list[int] = []

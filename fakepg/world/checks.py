@@ -71,44 +71,54 @@ class Checkers:
             if not isinstance(c, Checker):
                 raise TypeError(f"a world's checks must be fakepg.world.checks.Checker instances, "
                                 f"got {type(c).__name__}")
-        # every collective call passes `calling`: only the checkers that look at it are asked
-        self.calls_checked = tuple(c for c in self.all if type(c).calling is not Checker.calling)
+        # Every collective passes several hooks: each asks only the checkers that override it
+        # (the base's hooks do nothing), in the list's order.
+        def overriding(hook: str) -> tuple[Checker, ...]:
+            base = getattr(Checker, hook)
+            return tuple(c for c in self.all
+                         if getattr(getattr(c, hook), "__func__", getattr(c, hook)) is not base)
+
+        self.calls_checked = overriding("calling")
+        self._issuing, self._issued = overriding("issuing"), overriding("issued")
+        self._holds, self._released = overriding("holds"), overriding("released")
+        self._future_made, self._call_of = overriding("future_made"), overriding("call_of")
+        self._waited = overriding("waited")
 
     def calling(self, pg: Any, method: str, args: tuple, kwargs: dict) -> None:
         for c in self.calls_checked:
             c.calling(pg, method, args, kwargs)
 
     def issuing(self, call: "Call") -> None:
-        for c in self.all:
+        for c in self._issuing:
             c.issuing(call)
 
     def issued(self, call: "Call") -> None:
-        for c in self.all:
+        for c in self._issued:
             c.issued(call)
 
     def holds(self, call: "Call") -> bool:
         held = False
-        for c in self.all:  # every one sees the call (they track what they may hold later)
+        for c in self._holds:  # every one sees the call (they track what they may hold later)
             held = c.holds(call) or held
         return held
 
     def released(self, coll: "PendingCollective") -> Iterator["Call"]:
-        for c in self.all:
+        for c in self._released:
             yield from c.released(coll)
 
     def future_made(self, future: Any, call: "Call") -> None:
-        for c in self.all:
+        for c in self._future_made:
             c.future_made(future, call)
 
     def call_of(self, future: Any, rank: int) -> "Call | None":
-        for c in self.all:
+        for c in self._call_of:
             call = c.call_of(future, rank)
             if call is not None:
                 return call
         return None
 
     def waited(self, call: "Call") -> None:
-        for c in self.all:
+        for c in self._waited:
             c.waited(call)
 
     def hang_notes(self) -> list[str]:

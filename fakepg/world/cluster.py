@@ -108,7 +108,8 @@ class Cluster:
                                                           [None] * group.size)
         coll.calls[call.grank] = call
         coll.arrived += 1
-        self.hooks.collective_issued(call)
+        if not self.plain:
+            self.hooks.collective_issued(call)
         if self.stand_ins:
             self._stand_in(group, coll)
         if coll.arrived == group.size:
@@ -144,7 +145,8 @@ class Cluster:
                 f"receives): run both ends of point-to-point traffic")
         call.record.seq = group.next_p2p[me]
         group.next_p2p[me] += 1
-        self.hooks.collective_issued(call)
+        if not self.plain:
+            self.hooks.collective_issued(call)
         if self.checkers.holds(call):  # NCCL: behind an unmatched op of its pair's stream
             return self._p2p_coll(group, *((call, None) if call.op == "send" else (None, call)))
         return self._match_p2p(group, call)
@@ -209,14 +211,17 @@ class Cluster:
                 coll.spec.execute(calls)
         coll.matched = True
         g = coll.group
+        settled, stand_ins, seq = self._settled, self.stand_ins, coll.seq
+        last_done = None if coll.p2p else g.last_done
         for c in calls:
             c.record.state = "started"
-            if c.rank in self.stand_ins:  # an absent member's stand-in has no Work
+            if stand_ins and c.rank in stand_ins:  # an absent member's stand-in has no Work
                 continue
-            self._settled[c.rank] += 1
-            if not coll.p2p and g.last_done[c.grank] < coll.seq:
-                g.last_done[c.grank] = coll.seq
-        self.hooks.collective_matched(coll)
+            settled[c.rank] += 1
+            if last_done is not None and last_done[c.grank] < seq:
+                last_done[c.grank] = seq
+        if not self.plain:
+            self.hooks.collective_matched(coll)
         if coll.p2p:
             for held in list(self.checkers.released(coll)):
                 self._release_p2p(g, held)
@@ -361,25 +366,32 @@ class Cluster:
         self._completing[rank] = True
         try:
             pending = self.outstanding[rank]
-            while self._settled[rank]:
+            settled, plain = self._settled, self.plain
+            while settled[rank]:
                 # the earliest settled one (under a schedule, any of them: the order in which
                 # different works' callbacks run); callbacks may issue more, so look again
                 schedule = self.scheduler.schedule
                 if schedule.active:
                     ready = [i for i, c in enumerate(pending) if c.collective.settled]
                     i = ready[schedule.choose("callback_order", len(ready))] if ready else -1
+                elif pending and pending[0].collective.settled:  # the usual case: issue order
+                    i = 0
                 else:
                     i = next((i for i, c in enumerate(pending) if c.collective.settled), -1)
                 if i < 0:  # counted but not yet listed (cannot happen; be safe, not stuck)
                     break
                 call = pending.pop(i)
-                self._settled[rank] -= 1
+                settled[rank] -= 1
+                error = call.collective.error
                 if call.work is not None:
-                    self.hooks.completion_started(call)
-                    try:
-                        call.work._complete(call.collective.error)
-                    finally:
-                        self.hooks.completion_finished(call)
+                    if plain:
+                        call.work._complete(error)
+                    else:
+                        self.hooks.completion_started(call)
+                        try:
+                            call.work._complete(error)
+                        finally:
+                            self.hooks.completion_finished(call)
                 if call.collective.error is None:
                     call.record.state = "completed"
         finally:

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from ..torch_private import current_autograd_node, current_graph_task_id
+from ..torch_private import current_autograd_node, current_graph_task_id, profiler_enabled
 from .. import ops
-from .binding import current_cluster
+from .binding import current_cluster, thread_binding
 from .cluster import Cluster
 from .liveness import collective_wait
 from ..ops.matching import Call, GroupState
@@ -158,12 +158,15 @@ class FakeProcessGroup(PythonProcessGroup):
         shows (default: the inputs).
         """
         forced = getattr(_forced, "call", None)
-        site = user_site(2) if forced is None else forced[0]
+        cluster = self._cluster
         if forced is None:
-            binding = current_cluster()
-            if binding is not None and binding[1] != self._global_rank and binding[0] is self._cluster:
+            site = user_site(2)
+            binding = getattr(thread_binding, "binding", None)  # current_cluster(), inline
+            if binding is not None and binding[1] != self._global_rank and binding[0] is cluster:
                 raise SharedStateError(shared_object_message(
                     f"a process group ({op.name} at {site})", self, self._global_rank, binding[1]))
+        else:
+            site = forced[0]
         g = self._gstate or self._group_state()
         if self._destroyed:
             raise FakePGError(f"rank {self._global_rank}: {op.name} on group {g.label} at {site}, "
@@ -176,17 +179,22 @@ class FakeProcessGroup(PythonProcessGroup):
                     reduce_op=reduce_op, in_splits=in_splits, out_splits=out_splits,
                     peer=peer, tag=tag, per_rank_outputs=per_rank_outputs, root_tensor=root_tensor)
         rec.bytes = op.nbytes(call, g.size)
-        work = FakeWork(self._cluster, call)
+        work = FakeWork(cluster, call)
         defer = self._when_settled(call, forced)
         personality = self.personality
         call.personality = personality.name
-        self._cluster.checkers.issuing(call)  # the backend's refusals, NCCL's device check
-        event = "recvAnySource" if op.p2p and peer is None else op.name  # gloo's event names
-        with collective_event(event, shown, personality.event_prefix):
-            coll = self._cluster.issue(g, call, block=call.hidden_wait and not defer)
+        checkers = cluster.checkers
+        checkers.issuing(call)  # the backend's refusals, NCCL's device check
+        block = call.hidden_wait and not defer
+        if profiler_enabled():
+            event = "recvAnySource" if op.p2p and peer is None else op.name  # gloo's event names
+            with collective_event(event, shown, personality.event_prefix):
+                coll = cluster.issue(g, call, block=block)
+        else:
+            coll = cluster.issue(g, call, block=block)
         if defer and not coll.settled:
-            self._cluster.settle_before_backward_ends(call)
-        self._cluster.checkers.issued(call)
+            cluster.settle_before_backward_ends(call)
+        checkers.issued(call)
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
@@ -195,16 +203,18 @@ class FakeProcessGroup(PythonProcessGroup):
                 reduce_op: Any, root: int | None, peer: int | None, tag: int) -> CollectiveRecord:
         """The trace's record of this call (its sequence number and size come later)."""
         p2p = op.p2p
+        shapes, dtypes = [], []
+        for t in shown:
+            shapes.append(tuple(t.shape))
+            dtypes.append(dtype_name(t.dtype))
         return CollectiveRecord(
             rank=self._global_rank, group=g.name, group_ranks=g.ranks, seq=-1, op=op.name,
-            shapes=tuple([tuple(t.shape) for t in shown]),
-            dtypes=tuple([dtype_name(t.dtype) for t in shown]),
-            bytes=0, site=site,
+            shapes=tuple(shapes), dtypes=tuple(dtypes), bytes=0, site=site,
             reduce_op=None if reduce_op is None else op_name(reduce_op),
             root=None if root is None else _global(g.ranks, root),
             peer=None if peer is None else _global(g.ranks, peer),
             tag=tag if p2p else None, async_op=True, p2p=p2p,
-            output_shapes=tuple([tuple(t.shape) for t in tensors_of(outputs)]),
+            output_shapes=tuple([tuple(t.shape) for t in tensors_of(outputs)]) if outputs else (),
         )
 
     def _when_settled(self, call: Call, forced: tuple | None) -> bool:
