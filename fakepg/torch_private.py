@@ -31,6 +31,7 @@ AutoDispatchBelowADInplaceOrView = torch._C._AutoDispatchBelowADInplaceOrView
 record_function_with_args_enter = torch.autograd._record_function_with_args_enter
 record_function_with_args_exit = torch.autograd._record_function_with_args_exit
 profiler_enabled = torch.autograd._profiler_enabled
+foreach_copy = torch._foreach_copy_  # one kernel call for many copies (all_reduce's results)
 enable_record_function = torch.autograd._enable_record_function
 # c10d's Python world
 World = _c10d._World

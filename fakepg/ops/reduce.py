@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..torch_private import foreach_copy
 from .reductions import GLOO_REDUCE, gloo_all_reduce, order_of, reduce_tensors
 from .base import (Op, as_list, c10d_method, copy_into, flatten, reduce_op_of, register,
                    signature, tensor_bytes)
@@ -42,7 +43,7 @@ class AllReduce(Op):
                 for t in ins:
                     t.copy_(red)
             else:
-                torch._foreach_copy_(ins, [red] * len(ins))  # one op for every rank's copy
+                foreach_copy(ins, [red] * len(ins))  # one op for every rank's copy
         for c in calls:
             c.result = list(c.inputs)
 
