@@ -22,7 +22,8 @@ from ..program import Config, Knobs, plan as plan_program
 from ..sweep import replay_row
 from .space import Layout, Shape
 
-__all__ = ["CaptureKey", "capture_key", "Capturer", "memory_verdict", "replay_config"]
+__all__ = ["CaptureKey", "capture_key", "evaluate_key", "default_capture", "memory_verdict",
+           "replay_config", "pipeline_capture_form"]
 
 GIB = 1 << 30
 
@@ -82,42 +83,48 @@ def pipeline_capture_form(stages: int) -> tuple[str, int, int]:
     return PIPELINE_CAPTURE_SCHEDULE, stages // 2, 2
 
 
-class Capturer:
-    """Captures by key, each once: ``scenario(microbatch=...)`` builds the workload;
-    ``capture(key, scenario, timing)`` is the registry's capture for a key (see
-    :func:`default_capture`)."""
+def evaluate_key(key: CaptureKey, layouts: list[Layout], scenario: Callable[..., Any],
+                 timing: Any, shape: Shape, network: NetworkModel, memory_bytes: int,
+                 capture: Callable[..., Any] | None = None) -> dict[str, Any]:
+    """One capture and every layout it stands for (module-level, one job: an executor's
+    worker captures and replays without sending the capture back and forth): ``{"seconds":
+    the capture's, "captured": whether the registry captured it, "results": per layout
+    (stage, reason, figures)}`` — ``("memory", reason, peak)`` for a layout the capture or the
+    planner refuses or whose step program's peak exceeds ``memory_bytes``, ``("replay", "",
+    row)`` for one that fits (its replay row)."""
+    import time
 
-    def __init__(self, scenario: Callable[..., Any], timing: Any, shape: Shape,
-                 capture: Callable[..., Any] | None = None) -> None:
-        self.scenario, self.timing, self.shape = scenario, timing, shape
-        self.capture = capture or default_capture
-        self.cache: dict[CaptureKey, Any] = {}
-        self.seconds: dict[CaptureKey | None, float] = {}
+    t = time.perf_counter()
+    cap = _capture_or_refusal(capture or default_capture, key, scenario, timing, shape)
+    seconds = time.perf_counter() - t
+    gb = memory_bytes / 1e9  # the replay knob counts GB
+    out: list[tuple[str, str, Any]] = []
+    for lay in layouts:
+        if isinstance(cap, Exception):
+            out.append(("memory", f"not captured: {' '.join(str(cap).split())}", None))
+            continue
+        try:
+            deep, config = replay_config(shape, lay, cap, network, gb)
+            peak, _ = memory_verdict(deep, config)
+        except ValueError as e:  # torch's schedule class or the planner refuses the layout
+            why = " ".join(str(e).split())
+            out.append(("rules" if why.startswith("torch's") else "memory",
+                        why if why.startswith("torch's") else f"refused by the planner: {why}",
+                        None))
+            continue
+        if peak > memory_bytes:
+            out.append(("memory", f"OOM by {(peak - memory_bytes) / GIB:.1f} GiB: the step's "
+                        f"peak is {peak / GIB:.1f} GiB of {memory_bytes / GIB:.1f}", peak))
+        else:
+            out.append(("replay", "", replay_row(deep, config)))
+    return {"seconds": seconds, "captured": not isinstance(cap, Exception), "results": out}
 
-    def run(self, keys: list[CaptureKey], executor: Any = None,
-            say: Callable[[str], None] = lambda text: None) -> None:
-        """Capture every key (here, or on ``executor`` — captures are pure functions of their
-        key); a capture the registry refuses is kept as its exception."""
-        import concurrent.futures
-        import time
 
-        todo = [k for k in keys if k not in self.cache]
-        t0 = time.perf_counter()
-        if executor is None:
-            for i, key in enumerate(todo):
-                say(f"capture {i + 1}/{len(todo)}: {key.describe()}")
-                t = time.perf_counter()
-                self.cache[key] = _capture_or_refusal(self.capture, key, self.scenario,
-                                                      self.timing, self.shape)
-                self.seconds[key] = time.perf_counter() - t
-            return
-        futures = {executor.submit(_capture_or_refusal, self.capture, key, self.scenario,
-                                   self.timing, self.shape): key for key in todo}
-        for i, fut in enumerate(concurrent.futures.as_completed(futures), 1):
-            key = futures[fut]
-            self.cache[key] = fut.result()
-            say(f"capture {i}/{len(todo)} done: {key.describe()}")
-        self.seconds[None] = time.perf_counter() - t0  # wall time of the parallel captures
+def capture_cost(shape: Shape, key: CaptureKey) -> int:
+    """Blocks the capture runs (a rough cost, to start the longest captures first)."""
+    if key.stages <= 4:
+        return shape.n_layers
+    return 4 * -(-shape.n_layers // key.stages)
 
 
 def _capture_or_refusal(capture: Callable[..., Any], key: CaptureKey, *args: Any) -> Any:
@@ -186,10 +193,3 @@ def memory_verdict(cap: Any, config: Config) -> tuple[int, dict[str, int]]:
     """The step program's peak memory for ``config`` (its planner only: no simulation)."""
     checked = config.knobs.checked(config.world_size, config.network)
     return plan_program(cap, checked).memory()
-
-
-def evaluate_row(shape: Shape, layout: Layout, cap: Any, network: NetworkModel,
-                 gpu_memory_gb: float | None) -> dict[str, Any]:
-    """The replay row of ``layout`` (module-level: executors in other processes run it)."""
-    cap, config = replay_config(shape, layout, cap, network, gpu_memory_gb)
-    return replay_row(cap, config)

@@ -3,12 +3,16 @@
 Three stages, cheapest first (:func:`plan`):
 
 1. **rules** (:func:`~simddp.plan.space.rule_out`): TP within a node and dividing the heads,
-   enough microbatches for the pipeline, torch's own schedule classes accepting the shape;
-   then parameters, gradients and optimizer state alone against the card (no capture);
+   enough microbatches for the pipeline; then parameters, gradients and optimizer state alone
+   against the card (no capture);
 2. **memory**: one capture of the real program per :class:`~simddp.plan.evaluate.CaptureKey`
-   (layouts that differ only in data-parallel size or microbatch count share it), and its
-   step program's peak memory for each layout (the planner only, no simulation);
-3. **replay** of the layouts that fit, on a local process pool or a Dask cluster's executor.
+   (layouts that differ only in data-parallel size, microbatch count or pipeline schedule
+   share it), and its step program's peak memory for each layout (the planner only, no
+   simulation; torch's own schedule class refusing the pipeline's shape is a rule found here);
+3. **replay** of the layouts that fit.
+
+Stages 2 and 3 run as one job per capture (:func:`~simddp.plan.evaluate.evaluate_key`), here
+or on a local process pool or a Dask cluster's executor.
 
 Ranked by the objective: tokens/s per GPU (``tokens-per-s``), GPU-seconds per token
 (``cost``: layouts may use fewer of the GPUs), or the time to train ``T`` tokens
@@ -18,15 +22,11 @@ Ranked by the objective: tokens/s per GPU (``tokens-per-s``), GPU-seconds per to
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
-import functools
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .evaluate import CaptureKey, Capturer, capture_key, evaluate_row, memory_verdict, \
-    replay_config
-from .space import Layout, Shape, layouts, rule_out, schedule_refuses, static_bytes
+from .evaluate import CaptureKey, capture_cost, capture_key, evaluate_key
+from .space import Layout, Shape, layouts, rule_out, static_bytes
 
 __all__ = ["Candidate", "plan", "OBJECTIVES"]
 
@@ -97,7 +97,6 @@ def plan(shape: Shape, scenario: Callable[..., Any], *, gpus: int, gpus_per_node
              for lay in layouts(shape, n, gpus_per_node=gpus_per_node, seq_len=seq_len,
                                 global_batch=global_batch, **space)]
     limit = memory_bytes
-    gpu_memory_gb = memory_bytes / 1e9  # the replay knob counts GB
     for c in cands:  # 1. rules, and what the parameters alone need
         why = rule_out(c.layout, shape, gpus_per_node=gpus_per_node, seq_len=seq_len)
         if why is None:
@@ -106,37 +105,32 @@ def plan(shape: Shape, scenario: Callable[..., Any], *, gpus: int, gpus_per_node
                 why = (f"OOM by {(need - limit) / GIB:.1f} GiB before activations: "
                        f"parameters, gradients and Adam state need {need / GIB:.1f} GiB of "
                        f"{limit / GIB:.1f}")
-        if why is None:
-            why = schedule_refuses(c.layout)
         if why is not None:
             c.feasible, c.reason, c.stage = False, why, "rules"
     alive = [c for c in cands if c.feasible is None]
-    say(f"{len(cands)} layouts, {len(alive)} pass the rules; capturing")
-    capturer = Capturer(scenario, timing, shape, capture)
-    keys = sorted({capture_key(shape, c.layout) for c in alive}, key=repr)
-    capturer.run(keys, executor, say)  # 2. captures, then each layout's memory
-    to_replay = []
+    say(f"{len(cands)} layouts, {len(alive)} pass the rules; capturing and replaying")
+    by_key: dict[CaptureKey, list[Candidate]] = {}
     for c in alive:
-        cap = capturer.cache[capture_key(shape, c.layout)]
-        if isinstance(cap, Exception):
-            c.feasible, c.reason, c.stage = False, f"not captured: {' '.join(str(cap).split())}", \
-                "memory"
-            continue
-        try:
-            deep, config = replay_config(shape, c.layout, cap, network, gpu_memory_gb)
-            peak, _ = memory_verdict(deep, config)
-        except ValueError as e:
-            c.feasible, c.reason, c.stage = False, f"refused by the planner: {e}", "memory"
-            continue
-        c.peak_memory_bytes = peak
-        if peak > limit:
-            c.feasible, c.reason, c.stage = False, (
-                f"OOM by {(peak - limit) / GIB:.1f} GiB: the step's peak is "
-                f"{peak / GIB:.1f} GiB of {limit / GIB:.1f}"), "memory"
-        else:
-            to_replay.append(c)
-    say(f"{len(to_replay)} layouts fit; replaying")
-    rows = _replay_all(shape, to_replay, capturer, network, gpu_memory_gb, executor)
+        by_key.setdefault(capture_key(shape, c.layout), []).append(c)
+    # the longest captures first (a pool's workers finish together); results do not depend
+    # on the order
+    keys = sorted(by_key, key=lambda k: (-capture_cost(shape, k), repr(k)))
+    jobs = [(k, [c.layout for c in by_key[k]], scenario, timing, shape, network, limit,
+             capture) for k in keys]
+    done = _run_jobs(jobs, executor, lambda i, k, sec: say(
+        f"capture {i}/{len(keys)} ({sec:.0f} s) and its {len(by_key[k])} layouts: "
+        f"{k.describe()}"))
+    captured, capture_seconds, to_replay, rows = 0, 0.0, [], []
+    for k, res in zip(keys, done):  # 2. each layout's memory verdict, the replays
+        captured += res["captured"]
+        capture_seconds += res["seconds"]
+        for c, (stage, why, fig) in zip(by_key[k], res["results"]):
+            c.stage = stage
+            if stage == "replay":
+                to_replay.append(c)
+                rows.append(fig)
+            else:
+                c.feasible, c.reason, c.peak_memory_bytes = False, why, fig
     flops_per_token = 6 * shape.params + 12 * shape.n_layers * shape.dim * seq_len
     for c, row in zip(to_replay, rows):  # 3. the replays' figures
         lay = c.layout
@@ -154,24 +148,32 @@ def plan(shape: Shape, scenario: Callable[..., Any], *, gpus: int, gpus_per_node
         if row.get("oom"):
             c.reason = "OOM in the replay"
     ranked = sorted((c for c in cands if c.feasible), key=lambda c: -_score(c, objective))
-    captured = sum(not isinstance(capturer.cache[k], Exception) for k in keys)
     facts = {"layouts": len(cands), "passed_rules": len(alive), "captures": captured,
              "replayed": len(to_replay), "feasible": len(ranked),
-             "capture_seconds": sum(capturer.seconds.values()),
+             "evaluated": sum(c.stage in ("memory", "replay") for c in cands),
+             "capture_seconds": capture_seconds,
              "wall_seconds": time.perf_counter() - t0}
     return cands, ranked[:top], facts
 
 
-def _replay_all(shape: Shape, cands: list[Candidate], capturer: Capturer, network: Any,
-                gpu_memory_gb: float, executor: concurrent.futures.Executor | None
-                ) -> list[dict[str, Any]]:
-    jobs = [(shape, c.layout, capturer.cache[capture_key(shape, c.layout)], network,
-             gpu_memory_gb) for c in cands]
+def _run_jobs(jobs: list[tuple], executor: concurrent.futures.Executor | None,
+              say: Callable[[int, CaptureKey, float], None]) -> list[dict[str, Any]]:
+    """:func:`~simddp.plan.evaluate.evaluate_key` of each job, here or on ``executor``, in
+    the jobs' order."""
     if executor is None:
-        return [evaluate_row(*j) for j in jobs]
-    futures = [executor.submit(evaluate_row, *j) for j in jobs]
+        out = []
+        for i, job in enumerate(jobs, 1):
+            out.append(evaluate_key(*job))
+            say(i, job[0], out[-1]["seconds"])
+        return out
+    futures = {executor.submit(evaluate_key, *job): n for n, job in enumerate(jobs)}
+    out: list[dict[str, Any] | None] = [None] * len(jobs)
     try:
-        return [f.result() for f in futures]
+        for i, fut in enumerate(concurrent.futures.as_completed(futures), 1):
+            n = futures[fut]
+            out[n] = fut.result()
+            say(i, jobs[n][0], out[n]["seconds"])
     finally:
         for f in futures:
             f.cancel()
+    return out  # type: ignore[return-value]
