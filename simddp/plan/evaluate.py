@@ -117,7 +117,19 @@ def evaluate_key(key: CaptureKey, layouts: list[Layout], scenario: Callable[...,
                         f"peak is {peak / GIB:.1f} GiB of {memory_bytes / GIB:.1f}", peak))
         else:
             out.append(("replay", "", replay_row(deep, config)))
-    return {"seconds": seconds, "captured": not isinstance(cap, Exception), "results": out}
+    return {"seconds": seconds, "captured": not isinstance(cap, Exception), "results": out,
+            "compute_s": compute_seconds(cap)}
+
+
+def compute_seconds(cap: Any) -> float | None:
+    """A plain FSDP2 capture's forward and backward compute on its quickest rank (waits
+    excluded): one microbatch of the whole model at its TP degree (None: not such a capture)."""
+    from ..program.captured import CapturedStep
+
+    if not isinstance(cap, CapturedStep) or not cap.profiles:
+        return None
+    return min(float(p["forward"]["seconds"]) + float(p["backward"]["seconds"])
+               for p in cap.profiles)
 
 
 def capture_cost(shape: Shape, key: CaptureKey) -> int:

@@ -112,48 +112,92 @@ def plan(shape: Shape, scenario: Callable[..., Any], *, gpus: int, gpus_per_node
     by_key: dict[CaptureKey, list[Candidate]] = {}
     for c in alive:
         by_key.setdefault(capture_key(shape, c.layout), []).append(c)
-    # the longest captures first (a pool's workers finish together); results do not depend
-    # on the order
-    keys = sorted(by_key, key=lambda k: (-capture_cost(shape, k), repr(k)))
-    jobs = [(k, [c.layout for c in by_key[k]], scenario, timing, shape, network, limit,
-             capture) for k in keys]
-    done = _run_jobs(jobs, executor, lambda i, k, sec: say(
-        f"capture {i}/{len(keys)} ({sec:.0f} s) and its {len(by_key[k])} layouts: "
-        f"{k.describe()}"))
-    captured, capture_seconds, to_replay, rows = 0, 0.0, [], []
-    for k, res in zip(keys, done):  # 2. each layout's memory verdict, the replays
-        captured += res["captured"]
-        capture_seconds += res["seconds"]
-        for c, (stage, why, fig) in zip(by_key[k], res["results"]):
-            c.stage = stage
-            if stage == "replay":
-                to_replay.append(c)
-                rows.append(fig)
-            else:
-                c.feasible, c.reason, c.peak_memory_bytes = False, why, fig
     flops_per_token = 6 * shape.params + 12 * shape.n_layers * shape.dim * seq_len
-    for c, row in zip(to_replay, rows):  # 3. the replays' figures
-        lay = c.layout
-        accumulation = lay.microbatches if lay.pp == 1 else 1  # replay runs one microbatch
-        step = row["iteration_time_s"] * accumulation
-        tokens = lay.sequences_per_step * seq_len
-        c.step_time_s = step
-        c.tokens_per_s_per_gpu = tokens / step / lay.gpus
-        c.mfu = c.tokens_per_s_per_gpu * flops_per_token / peak_flops
-        c.peak_memory_bytes = int(row["peak_memory_bytes"])
-        c.exposed_comm_by_dim = {k: v * accumulation for k, v in
-                                 (row.get("exposed_comm_by_dim") or {}).items()}
-        c.bubble_fraction = row.get("bubble_fraction")
-        c.feasible, c.stage = not row.get("oom"), "replay"
-        if row.get("oom"):
-            c.reason = "OOM in the replay"
+    done: dict[CaptureKey, dict[str, Any]] = {}
+
+    def evaluate(keys: list[CaptureKey]) -> None:  # 2. captures, memory verdicts, replays
+        # the longest captures first (a pool's workers finish together); the results do not
+        # depend on the order
+        keys = sorted(keys, key=lambda k: (-capture_cost(shape, k), repr(k)))
+        jobs = [(k, [c.layout for c in by_key[k]], scenario, timing, shape, network, limit,
+                 capture) for k in keys]
+        n0 = len(done)
+        for k, res in zip(keys, _run_jobs(jobs, executor, lambda i, k, sec: say(
+                f"capture {n0 + i} ({sec:.0f} s) and its {len(by_key[k])} layouts: "
+                f"{k.describe()}"))):
+            done[k] = res
+            for c, (stage, why, fig) in zip(by_key[k], res["results"]):
+                c.stage = stage
+                if stage == "replay":
+                    _figures(c, fig, seq_len, flops_per_token, peak_flops)
+                else:
+                    c.feasible, c.reason, c.peak_memory_bytes = False, why, fig
+
+    # 2a. the probes: each TP degree and AC policy's plain FSDP layout, whose compute bounds
+    # every layout of that TP degree and policy (below)
+    probes = [k for k in by_key if k.stages == 1 and not k.hsdp and k.cp == 1]
+    evaluate(probes)
+    # 2b. the rest, unless the probe's compute alone (waits, communication and bubble left
+    # out: a lower bound of the step) cannot reach the top ``top``
+    scores = sorted((_score(c, objective) for k in probes for c in by_key[k] if c.feasible),
+                    reverse=True)
+    floor = scores[top - 1] if len(scores) >= top else 0.0
+    compute = {(k.tp, k.ac, k.microbatch): done[k]["compute_s"] for k in probes
+               if done[k].get("compute_s")}
+    rest, bounded = [], 0
+    for k in by_key:
+        if k in done:
+            continue
+        c_mb = compute.get((k.tp, k.ac, k.microbatch)) if k.cp == 1 else None
+        ubs = [None if c_mb is None else _bound(c.layout, c_mb, seq_len) for c in by_key[k]]
+        if None in ubs or max(_score(Candidate(c.layout, tokens_per_s_per_gpu=ub), objective)
+                              for c, ub in zip(by_key[k], ubs)) >= floor:
+            rest.append(k)
+            continue
+        for c, ub in zip(by_key[k], ubs):
+            c.feasible, c.stage = False, "bound"
+            c.reason = (f"cannot reach the top {top}: its compute alone (as captured for "
+                        f"tp:{k.tp}, AC {k.ac}) allows at most {ub:,.0f} tokens/s per GPU, "
+                        f"below the {top}th best of the probes")
+        bounded += len(by_key[k])
+    say(f"{len(probes)} probes replayed; {bounded} layouts cannot reach the top {top} "
+        f"(their compute alone); capturing {len(rest)} more")
+    evaluate(rest)
     ranked = sorted((c for c in cands if c.feasible), key=lambda c: -_score(c, objective))
-    facts = {"layouts": len(cands), "passed_rules": len(alive), "captures": captured,
-             "replayed": len(to_replay), "feasible": len(ranked),
+    facts = {"layouts": len(cands), "passed_rules": len(alive),
+             "captures": sum(r["captured"] for r in done.values()),
+             "replayed": sum(c.stage == "replay" for c in cands), "feasible": len(ranked),
              "evaluated": sum(c.stage in ("memory", "replay") for c in cands),
-             "capture_seconds": capture_seconds,
+             "bounded": bounded, "probes": len(probes),
+             "capture_seconds": sum(r["seconds"] for r in done.values()),
              "wall_seconds": time.perf_counter() - t0}
     return cands, ranked[:top], facts
+
+
+def _bound(lay: Layout, compute_s: float, seq_len: int) -> float:
+    """The most tokens/s per GPU ``lay`` can reach when a microbatch's forward and backward
+    take ``compute_s`` on one rank (the whole model at its TP degree): the busiest rank
+    computes at least its share of every microbatch, nothing else counted."""
+    step = compute_s * lay.microbatches / lay.pp
+    return lay.sequences_per_step * seq_len / step / lay.gpus
+
+
+def _figures(c: Candidate, row: dict[str, Any], seq_len: int, flops_per_token: float,
+             peak_flops: float) -> None:
+    """``c``'s figures from its replay row."""
+    lay = c.layout
+    accumulation = lay.microbatches if lay.pp == 1 else 1  # replay runs one microbatch
+    step = row["iteration_time_s"] * accumulation
+    c.step_time_s = step
+    c.tokens_per_s_per_gpu = lay.sequences_per_step * seq_len / step / lay.gpus
+    c.mfu = c.tokens_per_s_per_gpu * flops_per_token / peak_flops
+    c.peak_memory_bytes = int(row["peak_memory_bytes"])
+    c.exposed_comm_by_dim = {k: v * accumulation for k, v in
+                             (row.get("exposed_comm_by_dim") or {}).items()}
+    c.bubble_fraction = row.get("bubble_fraction")
+    c.feasible, c.stage = not row.get("oom"), "replay"
+    if row.get("oom"):
+        c.reason = "OOM in the replay"
 
 
 def _run_jobs(jobs: list[tuple], executor: concurrent.futures.Executor | None,
