@@ -158,17 +158,20 @@ def plan(shape: Shape, scenario: Callable[..., Any], *, gpus: int, gpus_per_node
             c.feasible, c.stage = False, "bound"
             c.reason = (f"cannot reach the top {top}: its compute alone (as captured for "
                         f"tp:{k.tp}, AC {k.ac}) allows at most {ub:,.0f} tokens/s per GPU, "
-                        f"below the {top}th best of the probes")
+                        f"below the top {top} of the probes' replays")
         bounded += len(by_key[k])
     say(f"{len(probes)} probes replayed; {bounded} layouts cannot reach the top {top} "
         f"(their compute alone); capturing {len(rest)} more")
     evaluate(rest)
     ranked = sorted((c for c in cands if c.feasible), key=lambda c: -_score(c, objective))
     facts = {"layouts": len(cands), "passed_rules": len(alive),
+             "dropped_by_rules": sum(c.stage == "rules" for c in cands),
              "captures": sum(r["captured"] for r in done.values()),
              "replayed": sum(c.stage == "replay" for c in cands), "feasible": len(ranked),
              "evaluated": sum(c.stage in ("memory", "replay") for c in cands),
              "bounded": bounded, "probes": len(probes),
+             "probe_compute_s": {f"tp:{tp},ac:{ac},microbatch:{mb}": v
+                                 for (tp, ac, mb), v in sorted(compute.items())},
              "capture_seconds": sum(r["seconds"] for r in done.values()),
              "wall_seconds": time.perf_counter() - t0}
     return cands, ranked[:top], facts
