@@ -22,6 +22,7 @@ Ranked by the objective: tokens/s per GPU (``tokens-per-s``), GPU-seconds per to
 from __future__ import annotations
 
 import concurrent.futures
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -31,6 +32,7 @@ from .space import Layout, Shape, layouts, rule_out, static_bytes
 __all__ = ["Candidate", "plan", "OBJECTIVES"]
 
 GIB = 1 << 30
+ROUND = 6  # captures evaluated between two looks at the bound
 OBJECTIVES = ("tokens-per-s", "cost", "time-to-tokens")
 
 
@@ -137,32 +139,41 @@ def plan(shape: Shape, scenario: Callable[..., Any], *, gpus: int, gpus_per_node
     # every layout of that TP degree and policy (below)
     probes = [k for k in by_key if k.stages == 1 and not k.hsdp and k.cp == 1]
     evaluate(probes)
-    # 2b. the rest, unless the probe's compute alone (waits, communication and bubble left
-    # out: a lower bound of the step) cannot reach the top ``top``
-    scores = sorted((_score(c, objective) for k in probes for c in by_key[k] if c.feasible),
-                    reverse=True)
-    floor = scores[top - 1] if len(scores) >= top else 0.0
+    # 2b. the rest, best bound first, in rounds of ROUND captures: after each round, a
+    # capture none of whose layouts' bound (the probe's compute alone: waits, communication
+    # and bubble left out, a lower bound of the step) reaches the top ``top`` replayed so far
+    # is skipped. Rounds are fixed sets, so the answer does not depend on the executor.
     compute = {(k.tp, k.ac, k.microbatch): done[k]["compute_s"] for k in probes
                if done[k].get("compute_s")}
-    rest, bounded = [], 0
+    bounds: dict[CaptureKey, list[float] | None] = {}
     for k in by_key:
-        if k in done:
-            continue
         c_mb = compute.get((k.tp, k.ac, k.microbatch)) if k.cp == 1 else None
-        ubs = [None if c_mb is None else _bound(c.layout, c_mb, seq_len) for c in by_key[k]]
-        if None in ubs or max(_score(Candidate(c.layout, tokens_per_s_per_gpu=ub), objective)
-                              for c, ub in zip(by_key[k], ubs)) >= floor:
-            rest.append(k)
-            continue
-        for c, ub in zip(by_key[k], ubs):
-            c.feasible, c.stage = False, "bound"
-            c.reason = (f"cannot reach the top {top}: its compute alone (as captured for "
-                        f"tp:{k.tp}, AC {k.ac}) allows at most {ub:,.0f} tokens/s per GPU, "
-                        f"below the top {top} of the probes' replays")
-        bounded += len(by_key[k])
-    say(f"{len(probes)} probes replayed; {bounded} layouts cannot reach the top {top} "
-        f"(their compute alone); capturing {len(rest)} more")
-    evaluate(rest)
+        bounds[k] = None if c_mb is None else [_bound(c.layout, c_mb, seq_len)
+                                                for c in by_key[k]]
+
+    def best(k: CaptureKey) -> float:
+        ubs = bounds[k]
+        return math.inf if ubs is None else max(
+            _score(Candidate(c.layout, tokens_per_s_per_gpu=ub), objective)
+            for c, ub in zip(by_key[k], ubs))
+
+    rest = sorted((k for k in by_key if k not in done),
+                  key=lambda k: (-best(k), -capture_cost(shape, k), repr(k)))
+    say(f"{len(probes)} probes replayed; {len(rest)} captures left, best bound first")
+    bounded = 0
+    while rest:
+        scores = sorted((_score(c, objective) for c in cands if c.feasible), reverse=True)
+        floor = scores[top - 1] if len(scores) >= top else 0.0
+        for k in [k for k in rest if best(k) < floor]:
+            rest.remove(k)
+            for c, ub in zip(by_key[k], bounds[k] or ()):
+                c.feasible, c.stage = False, "bound"
+                c.reason = (f"cannot reach the top {top}: its compute alone (as captured for "
+                            f"tp:{k.tp}, AC {k.ac}) allows at most {ub:,.0f} tokens/s per "
+                            f"GPU, below the top {top} replayed before it")
+            bounded += len(by_key[k])
+        evaluate(rest[:ROUND])
+        rest = rest[ROUND:]
     ranked = sorted((c for c in cands if c.feasible), key=lambda c: -_score(c, objective))
     facts = {"layouts": len(cands), "passed_rules": len(alive),
              "dropped_by_rules": sum(c.stage == "rules" for c in cands),
