@@ -270,3 +270,36 @@ def test_layouts_the_bound_drops_say_so_and_are_not_counted_as_evaluated():
     for c in bounded:  # the bound is below the top 3: no bounded layout could enter it
         ub = float(c.reason.split("at most ")[1].split(" tokens")[0].replace(",", ""))
         assert ub < third
+
+
+@pytest.mark.parametrize("ac", ["none", "selective-op", "full"])
+def test_the_memory_floor_never_exceeds_the_planned_peak(ac):
+    # the probe's blocks' activations (8 identical blocks: the period shows) against the
+    # step programs of pipelines and HSDP at the same TP degree and policy
+    import dataclasses
+
+    from simddp.models import Compute, Network
+    from simddp.plan.evaluate import capture_key, evaluate_key
+    from simddp.plan.search import memory_floor
+    from simddp.timing import Timing
+
+    shape = Shape.of_llama("tiny-8", dataclasses.replace(LLAMA3_TINY, n_layers=8))
+    net = Network.preset("dgx-h100")
+    timing = Timing(network=net, compute=Compute.kernels("h100"))
+    probe = Layout(16, shard=16, microbatches=2, ac=ac)
+    res = evaluate_key(capture_key(shape, probe), [probe], _eight_layer_tiny, timing, shape,
+                       net, 80 << 30)
+    blk = res["block_activation_bytes"]
+    assert blk and blk > 0
+    others = [Layout(16, pp=4, shard=4, schedule="1F1B", microbatches=8, ac=ac,
+                     reshard_after_forward=False),
+              Layout(16, pp=8, shard=2, schedule="GPipe", microbatches=8, ac=ac,
+                     reshard_after_forward=False),
+              Layout(16, pp=4, shard=4, schedule="Interleaved1F1B", stages_per_rank=2,
+                     microbatches=8, ac=ac, reshard_after_forward=False),
+              Layout(16, replicate=4, shard=4, microbatches=2, ac=ac)]
+    for lay in others:
+        (stage, why, fig), = evaluate_key(capture_key(shape, lay), [lay], _eight_layer_tiny,
+                                          timing, shape, net, 80 << 30)["results"]
+        assert stage == "replay", why
+        assert memory_floor(lay, shape, blk) <= fig["peak_memory_bytes"], lay.label()

@@ -23,7 +23,7 @@ from ..sweep import replay_row
 from .space import Layout, Shape
 
 __all__ = ["CaptureKey", "capture_key", "evaluate_key", "default_capture", "memory_verdict",
-           "replay_config", "pipeline_capture_form"]
+           "replay_config", "pipeline_capture_form", "compute_seconds", "block_activation_bytes"]
 
 GIB = 1 << 30
 
@@ -118,7 +118,8 @@ def evaluate_key(key: CaptureKey, layouts: list[Layout], scenario: Callable[...,
         else:
             out.append(("replay", "", replay_row(deep, config)))
     return {"seconds": seconds, "captured": not isinstance(cap, Exception), "results": out,
-            "compute_s": compute_seconds(cap)}
+            "compute_s": compute_seconds(cap),
+            "block_activation_bytes": block_activation_bytes(cap, shape.n_layers)}
 
 
 def compute_seconds(cap: Any) -> float | None:
@@ -130,6 +131,30 @@ def compute_seconds(cap: Any) -> float | None:
         return None
     return min(float(p["forward"]["seconds"]) + float(p["backward"]["seconds"])
                for p in cap.profiles)
+
+
+def block_activation_bytes(cap: Any, n_layers: int) -> int | None:
+    """What one block of a plain FSDP2 capture saved for backward in a microbatch's forward
+    (one TP rank's share), read off the capture's saved storages: the model's ``n_layers``
+    identical blocks save the same run of storages, so the list holds a stretch of at least
+    ``n_layers - 2`` repeats of one period (the first block's may sit apart, among what the
+    embedding saves; the longest period that repeats so is a block's); one period is one
+    block. None where no such stretch is
+    there (fewer than 8 blocks: too few to tell them from what the embedding, head and loss
+    save)."""
+    from ..program.captured import CapturedStep
+
+    sizes = list(getattr(cap, "activation_sizes", None) or []) \
+        if isinstance(cap, CapturedStep) else []
+    if n_layers < 8 or len(sizes) < n_layers:
+        return None
+    reps = n_layers - 2
+    for period in range(len(sizes) // n_layers, 0, -1):  # the longest first: a block's own
+        found = [sum(sizes[o:o + period]) for o in range(len(sizes) - reps * period + 1)
+                 if sizes[o:o + (reps - 1) * period] == sizes[o + period:o + reps * period]]
+        if found:
+            return min(found)
+    return None
 
 
 def capture_cost(shape: Shape, key: CaptureKey) -> int:

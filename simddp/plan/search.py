@@ -151,6 +151,25 @@ def plan(shape: Shape, scenario: Callable[..., Any], *, gpus: int, gpus_per_node
         bounds[k] = None if c_mb is None else [_bound(c.layout, c_mb, seq_len)
                                                 for c in by_key[k]]
 
+    # a capture all of whose layouts need more than the card before anything but the
+    # parameters, Adam state and the probe's blocks' activations is counted is skipped too
+    per_block = {(k.tp, k.ac, k.microbatch): done[k]["block_activation_bytes"] for k in probes
+                 if done[k].get("block_activation_bytes")}
+    oom = 0
+    for k in [k for k in by_key if k not in done and k.cp == 1]:
+        blk = per_block.get((k.tp, k.ac, k.microbatch))
+        floors = [memory_floor(c.layout, shape, blk) for c in by_key[k]] if blk else []
+        if floors and min(floors) > limit:
+            for c, need in zip(by_key[k], floors):
+                c.feasible, c.stage, c.peak_memory_bytes = False, "bound", None
+                c.reason = (f"OOM by at least {(need - limit) / GIB:.1f} GiB: parameters, Adam "
+                            f"state and the first pipeline rank's activations alone "
+                            f"({blk / GIB:.2f} GiB a block a microbatch, as captured for "
+                            f"tp:{k.tp}, AC {k.ac}) need {need / GIB:.1f} GiB of "
+                            f"{limit / GIB:.1f}")
+            oom += len(by_key[k])
+            done[k] = {"captured": False, "seconds": 0.0}
+
     def best(k: CaptureKey) -> float:
         ubs = bounds[k]
         return math.inf if ubs is None else max(
@@ -159,8 +178,9 @@ def plan(shape: Shape, scenario: Callable[..., Any], *, gpus: int, gpus_per_node
 
     rest = sorted((k for k in by_key if k not in done),
                   key=lambda k: (-best(k), -capture_cost(shape, k), repr(k)))
-    say(f"{len(probes)} probes replayed; {len(rest)} captures left, best bound first")
-    bounded = 0
+    say(f"{len(probes)} probes replayed; {oom} layouts cannot fit (their memory floor); "
+        f"{len(rest)} captures left, best bound first")
+    bounded = oom
     while rest:
         scores = sorted((_score(c, objective) for c in cands if c.feasible), reverse=True)
         floor = scores[top - 1] if len(scores) >= top else 0.0
@@ -186,6 +206,30 @@ def plan(shape: Shape, scenario: Callable[..., Any], *, gpus: int, gpus_per_node
              "capture_seconds": sum(r["seconds"] for r in done.values()),
              "wall_seconds": time.perf_counter() - t0}
     return cands, ranked[:top], facts
+
+
+def memory_floor(lay: Layout, shape: Shape, block_bytes: int) -> int:
+    """Bytes ``lay`` needs at least on its first (pipeline) rank when a block saves
+    ``block_bytes`` for backward a microbatch (a probe's, at the layout's TP degree and
+    policy): its parameters (fp32) and Adam's two moments, sharded over its data-parallel
+    ranks and TP; with a pipeline, its first stage's parameters unsharded (bf16, FSDP2 keeps
+    them gathered: ``reshard_after_forward`` off) and that stage's activations for the
+    microbatches it runs before its first backward (one per pipeline rank, at least, under
+    each of the schedules searched); without one, every block's activations for one
+    microbatch. What else a step holds (gradients, communication buffers, temporaries, the
+    embedding's and head's activations) is left out: a floor, not an estimate."""
+    from fakepg.zoo.llama import stage_layers  # torchtitan's split, as the captures
+
+    sharding = lay.tp * lay.shard * lay.cp
+    if lay.pp == 1:
+        return 12 * shape.params // sharding + shape.n_layers * block_bytes
+    n = lay.pp * lay.stages_per_rank
+    counts = [len(stage_layers(shape.n_layers, s, n, input_weight=1, output_weight=1))
+              for s in range(n)]
+    first = counts[0] * shape.block_params + shape.embedding_params
+    mine = first + sum(counts[s] for s in range(lay.pp, n, lay.pp)) * shape.block_params
+    held = min(lay.pp, lay.microbatches) * counts[0] * block_bytes
+    return 12 * mine // sharding + 2 * first // lay.tp + held
 
 
 def _bound(lay: Layout, compute_s: float, seq_len: int) -> float:
