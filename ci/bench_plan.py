@@ -59,6 +59,7 @@ def run(name: str) -> None:
           f"({f['capture_seconds']:.0f} s capturing, CPU); {f['feasible']} fit; wall "
           f"{wall:.0f} s (goal {case['goal_s']} s); {_uptime()}")
     print(res.table(), end="")
+    _check_bounds(res, case["model"])
     ranked = [c for c in res.candidates if c.feasible]
     ranked.sort(key=lambda c: -c.tokens_per_s_per_gpu)
     mine = [c for c in res.candidates if c.parallel == spec and
@@ -74,6 +75,28 @@ def run(name: str) -> None:
             print(f"  {c.layout.label()}: not feasible ({c.stage}): {c.reason}")
     if not mine:
         print("  not enumerated")
+
+
+def _check_bounds(res, model: str) -> None:
+    """The probes' compute bound and memory floor against every layout evaluated for real."""
+    from simddp.plan import LlamaWorkload, Shape
+    from simddp.plan.search import _bound, memory_floor
+
+    f, shape = res.facts, Shape.of_llama(model, LlamaWorkload(model, 8192).args())
+    over = under = checked = 0
+    for c in res.candidates:
+        lay = c.layout
+        k = f"tp:{lay.tp},ac:{lay.ac},microbatch:{lay.microbatch}"
+        blk, c_mb = f["probe_block_activation_bytes"].get(k), f["probe_compute_s"].get(k)
+        if c.stage not in ("memory", "replay") or c.peak_memory_bytes is None or lay.cp > 1:
+            continue
+        checked += 1
+        if blk and memory_floor(lay, shape, blk) > c.peak_memory_bytes:
+            over += 1
+        if c_mb and c.tokens_per_s_per_gpu and c.tokens_per_s_per_gpu > _bound(lay, c_mb, 8192):
+            under += 1
+    print(f"bounds checked on {checked} evaluated layouts: {over} memory floors above the "
+          f"planned peak, {under} replays above their compute bound (both must be 0)")
 
 
 def main() -> None:

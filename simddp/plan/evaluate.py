@@ -118,6 +118,7 @@ def evaluate_key(key: CaptureKey, layouts: list[Layout], scenario: Callable[...,
         else:
             out.append(("replay", "", replay_row(deep, config)))
     return {"seconds": seconds, "captured": not isinstance(cap, Exception), "results": out,
+            "job_seconds": time.perf_counter() - t,
             "compute_s": compute_seconds(cap),
             "block_activation_bytes": block_activation_bytes(cap, shape.n_layers)}
 

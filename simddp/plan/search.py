@@ -124,9 +124,9 @@ def plan(shape: Shape, scenario: Callable[..., Any], *, gpus: int, gpus_per_node
         jobs = [(k, [c.layout for c in by_key[k]], scenario, timing, shape, network, limit,
                  capture) for k in keys]
         n0 = len(done)
-        for k, res in zip(keys, _run_jobs(jobs, executor, lambda i, k, sec: say(
-                f"capture {n0 + i} ({sec:.0f} s) and its {len(by_key[k])} layouts: "
-                f"{k.describe()}"))):
+        for k, res in zip(keys, _run_jobs(jobs, executor, lambda i, k, res: say(
+                f"capture {n0 + i} ({res['seconds']:.0f} s; with its {len(by_key[k])} "
+                f"layouts {res['job_seconds']:.0f} s): {k.describe()}"))):
             done[k] = res
             for c, (stage, why, fig) in zip(by_key[k], res["results"]):
                 c.stage = stage
@@ -203,6 +203,8 @@ def plan(shape: Shape, scenario: Callable[..., Any], *, gpus: int, gpus_per_node
              "bounded": bounded, "probes": len(probes),
              "probe_compute_s": {f"tp:{tp},ac:{ac},microbatch:{mb}": v
                                  for (tp, ac, mb), v in sorted(compute.items())},
+             "probe_block_activation_bytes": {f"tp:{tp},ac:{ac},microbatch:{mb}": v
+                                              for (tp, ac, mb), v in sorted(per_block.items())},
              "capture_seconds": sum(r["seconds"] for r in done.values()),
              "wall_seconds": time.perf_counter() - t0}
     return cands, ranked[:top], facts
@@ -259,14 +261,14 @@ def _figures(c: Candidate, row: dict[str, Any], seq_len: int, flops_per_token: f
 
 
 def _run_jobs(jobs: list[tuple], executor: concurrent.futures.Executor | None,
-              say: Callable[[int, CaptureKey, float], None]) -> list[dict[str, Any]]:
+              say: Callable[[int, CaptureKey, dict[str, Any]], None]) -> list[dict[str, Any]]:
     """:func:`~simddp.plan.evaluate.evaluate_key` of each job, here or on ``executor``, in
     the jobs' order."""
     if executor is None:
         out = []
         for i, job in enumerate(jobs, 1):
             out.append(evaluate_key(*job))
-            say(i, job[0], out[-1]["seconds"])
+            say(i, job[0], out[-1])
         return out
     futures = {executor.submit(evaluate_key, *job): n for n, job in enumerate(jobs)}
     out: list[dict[str, Any] | None] = [None] * len(jobs)
@@ -274,7 +276,7 @@ def _run_jobs(jobs: list[tuple], executor: concurrent.futures.Executor | None,
         for i, fut in enumerate(concurrent.futures.as_completed(futures), 1):
             n = futures[fut]
             out[n] = fut.result()
-            say(i, jobs[n][0], out[n]["seconds"])
+            say(i, jobs[n][0], out[n])
     finally:
         for f in futures:
             f.cancel()
