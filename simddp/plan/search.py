@@ -123,7 +123,7 @@ def plan(shape: Shape, scenario: Callable[..., Any], *, gpus: int, gpus_per_node
         keys = sorted(keys, key=lambda k: (-capture_cost(shape, k), repr(k)))
         jobs = [(k, [c.layout for c in by_key[k]], scenario, timing, shape, network, limit,
                  capture) for k in keys]
-        n0 = len(done)
+        n0 = sum(bool(r.get("results")) or r["captured"] for r in done.values())
         for k, res in zip(keys, _run_jobs(jobs, executor, lambda i, k, res: say(
                 f"capture {n0 + i} ({res['seconds']:.0f} s; with its {len(by_key[k])} "
                 f"layouts {res['job_seconds']:.0f} s): {k.describe()}"))):
