@@ -44,7 +44,9 @@ class Candidate:
     layout: Layout
     feasible: bool | None = None
     reason: str = ""
-    stage: str = ""  # "rules", "memory" or "replay": where the verdict came from
+    # where the verdict came from: "rules", "bound" (the probes' compute bound or memory floor:
+    # not evaluated), "memory" (the step program's peak, or a refusal) or "replay"
+    stage: str = ""
     tokens_per_s_per_gpu: float | None = None
     mfu: float | None = None
     step_time_s: float | None = None
