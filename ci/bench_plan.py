@@ -23,11 +23,19 @@ import time
 
 CASES = {
     "70b": dict(model="llama3-70b", gpus=256, global_batch=1024,
-                published=("fsdp:32,tp:8", None, "torchtitan docs/performance.md, Table 4")),
+                published=("fsdp:32,tp:8", None, "torchtitan docs/performance.md, Table 4"),
+                goal_s=300),
     "405b": dict(model="llama3-405b", gpus=16384, global_batch=2048,
                  published=("pp:16,fsdp:128,tp:8", "Interleaved1F1B",
-                            "The Llama 3 Herd of Models, Table 4")),
+                            "The Llama 3 Herd of Models, Table 4"),
+                 goal_s=600),
 }
+
+
+def _uptime() -> str:
+    with open("/proc/loadavg") as f:
+        one, five, fifteen = f.read().split()[:3]
+    return f"load average {one}, {five}, {fifteen} on {os.cpu_count()} CPUs"
 
 
 def run(name: str) -> None:
@@ -35,6 +43,7 @@ def run(name: str) -> None:
 
     case = CASES[name]
     spec, sched, source = case["published"]
+    print(f"{name}: start, {_uptime()}", flush=True)
     t0 = time.perf_counter()
     with concurrent.futures.ProcessPoolExecutor(os.cpu_count() or 2) as pool:  # captures, replays
         res = plan(case["model"], gpus=case["gpus"], gpu="h100", network="dgx-h100",
@@ -43,27 +52,51 @@ def run(name: str) -> None:
                                           flush=True))
     wall = time.perf_counter() - t0
     f = res.facts
-    evaluated = f["passed_rules"]
-    print(f"\n{case['model']} on {case['gpus']} H100: {f['layouts']} layouts, {evaluated} "
-          f"evaluated (memory verdict or replay), {f['replayed']} replayed from "
-          f"{f['captures']} captures ({f['capture_seconds']:.0f} s capturing); {f['feasible']} "
-          f"fit; wall {wall:.0f} s")
+    print(f"\n{case['model']} on {case['gpus']} H100: {f['layouts']} layouts, "
+          f"{f['dropped_by_rules']} dropped by rules, {f['bounded']} by the compute "
+          f"bound of {f['probes']} probes, {f['evaluated']} evaluated (memory verdict or "
+          f"replay: goal >= 100), {f['replayed']} replayed from {f['captures']} captures "
+          f"({f['capture_seconds']:.0f} s capturing, CPU); {f['feasible']} fit; wall "
+          f"{wall:.0f} s (goal {case['goal_s']} s); {_uptime()}")
     print(res.table(), end="")
+    _check_bounds(res, case["model"])
     ranked = [c for c in res.candidates if c.feasible]
     ranked.sort(key=lambda c: -c.tokens_per_s_per_gpu)
     mine = [c for c in res.candidates if c.parallel == spec and
             (sched is None or c.layout.schedule == sched)]
-    best = max((c for c in mine if c.feasible), key=lambda c: c.tokens_per_s_per_gpu,
-               default=None)
-    if best is None:
-        why = "; ".join(sorted({c.reason for c in mine})) or "not enumerated"
-        print(f"published layout {spec} ({source}): not feasible in simddp's answer: {why}")
-    else:
-        rank = ranked.index(best) + 1
-        print(f"published layout {spec} ({source}): rank {rank} of {len(ranked)} feasible, "
-              f"{best.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
-              f"{best.tokens_per_s_per_gpu / ranked[0].tokens_per_s_per_gpu:.1%} of the best "
-              f"({ranked[0].layout.label()})")
+    print(f"published layout {spec}{' ' + sched if sched else ''} ({source}):")
+    for c in mine:
+        if c.feasible:
+            print(f"  {c.layout.label()}: rank {ranked.index(c) + 1} of {len(ranked)} feasible, "
+                  f"{c.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
+                  f"{c.tokens_per_s_per_gpu / ranked[0].tokens_per_s_per_gpu:.1%} of the best "
+                  f"({ranked[0].layout.label()}), peak {c.peak_memory_bytes / (1 << 30):.1f} GiB")
+        else:
+            print(f"  {c.layout.label()}: not feasible ({c.stage}): {c.reason}")
+    if not mine:
+        print("  not enumerated")
+
+
+def _check_bounds(res, model: str) -> None:
+    """The probes' compute bound and memory floor against every layout evaluated for real."""
+    from simddp.plan import LlamaWorkload, Shape
+    from simddp.plan.search import _bound, memory_floor
+
+    f, shape = res.facts, Shape.of_llama(model, LlamaWorkload(model, 8192).args())
+    over = under = checked = 0
+    for c in res.candidates:
+        lay = c.layout
+        k = f"tp:{lay.tp},ac:{lay.ac},microbatch:{lay.microbatch}"
+        blk, c_mb = f["probe_block_activation_bytes"].get(k), f["probe_compute_s"].get(k)
+        if c.stage not in ("memory", "replay") or c.peak_memory_bytes is None or lay.cp > 1:
+            continue
+        checked += 1
+        if blk and memory_floor(lay, shape, blk) > c.peak_memory_bytes:
+            over += 1
+        if c_mb and c.tokens_per_s_per_gpu and c.tokens_per_s_per_gpu > _bound(lay, c_mb, 8192):
+            under += 1
+    print(f"bounds checked on {checked} evaluated layouts: {over} memory floors above the "
+          f"planned peak, {under} replays above their compute bound (both must be 0)")
 
 
 def main() -> None:

@@ -116,9 +116,10 @@ def run(args: argparse.Namespace, executor: Any, status: Any) -> int:
     print(f"simddp plan: {q['model']} on {q['gpus']} × {q['gpu']} ({q['network']}), "
           f"{q['global_batch']} sequences of {q['seq_len']} tokens a step, "
           f"{q['gpu_memory_gib']:.1f} GiB per GPU")
-    print(f"{f['layouts']} layouts: {f['layouts'] - f['passed_rules']} dropped by rules, "
-          f"{f['passed_rules'] - f['replayed']} by memory or refused, {f['replayed']} replayed "
-          f"from {f['captures']} captures; {f['feasible']} fit")
+    print(f"{f['layouts']} layouts: {f['dropped_by_rules']} dropped by rules, "
+          f"{f['bounded']} by the compute bound, {f['evaluated'] - f['replayed']} by memory or "
+          f"refused, {f['replayed']} replayed from {f['captures']} captures; {f['feasible']} "
+          f"fit")
     if not res.top:
         print("no layout fits; why they were dropped:")
         print(res.pruned(), end="")

@@ -174,3 +174,132 @@ def test_the_winners_whatif_line_answers_with_the_same_step_time(small, tmp_path
     row = json.loads(out.read_text())[0]
     steps = best.layout.microbatches if best.layout.pp == 1 else 1  # gradient accumulation
     assert row["iteration_time_s"] * steps == pytest.approx(best.step_time_s, rel=1e-9)
+
+
+def test_layouts_differing_only_in_data_parallel_degree_share_one_capture_key():
+    from simddp.plan.evaluate import capture_key
+
+    a = Layout(256, tp=8, shard=32, microbatches=32)
+    assert capture_key(SHAPE_70B, a) == capture_key(SHAPE_70B, a.replace(gpus=512, shard=64,
+                                                                           microbatches=16))
+    hsdp = Layout(256, tp=8, replicate=16, shard=2, microbatches=32)
+    assert capture_key(SHAPE_70B, hsdp) == capture_key(SHAPE_70B, hsdp.replace(replicate=4,
+                                                                                shard=8))
+    assert capture_key(SHAPE_70B, a) != capture_key(SHAPE_70B, hsdp)  # HSDP's all-reduces
+    assert capture_key(SHAPE_70B, a) != capture_key(SHAPE_70B, a.replace(tp=4, shard=64))
+    assert capture_key(SHAPE_70B, a) != capture_key(SHAPE_70B, a.replace(ac="none"))
+
+
+def test_pipelines_with_the_same_stage_count_share_a_capture_whatever_the_schedule():
+    from simddp.plan.evaluate import capture_key
+
+    def key(pp: int, schedule: str, v: int = 1):
+        return capture_key(SHAPE_70B, Layout(256, tp=8, pp=pp, shard=32 // pp,
+                                             schedule=schedule, stages_per_rank=v,
+                                             microbatches=4 * pp * 8,
+                                             reshard_after_forward=False))
+
+    eight = {key(8, "1F1B"), key(8, "GPipe"), key(4, "Interleaved1F1B", 2),
+             key(4, "LoopedBFS", 2)}
+    assert len(eight) == 1 and next(iter(eight)).stages == 8
+    assert key(4, "1F1B") != key(8, "1F1B")  # other stages hold other blocks
+
+
+def _eight_layer_tiny(batch_size: int, n_layers: int | None = None):
+    import dataclasses
+    import functools
+
+    from fakepg import zoo
+    from fakepg.zoo.llama import Llama
+
+    args = dataclasses.replace(LLAMA3_TINY, n_layers=n_layers or 8)
+    return zoo.get("llama3-tiny", seq_len=32, batch_size=batch_size).with_(
+        model=functools.partial(Llama, args))
+
+
+def test_one_pipeline_capture_replays_every_schedule_and_depth_it_stands_for():
+    # 8 blocks over 8 stages, torchtitan's split (embedding and head weigh a block): the
+    # middle stages hold 2 or 1 blocks, so the capture must carry both kinds
+    import dataclasses
+
+    from simddp.models import Compute, Network
+    from simddp.plan.evaluate import capture_key, evaluate_key
+    from simddp.timing import Timing
+
+    shape = Shape.of_llama("tiny-8", dataclasses.replace(LLAMA3_TINY, n_layers=8))
+    net = Network.preset("dgx-h100")
+    timing = Timing(network=net, compute=Compute.kernels("h100"))
+    lays = [Layout(16, pp=8, shard=2, schedule="1F1B", microbatches=8, ac="full",
+                   reshard_after_forward=False),
+            Layout(16, pp=4, shard=4, schedule="Interleaved1F1B", stages_per_rank=2,
+                   microbatches=8, ac="full", reshard_after_forward=False)]
+    key = capture_key(shape, lays[0])
+    assert key == capture_key(shape, lays[1])
+    res = evaluate_key(key, lays, _eight_layer_tiny, timing, shape, net, 80 << 30)
+    assert res["captured"]
+    (s1, why1, row1), (s2, why2, row2) = res["results"]
+    assert (s1, s2) == ("replay", "replay"), (why1, why2)
+    assert row1["iteration_time_s"] > 0 and row2["iteration_time_s"] > 0
+    assert row1["iteration_time_s"] != row2["iteration_time_s"]  # each its own schedule
+
+
+def test_the_compute_bound_never_exceeds_what_a_replay_reaches(small):
+    from simddp.plan.search import _bound
+
+    compute = small.facts["probe_compute_s"]
+    assert compute
+    checked = 0
+    for c in small.candidates:
+        lay = c.layout
+        c_mb = compute.get(f"tp:{lay.tp},ac:{lay.ac},microbatch:{lay.microbatch}")
+        if c.stage == "replay" and c_mb:
+            assert c.tokens_per_s_per_gpu <= _bound(lay, c_mb, 32) * (1 + 1e-9), lay.label()
+            checked += 1
+    assert checked >= 3
+
+
+def test_layouts_the_bound_drops_say_so_and_are_not_counted_as_evaluated():
+    res = plan("llama3-tiny", gpus=8, gpus_per_node=4, seq_len=64, global_batch=32,
+               max_pp=4, max_cp=1, top=3)
+    bounded = [c for c in res.candidates if c.stage == "bound"]
+    assert len(bounded) == res.facts["bounded"] > 0
+    assert all(c.feasible is False and "cannot reach the top 3" in c.reason for c in bounded)
+    assert res.facts["evaluated"] == sum(c.stage in ("memory", "replay")
+                                         for c in res.candidates)
+    third = sorted(c.tokens_per_s_per_gpu for c in res.candidates if c.feasible)[-3]
+    for c in bounded:  # the bound is below the top 3: no bounded layout could enter it
+        ub = float(c.reason.split("at most ")[1].split(" tokens")[0].replace(",", ""))
+        assert ub < third
+
+
+@pytest.mark.parametrize("ac", ["none", "selective-op", "full"])
+def test_the_memory_floor_never_exceeds_the_planned_peak(ac):
+    # the probe's blocks' activations (8 identical blocks: the period shows) against the
+    # step programs of pipelines and HSDP at the same TP degree and policy
+    import dataclasses
+
+    from simddp.models import Compute, Network
+    from simddp.plan.evaluate import capture_key, evaluate_key
+    from simddp.plan.search import memory_floor
+    from simddp.timing import Timing
+
+    shape = Shape.of_llama("tiny-8", dataclasses.replace(LLAMA3_TINY, n_layers=8))
+    net = Network.preset("dgx-h100")
+    timing = Timing(network=net, compute=Compute.kernels("h100"))
+    probe = Layout(16, shard=16, microbatches=2, ac=ac)
+    res = evaluate_key(capture_key(shape, probe), [probe], _eight_layer_tiny, timing, shape,
+                       net, 80 << 30)
+    blk = res["block_activation_bytes"]
+    assert blk and blk > 0
+    others = [Layout(16, pp=4, shard=4, schedule="1F1B", microbatches=8, ac=ac,
+                     reshard_after_forward=False),
+              Layout(16, pp=8, shard=2, schedule="GPipe", microbatches=8, ac=ac,
+                     reshard_after_forward=False),
+              Layout(16, pp=4, shard=4, schedule="Interleaved1F1B", stages_per_rank=2,
+                     microbatches=8, ac=ac, reshard_after_forward=False),
+              Layout(16, replicate=4, shard=4, microbatches=2, ac=ac)]
+    for lay in others:
+        (stage, why, fig), = evaluate_key(capture_key(shape, lay), [lay], _eight_layer_tiny,
+                                          timing, shape, net, 80 << 30)["results"]
+        assert stage == "replay", why
+        assert memory_floor(lay, shape, blk) <= fig["peak_memory_bytes"], lay.label()

@@ -18,6 +18,7 @@ for backward (a ``saved_tensors_hooks`` count of non-parameter storages).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import math
 import warnings
@@ -189,9 +190,7 @@ def span_profile(res: SimResult, rank: int, windows: Sequence[tuple], mesh: Devi
     dimension (``scope``). A window ``(t0, t1, first, end)`` holds the rank's trace records
     ``first:end`` (counted with :func:`~simddp.cosim.simulate.issued`), whatever their time."""
     waits = [(s.start, s.end) for s in res.timeline.rank_spans(rank, ("wait",))]
-
-    def waited(lo: float, hi: float) -> float:
-        return sum(max(0.0, min(e, hi) - max(s, lo)) for s, e in waits)
+    waited = _wait_total(waits)
 
     events: list[dict[str, Any]] = []
     before = 0.0  # compute in the earlier windows
@@ -215,6 +214,29 @@ def span_profile(res: SimResult, rank: int, windows: Sequence[tuple], mesh: Devi
                            "offset": before + offset, "wait_at": wait_at})
         before += (t1 - t0) - waited(t0, t1)
     return {"seconds": before, "events": events}
+
+
+def _wait_total(waits: Sequence[tuple[float, float]]) -> Callable[[float, float], float]:
+    """``waited(lo, hi)``: the time the spans ``waits`` cover inside ``[lo, hi]``. A rank's
+    waits follow one another, so a prefix sum answers each call in log time (a capture at real
+    size asks once per collective, thousands of times); overlapping spans are summed one by
+    one."""
+    starts = [s for s, _ in waits]
+    ends = [e for _, e in waits]
+    if any(s < e0 for s, e0 in zip(starts[1:], ends)) or any(e < s for s, e in waits):
+        return lambda lo, hi: sum(max(0.0, min(e, hi) - max(s, lo)) for s, e in waits)
+    prefix = [0.0]
+    for s, e in waits:
+        prefix.append(prefix[-1] + (e - s))
+
+    def waited(lo: float, hi: float) -> float:
+        a, b = bisect.bisect_right(ends, lo), bisect.bisect_left(starts, hi) - 1
+        if a > b:
+            return 0.0
+        total = prefix[b + 1] - prefix[a] - max(0.0, lo - starts[a]) - max(0.0, ends[b] - hi)
+        return max(0.0, total)
+
+    return waited
 
 
 def _phase_profile(res: SimResult, rank: int, marks: Mapping[str, float],

@@ -3,15 +3,17 @@ its step program's memory (cheap: no simulation), then a replay (only for layout
 
 Layouts share a capture when what the capture records is the same for them: the blocks' tensor
 and context parallelism, activation checkpointing, the microbatch size, FSDP2's flavour and
-``reshard_after_forward``, and for pipelines the schedule and its stage split (the pipeline's
-depth is added afterwards by :func:`~simddp.cosim.deepen.deepen`). The data-parallel size, the
-microbatch count and the world are replay knobs.
+``reshard_after_forward``, and for pipelines the stage count — it fixes the blocks each stage
+holds (torchtitan's split), and a stage's actions (its forward, backward, the FSDP2 and TP
+collectives inside them) are the same whichever schedule runs them and however the stages sit
+on ranks: 1F1B on 8 ranks and Interleaved1F1B on 4 ranks × 2 replay one capture, each
+placed by :func:`~simddp.cosim.deepen.deepen` and run by its own schedule's actions (the
+pipeline planner replays torch's action lists). The data-parallel size, HSDP's shard size, the
+microbatch count, the schedule and the world are replay knobs.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -20,14 +22,17 @@ from ..program import Config, Knobs, plan as plan_program
 from ..sweep import replay_row
 from .space import Layout, Shape
 
-__all__ = ["CaptureKey", "capture_key", "Capturer", "memory_verdict", "replay_config"]
+__all__ = ["CaptureKey", "capture_key", "evaluate_key", "default_capture", "memory_verdict",
+           "replay_config", "pipeline_capture_form", "compute_seconds", "block_activation_bytes"]
 
 GIB = 1 << 30
 
 
 @dataclass(frozen=True)
 class CaptureKey:
-    """What a capture depends on (see the module docstring)."""
+    """What a capture depends on (see the module docstring): ``stages`` is the pipeline's
+    stage count (pp × virtual stages; 1 without a pipeline), which fixes the blocks each stage
+    holds (torchtitan's split), whatever the schedule and however the stages sit on ranks."""
 
     tp: int
     cp: int
@@ -35,12 +40,7 @@ class CaptureKey:
     microbatch: int
     hsdp: bool
     reshard_after_forward: bool
-    schedule: str | None = None
-    stages_per_rank: int = 1
-    # a deep pipeline: its first, middle and last stages' blocks (captured shallow, deepened);
-    # a shallow one (at most 3 stages): its depth, captured whole
-    stage_blocks: tuple[int, int, int] | None = None
-    pp: int = 1
+    stages: int = 1
 
     def describe(self) -> str:
         parts = ["HSDP" if self.hsdp else "FSDP"] + \
@@ -49,73 +49,120 @@ class CaptureKey:
             [f"AC {self.ac}", f"{self.microbatch} seq/microbatch"]
         if not self.reshard_after_forward:
             parts.append("no reshard after forward")
-        if self.schedule and self.stage_blocks:
-            parts.append(f"{self.schedule} ×{self.stages_per_rank}, stages of "
-                         f"{'/'.join(map(str, self.stage_blocks))} blocks")
-        elif self.schedule:
-            parts.append(f"{self.schedule} ×{self.stages_per_rank} on pp {self.pp}")
+        if self.stages > 1:
+            parts.append(f"{self.stages} pipeline stages")
         return ", ".join(parts)
 
 
-def _stage_blocks(shape: Shape, layout: Layout) -> tuple[int, int, int]:
-    from fakepg.zoo.llama import stage_layers  # torchtitan's split: embedding, head weigh 1
-
-    n = layout.pp * layout.stages_per_rank
-    counts = [len(stage_layers(shape.n_layers, s, n, input_weight=1, output_weight=1))
-              for s in range(n)]
-    return counts[0], counts[1], counts[-1]
-
-
 def capture_key(shape: Shape, layout: Layout) -> CaptureKey:
-    """The capture ``layout`` is replayed from."""
-    from .space import SAME_CAPTURE
-
-    pipe = layout.pp > 1
-    deep = pipe and layout.pp * layout.stages_per_rank > 3
-    schedule = SAME_CAPTURE.get(layout.schedule, layout.schedule) if pipe else None
+    """The capture ``layout`` is replayed from: layouts that differ only in the data-parallel
+    size, HSDP's shard size, the microbatch count, the schedule or how many stages a rank runs
+    (for the same stage count) share it."""
     return CaptureKey(layout.tp, layout.cp, layout.ac, layout.microbatch,
                       layout.flavour == "hsdp", layout.reshard_after_forward,
-                      schedule, layout.stages_per_rank,
-                      _stage_blocks(shape, layout) if deep else None,
-                      1 if deep or not pipe else layout.pp)
+                      layout.pp * layout.stages_per_rank if layout.pp > 1 else 1)
 
 
-class Capturer:
-    """Captures by key, each once: ``scenario(microbatch=...)`` builds the workload;
-    ``capture(key, scenario, timing)`` is the registry's capture for a key (see
-    :func:`default_capture`)."""
+# How a pipeline of S stages is captured: with torch's Interleaved1F1B, two stages a rank on
+# S / 2 pipeline ranks (a multi-stage schedule records FSDP2's UNSHARD, RESHARD and REDUCE_GRAD
+# actions, which the pipeline planner replays under any schedule), through the registry's
+# capture (the shallowest pipeline whose stages hold each block count the S-stage split has,
+# deepened); two stages have no such form and run 1F1B on 2 ranks. The microbatches: the
+# first, middle ones and the last (what a replay reads).
+PIPELINE_CAPTURE_SCHEDULE = "Interleaved1F1B"
+PIPELINE_CAPTURE_MICROBATCHES = 4
 
-    def __init__(self, scenario: Callable[..., Any], timing: Any, shape: Shape,
-                 capture: Callable[..., Any] | None = None) -> None:
-        self.scenario, self.timing, self.shape = scenario, timing, shape
-        self.capture = capture or default_capture
-        self.cache: dict[CaptureKey, Any] = {}
-        self.seconds: dict[CaptureKey | None, float] = {}
 
-    def run(self, keys: list[CaptureKey], executor: Any = None,
-            say: Callable[[str], None] = lambda text: None) -> None:
-        """Capture every key (here, or on ``executor`` — captures are pure functions of their
-        key); a capture the registry refuses is kept as its exception."""
-        import concurrent.futures
-        import time
+def pipeline_capture_form(stages: int) -> tuple[str, int, int]:
+    """(schedule, pp, stages per rank) a pipeline of ``stages`` stages is captured with."""
+    if stages == 2:
+        return "1F1B", 2, 1
+    if stages % 2:
+        raise ValueError(f"a pipeline of {stages} stages: plan searches pp and virtual stages "
+                         f"in powers of two")
+    return PIPELINE_CAPTURE_SCHEDULE, stages // 2, 2
 
-        todo = [k for k in keys if k not in self.cache]
-        t0 = time.perf_counter()
-        if executor is None:
-            for i, key in enumerate(todo):
-                say(f"capture {i + 1}/{len(todo)}: {key.describe()}")
-                t = time.perf_counter()
-                self.cache[key] = _capture_or_refusal(self.capture, key, self.scenario,
-                                                      self.timing, self.shape)
-                self.seconds[key] = time.perf_counter() - t
-            return
-        futures = {executor.submit(_capture_or_refusal, self.capture, key, self.scenario,
-                                   self.timing, self.shape): key for key in todo}
-        for i, fut in enumerate(concurrent.futures.as_completed(futures), 1):
-            key = futures[fut]
-            self.cache[key] = fut.result()
-            say(f"capture {i}/{len(todo)} done: {key.describe()}")
-        self.seconds[None] = time.perf_counter() - t0  # wall time of the parallel captures
+
+def evaluate_key(key: CaptureKey, layouts: list[Layout], scenario: Callable[..., Any],
+                 timing: Any, shape: Shape, network: NetworkModel, memory_bytes: int,
+                 capture: Callable[..., Any] | None = None) -> dict[str, Any]:
+    """One capture and every layout it stands for (module-level, one job: an executor's
+    worker captures and replays without sending the capture back and forth): ``{"seconds":
+    the capture's, "captured": whether the registry captured it, "results": per layout
+    (stage, reason, figures)}`` — ``("memory", reason, peak)`` for a layout the capture or the
+    planner refuses or whose step program's peak exceeds ``memory_bytes``, ``("replay", "",
+    row)`` for one that fits (its replay row)."""
+    import time
+
+    t = time.perf_counter()
+    cap = _capture_or_refusal(capture or default_capture, key, scenario, timing, shape)
+    seconds = time.perf_counter() - t
+    gb = memory_bytes / 1e9  # the replay knob counts GB
+    out: list[tuple[str, str, Any]] = []
+    for lay in layouts:
+        if isinstance(cap, Exception):
+            out.append(("memory", f"not captured: {' '.join(str(cap).split())}", None))
+            continue
+        try:
+            deep, config = replay_config(shape, lay, cap, network, gb)
+            peak, _ = memory_verdict(deep, config)
+        except ValueError as e:  # torch's schedule class or the planner refuses the layout
+            why = " ".join(str(e).split())
+            out.append(("rules" if why.startswith("torch's") else "memory",
+                        why if why.startswith("torch's") else f"refused by the planner: {why}",
+                        None))
+            continue
+        if peak > memory_bytes:
+            out.append(("memory", f"OOM by {(peak - memory_bytes) / GIB:.1f} GiB: the step's "
+                        f"peak is {peak / GIB:.1f} GiB of {memory_bytes / GIB:.1f}", peak))
+        else:
+            out.append(("replay", "", replay_row(deep, config)))
+    return {"seconds": seconds, "captured": not isinstance(cap, Exception), "results": out,
+            "job_seconds": time.perf_counter() - t,
+            "compute_s": compute_seconds(cap),
+            "block_activation_bytes": block_activation_bytes(cap, shape.n_layers)}
+
+
+def compute_seconds(cap: Any) -> float | None:
+    """A plain FSDP2 capture's forward and backward compute on its quickest rank (waits
+    excluded): one microbatch of the whole model at its TP degree (None: not such a capture)."""
+    from ..program.captured import CapturedStep
+
+    if not isinstance(cap, CapturedStep) or not cap.profiles:
+        return None
+    return min(float(p["forward"]["seconds"]) + float(p["backward"]["seconds"])
+               for p in cap.profiles)
+
+
+def block_activation_bytes(cap: Any, n_layers: int) -> int | None:
+    """What one block of a plain FSDP2 capture saved for backward in a microbatch's forward
+    (one TP rank's share), read off the capture's saved storages: the model's ``n_layers``
+    identical blocks save the same run of storages, so the list holds a stretch of at least
+    ``n_layers - 2`` repeats of one period (the first block's may sit apart, among what the
+    embedding saves; the longest period that repeats so is a block's); one period is one
+    block. None where no such stretch is
+    there (fewer than 8 blocks: too few to tell them from what the embedding, head and loss
+    save)."""
+    from ..program.captured import CapturedStep
+
+    sizes = list(getattr(cap, "activation_sizes", None) or []) \
+        if isinstance(cap, CapturedStep) else []
+    if n_layers < 8 or len(sizes) < n_layers:
+        return None
+    reps = n_layers - 2
+    for period in range(len(sizes) // n_layers, 0, -1):  # the longest first: a block's own
+        found = [sum(sizes[o:o + period]) for o in range(len(sizes) - reps * period + 1)
+                 if sizes[o:o + (reps - 1) * period] == sizes[o + period:o + reps * period]]
+        if found:
+            return min(found)
+    return None
+
+
+def capture_cost(shape: Shape, key: CaptureKey) -> int:
+    """Blocks the capture runs (a rough cost, to start the longest captures first)."""
+    if key.stages <= 4:
+        return shape.n_layers
+    return 4 * -(-shape.n_layers // key.stages)
 
 
 def _capture_or_refusal(capture: Callable[..., Any], key: CaptureKey, *args: Any) -> Any:
@@ -129,38 +176,28 @@ def default_capture(key: CaptureKey, scenario: Callable[..., Any], timing: Any,
                     shape: Shape) -> Any:
     """The registry's capture of the key's layout (torch's real FSDP2, TP and pipelining on
     the meta device, bf16 parameters and fp32 reductions as torchtitan trains), through the
-    on-disk capture cache; a deep pipeline is captured shallow (its first, a middle and its
-    last stage) and deepened per layout (:func:`replay_config`)."""
+    on-disk capture cache: FSDP2 on its smallest mesh (2 shards; 2 × 2 for HSDP) with TP
+    inside, or a pipeline of ``key.stages`` stages as :func:`pipeline_capture_form` says
+    (the registry's ``capture_pipeline`` captures its shallowest equivalent and deepens it)."""
     from ..capture_cache import cached, enabled_by_default
     from ..program.parallel import Parallel
     from ..program.registry import CaptureOptions, CaptureRequest
 
-    data = "hsdp:2" if key.hsdp else "fsdp:2"
-    spec = ",".join(([f"pp:{key.pp if key.stage_blocks is None else 3}"] if key.schedule else [])
-                    + [data] + ([f"cp:{key.cp}"] if key.cp > 1 else [])
-                    + ([f"tp:{key.tp}"] if key.tp > 1 else []))
-    v = key.stages_per_rank
-    if key.schedule is None:
+    data = "hsdp" if key.hsdp else "fsdp"
+    if key.stages == 1:
+        pp, schedule, v, m = 1, None, None, None
         sc = scenario(batch_size=key.microbatch)
-        cap_pp = 1
-    elif key.stage_blocks is None:  # a shallow pipeline: captured whole
-        cap_pp = key.pp
-        sc = scenario(batch_size=cap_pp * key.microbatch)
-    else:  # a first, a middle and a last stage, deepened later
-        cap_pp = 3 if v == 1 else 2
-        first, middle, last = key.stage_blocks
-        sc = scenario(batch_size=cap_pp * key.microbatch,
-                      n_layers=first + middle * (cap_pp * v - 2) + last)
-        spec = spec.replace("pp:3", f"pp:{cap_pp}", 1)
-    world = 2 if key.hsdp else 1  # hsdp:2 shards over 2 ranks, replicated twice
-    for part in spec.split(","):
-        world *= int(part.partition(":")[2])
-    par = Parallel.parse(spec, world)
+    else:
+        schedule, pp, v = pipeline_capture_form(key.stages)
+        m = PIPELINE_CAPTURE_MICROBATCHES if key.stages > 2 else 3
+        sc = scenario(batch_size=m * key.microbatch)
+    named = ("pp",) * (pp > 1) + (data,) + ("cp",) * (key.cp > 1) + ("tp",) * (key.tp > 1)
+    par = Parallel(data, pp, 2 if key.hsdp else 1, 2, key.tp, key.cp, named=named)
     opts = CaptureOptions(reshard_after_forward=key.reshard_after_forward, param_dtype="bf16",
                           reduce_dtype="fp32", activation_checkpointing=key.ac,
-                          pp_schedule=key.schedule, microbatches=cap_pp if key.schedule else None,
-                          microbatch_size=key.microbatch if key.schedule else None,
-                          stages_per_rank=v if key.schedule else None)
+                          pp_schedule=schedule, microbatches=m,
+                          microbatch_size=key.microbatch if schedule else None,
+                          stages_per_rank=v)
     req = CaptureRequest(sc, par, timing, "meta", 0, opts)
     cap, _ = cached(req, par.capture_key() + f"/layers{shape.n_layers}",
                     lambda: par.owner().load("capture")(req), enabled=enabled_by_default())
@@ -180,12 +217,13 @@ def replay_config(shape: Shape, layout: Layout, cap: Any, network: NetworkModel,
     replay's :class:`~simddp.program.Config`."""
     knobs: dict[str, Any] = dict(parallel=layout.parallel, gpu_memory_gb=gpu_memory_gb)
     if layout.pp > 1:
-        from ..cosim.deepen import deepen
+        if (cap.pp, cap.stages_per_rank) != (layout.pp, layout.stages_per_rank):
+            from ..cosim.deepen import deepen  # the same stages, placed as the layout runs them
 
-        if cap.pp != layout.pp:
             cap = deepen(cap, layout.pp, layout.stages_per_rank, n_layers=shape.n_layers,
                          input_weight=1, output_weight=1)  # torchtitan's split, as captured
-        knobs.update(pp_schedule=layout.schedule, microbatches=layout.microbatches)
+        knobs.update(pp_schedule=layout.schedule, microbatches=layout.microbatches,
+                     stages_per_rank=layout.stages_per_rank)
     return cap, Config(layout.gpus, network, Knobs.of(**knobs))
 
 
@@ -193,10 +231,3 @@ def memory_verdict(cap: Any, config: Config) -> tuple[int, dict[str, int]]:
     """The step program's peak memory for ``config`` (its planner only: no simulation)."""
     checked = config.knobs.checked(config.world_size, config.network)
     return plan_program(cap, checked).memory()
-
-
-def evaluate_row(shape: Shape, layout: Layout, cap: Any, network: NetworkModel,
-                 gpu_memory_gb: float | None) -> dict[str, Any]:
-    """The replay row of ``layout`` (module-level: executors in other processes run it)."""
-    cap, config = replay_config(shape, layout, cap, network, gpu_memory_gb)
-    return replay_row(cap, config)

@@ -6,7 +6,8 @@ above one), tensor parallelism ``tp`` (innermost, inside a node), context parall
 pipeline parallelism ``pp`` with a schedule and ``stages_per_rank`` virtual stages, the
 microbatch size (sequences per microbatch), activation checkpointing and
 ``reshard_after_forward``. :func:`layouts` enumerates them; :func:`rule_out` says why one
-cannot run (a rule torch or the model imposes), before anything is captured.
+cannot run (a rule torch or the model imposes), before anything is captured (torch's schedule
+classes are asked when the layout is planned: building their action lists costs seconds).
 """
 
 from __future__ import annotations
@@ -16,15 +17,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-__all__ = ["Layout", "Shape", "layouts", "rule_out", "schedule_refuses", "static_bytes",
-           "SCHEDULES", "SAME_CAPTURE", "AC_MODES"]
+__all__ = ["Layout", "Shape", "layouts", "rule_out", "static_bytes", "SCHEDULES", "AC_MODES"]
 
 # torch's schedule names as simddp.program.schedules takes them, with the virtual stages each
 # runs per rank (single-stage schedules 1, the looped ones 2 or more, the V-shaped zero-bubble
-# ones exactly 2) and the schedules that replay the same capture (same stages, same actions)
+# ones exactly 2); every one replays the capture of its stage count (simddp.plan.evaluate)
 SCHEDULES: dict[str, tuple[int, ...]] = {"1F1B": (1,), "GPipe": (1,), "Interleaved1F1B": (2,),
                                          "LoopedBFS": (2,)}
-SAME_CAPTURE = {"GPipe": "1F1B", "LoopedBFS": "Interleaved1F1B"}
 AC_MODES = ("none", "selective-op", "full")
 
 
@@ -184,22 +183,6 @@ def rule_out(layout: Layout, shape: Shape, *, gpus_per_node: int, seq_len: int) 
         if lay.microbatches < lay.pp:
             return f"{lay.microbatches} microbatches for {lay.pp} pipeline ranks: the " \
                    f"schedule needs at least one per rank"
-    return None
-
-
-def schedule_refuses(layout: Layout) -> str | None:
-    """Why torch's own schedule class refuses the layout's pipeline shape (None: it takes it,
-    or there is no pipeline). Builds the schedule's action lists (cached), so it runs after the
-    cheap rules."""
-    lay = layout
-    if lay.pp > 1:
-        try:
-            from ..program.schedules import schedule_ops  # torch's own schedule classes
-
-            schedule_ops(lay.schedule, lay.pp, lay.microbatches, lay.stages_per_rank)
-        except Exception as e:  # noqa: BLE001 - torch's refusal is the reason
-            return f"torch's {lay.schedule} refuses pp={lay.pp}, {lay.microbatches} " \
-                   f"microbatches, {lay.stages_per_rank} stages per rank: {e}"
     return None
 
 
