@@ -110,3 +110,40 @@ def test_a_wait_hidden_in_cpp_in_a_rank_process_is_still_caught_by_the_inactivit
     with pytest.raises(fakepg.CollectiveHangError) as info:
         fakepg.spawn(body, nprocs=2, isolation="process", hang_timeout=0.3, timeout=60)
     assert "inactivity fallback" in info.value.report and "rank 0" in info.value.report
+
+
+def test_a_helper_thread_that_is_runnable_counts_as_activity_even_without_cpu_since_last_look():
+    """A rank's Python wait (or a lock) may be released by a thread the ranks started; on a
+    loaded machine that thread can be runnable (R) for a long time without a core, so the
+    inactivity window asks the kernel too: a thread other than the ranks' that is runnable is
+    activity, one asleep is not."""
+    import hashlib
+    import threading
+
+    from fakepg.world.cpu_clocks import ThreadClocks
+
+    clocks = ThreadClocks()
+    stop = threading.Event()
+    data = b"x" * 50_000_000
+
+    def hashing() -> None:  # hashlib releases the GIL: runnable in C, no GIL needed
+        while not stop.is_set():
+            hashlib.sha256(data).digest()
+
+    helper = threading.Thread(target=hashing)
+    helper.start()
+    try:
+        seen = [clocks.others_runnable() for _ in range(20)]
+    finally:
+        stop.set()
+        helper.join()
+    assert any(seen)
+    idle = threading.Event()
+    sleeper = threading.Thread(target=idle.wait)
+    sleeper.start()
+    try:
+        quiet = [clocks.others_runnable() for _ in range(5)]
+    finally:
+        idle.set()
+        sleeper.join()
+    assert not all(quiet)  # the asleep thread is not activity (an odd torch worker may spin)

@@ -39,6 +39,7 @@ class ThreadClocks:
         self._pids: dict[int, int] = {}  # rank -> the process that does its work (process mode)
         self._working: dict[int, Callable[[], bool]] = {}  # rank -> "works now", as it says itself
         self.retired = 0.0  # CPU seconds of rank threads that have retired
+        self.watcher: int | None = None  # the kernel id of the thread watching the world
 
     def register(self, rank: int, clock: Callable[[], float] | None = None,
                  pid: int | None = None, working: Callable[[], bool] | None = None) -> None:
@@ -91,6 +92,19 @@ class ThreadClocks:
                 except OSError:
                     pass
             return total
+
+    def others_runnable(self) -> bool:
+        """Whether a thread of this process other than the ranks', the world's watcher and
+        the caller is runnable or in disk I/O (R, D): it works, though it may not have had a
+        core since it was last looked at."""
+        with self._mu:
+            skip = {*self._tids.values(), self.watcher, threading.get_native_id()}
+        try:
+            tasks = os.listdir("/proc/self/task")
+        except OSError:
+            return False
+        return any(_state(f"/proc/self/task/{t}/stat") in (b"R", b"D")
+                   for t in tasks if int(t) not in skip)
 
     def asleep(self, rank: int) -> bool:
         """Whether the kernel has the rank's thread (in process mode: every thread of its

@@ -27,6 +27,7 @@ def run_to_end(sched: "Scheduler", cluster: "Cluster", threads: list[threading.T
     """Run the world until every rank thread ended -- also on a timeout or Ctrl-C."""
     baton_given = False
     stuck: list[int] = []
+    sched.clocks.watcher = threading.get_native_id()  # runnable while it looks: not a helper
     try:
         for t in threads:
             t.start()
