@@ -119,6 +119,7 @@ def test_a_helper_thread_that_is_runnable_counts_as_activity_even_without_cpu_si
     activity, one asleep is not."""
     import hashlib
     import threading
+    import time
 
     from fakepg.world.cpu_clocks import ThreadClocks
 
@@ -141,6 +142,7 @@ def test_a_helper_thread_that_is_runnable_counts_as_activity_even_without_cpu_si
     idle = threading.Event()
     sleeper = threading.Thread(target=idle.wait)
     sleeper.start()
+    time.sleep(0.1)  # past its start, into its wait
     try:
         quiet = [clocks.others_runnable() for _ in range(5)]
     finally:
