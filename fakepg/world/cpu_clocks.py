@@ -108,12 +108,12 @@ class ThreadClocks:
 
     def asleep(self, rank: int) -> bool:
         """Whether the kernel has the rank's thread (in process mode: every thread of its
-        process), and every thread of the processes it started, asleep in a wait (Linux state S), and the
-        rank does not say it works. A thread that is runnable but starved of a core (R) -- as
-        a rank process is on a loaded machine -- stopped (T, as by SIGSTOP), or in disk I/O such
-        as a cold import (D) burns no CPU either, yet is not blocked; nor is a rank waiting
-        in C (``os.system``, ``waitpid``) on a child process of its own that works. Where the state cannot be read: True
-        (CPU time decides)."""
+        process), and every thread of the processes it started, asleep in a wait (Linux state
+        S), and the rank does not say it works. A thread that is runnable but starved of a
+        core (R) -- as a rank process is on a loaded machine -- stopped (T, as by SIGSTOP), or
+        in disk I/O such as a cold import (D) burns no CPU either, yet is not blocked; nor is
+        a rank waiting in C (``os.system``, ``waitpid``) on a child process of its own that
+        works. Where the state cannot be read: True (CPU time decides)."""
         with self._mu:
             pid = self._pids.get(rank)
             tid = self._tids.get(rank)
