@@ -226,6 +226,9 @@ SUITE = ["tests/test_process_mode.py", "tests/test_process_liveness.py", "tests/
          "tests/test_python_waits.py", "tests/test_rank_failures.py"]
 
 
+_ERR = [sys.stderr]  # the worker's real stderr (pytest captures fd 2 while a test runs)
+
+
 class _SuiteCounter:
     """pytest plugin: counts the worlds the tests start and classifies failed tests."""
 
@@ -243,7 +246,13 @@ class _SuiteCounter:
 
         spawn_module._run_world = counting
 
+    def pytest_runtest_logstart(self, nodeid, location) -> None:
+        print(f"running {nodeid}", file=_ERR[0], flush=True)  # the last one names a hung test
+
     def pytest_runtest_logreport(self, report) -> None:
+        if report.when == "teardown":  # the counts so far, should the worker hang later
+            print("counts " + json.dumps({k: v for k, v in self.counts.items() if k != "examples"}),
+                  file=_ERR[0], flush=True)
         if report.when == "call":
             self.counts["tests"] += 1
         if not report.failed:
@@ -276,10 +285,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--suite-every", type=int, default=3,
                     help="run the suite's tests (SUITE) after every N program batches; 0: never")
     ap.add_argument("--budget", type=float, default=540.0, help="seconds; stop starting batches after")
+    ap.add_argument("--suite-only", action="store_true", help="run only the suite's tests")
+    ap.add_argument("--worker-timeout", type=float, default=900.0,
+                    help="seconds a worker may take; past it its threads' stacks are dumped and "
+                         "it counts as hung (a wait that got no verdict)")
     ap.add_argument("--worker", nargs=2, type=int, help=argparse.SUPPRESS)
     ap.add_argument("--suite-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker or args.suite_worker:
+        import faulthandler
+        _ERR[0] = os.fdopen(os.dup(2), "w", buffering=1)  # stderr past pytest's capture of fd 2
+        faulthandler.dump_traceback_later(args.worker_timeout, exit=True, file=_ERR[0])  # a hung worker says where
         counts = _suite_worker() if args.suite_worker else _worker(*args.worker)
         print("\n" + json.dumps(counts))
         return 0
@@ -291,13 +307,14 @@ def main(argv: list[str] | None = None) -> int:
     keys = ("worlds", "process_worlds", "false_hangs", "failures")
     programs = {k: 0 for k in keys}
     suite = {**{k: 0 for k in keys}, "tests": 0, "runs": 0}
-    crashes = 0
+    crashes = hung = 0
     examples: list[str] = []
     loads: list[float] = []
     try:
         start = batches = 0
         while programs["worlds"] + suite["worlds"] < args.worlds and time.monotonic() - t0 < args.budget:
-            run_suite = args.suite_every > 0 and batches % (args.suite_every + 1) == args.suite_every
+            run_suite = args.suite_only or (args.suite_every > 0 and
+                                             batches % (args.suite_every + 1) == args.suite_every)
             batches += 1
             if run_suite:
                 cmd = ["--suite-worker"]
@@ -305,14 +322,25 @@ def main(argv: list[str] | None = None) -> int:
                 n = min(args.batch, args.worlds - programs["worlds"] - suite["worlds"])
                 cmd = ["--worker", str(n), str(start)]
                 start += n
-            proc = subprocess.run([sys.executable, os.path.abspath(__file__), *cmd],
+            proc = subprocess.run([sys.executable, os.path.abspath(__file__), *cmd,
+                                   "--worker-timeout", str(args.worker_timeout)],
                                   capture_output=True, text=True, cwd=_ROOT,
                                   env={**os.environ, "PYTHONPATH": _ROOT})
             loads.append(os.getloadavg()[0])
             if proc.returncode != 0:
-                crashes += 1
-                examples.append(f"{'suite' if run_suite else 'program'} worker exit status "
-                                f"{proc.returncode}: {proc.stderr[-1500:]}")
+                err = proc.stderr
+                hung_here = "Timeout (" in err  # faulthandler's dump_traceback_later
+                hung += hung_here
+                crashes += not hung_here
+                last = [ln for ln in err.splitlines() if ln.startswith("running ")][-1:]
+                partial = [ln for ln in err.splitlines() if ln.startswith("counts ")][-1:]
+                if run_suite and partial:  # the tests that ended before it hung count
+                    got = json.loads(partial[0][len("counts "):])
+                    for k in keys + ("tests",):
+                        suite[k] += got[k]
+                examples.append(f"{'suite' if run_suite else 'program'} worker "
+                                f"{'hung' if hung_here else 'exit status ' + str(proc.returncode)}"
+                                f" {' '.join(last)}: {err[-3000:]}")
                 continue
             got = json.loads(proc.stdout.strip().splitlines()[-1])
             into = suite if run_suite else programs
@@ -334,11 +362,11 @@ def main(argv: list[str] | None = None) -> int:
           f"suite: {suite['runs']} runs, {suite['tests']} tests, {suite['worlds']} worlds "
           f"({suite['process_worlds']} in process mode)")
     print(f"worlds {worlds} in {wall:.0f} s; false hang verdicts {false_hangs}; "
-          f"other failures {failures}; crashed workers {crashes}")
+          f"other failures {failures}; crashed workers {crashes}; hung workers {hung}")
     for e in examples[:10]:
         print("  " + e.replace("\n", " | "))
-    ok = false_hangs == 0 and crashes == 0 and failures == 0
-    print("target (0 false hangs, 0 crashes, >= 500 worlds):",
+    ok = false_hangs == 0 and crashes == 0 and failures == 0 and hung == 0
+    print("target (0 false hangs, 0 crashes, 0 hangs, >= 500 worlds):",
           "met" if ok and worlds >= 500 else "NOT met")
     return 0 if ok else 1
 
