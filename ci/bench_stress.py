@@ -1,17 +1,26 @@
 """Stress benchmark: fake worlds under a machine loaded far past its cores -- no false hang
 verdict, no crash.
 
-Programs that must end normally (pipelining schedules GPipe, 1F1B and Interleaved1F1B; DDP
-training; Python waits handed between ranks; sleeps; ranks that end while the scheduler samples
-their clocks; a rank waiting on its subprocess) run as fake worlds, in thread and in process
-mode, while CPU hogs keep the load at ``--load`` x the core count. The worlds run in worker
-processes, a batch each, so that a crash (SIGSEGV) is counted instead of ending the benchmark.
+Programs that must end normally run as fake worlds while CPU hogs keep the load at ``--load``
+x the core count: torch's pipelining schedules (GPipe, 1F1B, Interleaved1F1B on 2 ranks; 1F1B
+and Interleaved1F1B on 4) and DDP training, in thread and in process mode; Python waits
+handed between ranks (thread mode) and on a rank's own thread; a rank waiting on its
+subprocess and, in C, on a child that computes (``os.system``), each with a collective in
+flight; ranks that end while the scheduler samples their clocks; a rank process stopped by
+SIGSTOP for a moment; a proxy reducing a large tensor while its process waits for the reply.
+Every ``--suite-every`` program batches, the suite's hang-free tests (``SUITE``: the
+process-mode tests among them) run under pytest and every world they start counts; a test
+failing with a hang or timeout error is a false verdict. Each batch runs in its own worker
+process, so that a crash (SIGSEGV) is counted instead of ending the benchmark.
 
-Printed: worlds run, false hang verdicts (a hang or timeout error from a program that cannot
-hang), other failures, crashed workers, and the hogs' load. Target (issue 27): 0 false hang
-verdicts and 0 crashes in >= 500 worlds at a load >= 4x the cores.
+Printed: worlds run (programs, suite), false hang verdicts, other failures, crashed
+workers, the hogs and the 1-minute load average. Target (issue 27): 0 false hang verdicts and
+0 crashes in >= 500 worlds at a load >= 4x the cores. Measured (2 cores shared with other
+jobs; docs/threads-and-waits.md, "The inactivity fallback on a loaded machine"):
 
-    python ci/bench_stress.py [--worlds 500] [--load 4] [--batch 50] [--budget 540]
+    <!-- stress figures -->
+
+    python ci/bench_stress.py [--worlds 500] [--load 4] [--batch 50] [--suite-every 3] [--budget 540]
 """
 
 from __future__ import annotations
@@ -67,7 +76,7 @@ def _ddp(rank):
         opt.zero_grad()
         model(torch.randn(8, 16)).sum().backward()
         opt.step()
-    return float(next(model.parameters()).sum())
+    return float(next(model.parameters()).detach().sum())
 
 
 _QUEUE = None
@@ -95,6 +104,21 @@ def _python_waits(rank):
     return item + 1
 
 
+def _own_thread_waits(rank):
+    import queue
+    import threading
+    import time as _time
+    import torch
+    import torch.distributed as dist
+    work = dist.all_reduce(torch.ones(2), async_op=True)  # in flight while the rank waits
+    q: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: (_time.sleep(0.01), q.put(41))).start()
+    item = q.get()
+    work.wait()
+    dist.barrier()
+    return item + 1
+
+
 def _ending_ranks(rank):
     import threading
     import time as _time
@@ -107,40 +131,144 @@ def _ending_ranks(rank):
 
 def _subprocess(rank):
     import subprocess as _sp
+    import torch
     import torch.distributed as dist
+    work = dist.all_reduce(torch.ones(2), async_op=True)  # in flight while rank 0 waits
     if rank == 0:
-        _sp.run([sys.executable, "-c", "import time; time.sleep(0.05)"], check=True)
+        _sp.run(["sleep", "0.05"], check=True)
+    work.wait()
     dist.barrier()
     return rank
 
 
+def _child_computes(rank):
+    import torch
+    import torch.distributed as dist
+    work = dist.all_reduce(torch.ones(2), async_op=True)
+    status = 0
+    if rank == 0:  # waits in C (waitpid) while its child burns CPU
+        status = os.system(f"{sys.executable} -c 'import time\nwhile time.process_time() < 0.05: pass'")
+    work.wait()
+    return status
+
+
+def _stopped(rank):
+    import signal
+    import subprocess as _sp
+    import torch
+    import torch.distributed as dist
+    work = dist.all_reduce(torch.ones(2), async_op=True)
+    if rank == 0:  # a rank process stopped (state T) for a moment: slow, not blocked
+        waker = _sp.Popen(["sh", "-c", f"sleep 0.2; kill -CONT {os.getpid()}"])
+        os.kill(os.getpid(), signal.SIGSTOP)
+        waker.wait()
+    work.wait()
+    return rank
+
+
+def _large_reduce(rank):
+    import torch
+    import torch.distributed as dist
+    big = torch.ones(2_000_000)  # the last rank's proxy reduces while its process waits
+    if rank == 1:
+        sent = dist.isend(torch.ones(2), 0)
+    dist.all_reduce(big)
+    if rank == 0:
+        dist.recv(torch.empty(2), 1)
+    else:
+        sent.wait()
+    return float(big[0])
+
+
+_BOTH, _THREAD, _PROCESS = ("thread", "process"), ("thread",), ("process",)
+
+
 def _programs():
-    progs = [(f"pipeline {k}", _pipeline, (k,), 2) for k in ("GPipe", "1F1B", "Interleaved1F1B")]
-    progs += [("ddp", _ddp, (), 2), ("python waits", _python_waits, (), 2),
-              ("ending ranks", _ending_ranks, (), 8), ("subprocess", _subprocess, (), 2)]
-    return progs
+    """(name, function, args, ranks, the modes it runs in)."""
+    progs = [(f"pipeline {k}", _pipeline, (k,), 2, _BOTH) for k in ("GPipe", "1F1B", "Interleaved1F1B")]
+    progs += [(f"pipeline {k} x4", _pipeline, (k,), 4, _BOTH) for k in ("1F1B", "Interleaved1F1B")]
+    progs += [("ddp", _ddp, (), 2, _BOTH),
+              ("python waits across ranks", _python_waits, (), 2, _THREAD),  # a shared queue
+              ("own thread waits", _own_thread_waits, (), 2, _BOTH),
+              ("ending ranks", _ending_ranks, (), 8, _BOTH),
+              ("subprocess", _subprocess, (), 2, _BOTH),
+              ("child computes", _child_computes, (), 2, _BOTH),
+              ("stopped rank process", _stopped, (), 2, _PROCESS),
+              ("large reduce", _large_reduce, (), 2, _PROCESS)]
+    return [(name, fn, args, n, mode) for name, fn, args, n, modes in progs for mode in modes]
 
 
 def _worker(n: int, start: int) -> dict:
     """Run ``n`` worlds (program and mode by index); count outcomes."""
     import fakepg
-    counts = {"worlds": 0, "false_hangs": 0, "failures": 0, "examples": []}
+    counts = {"worlds": 0, "process_worlds": 0, "false_hangs": 0, "failures": 0, "examples": []}
     progs = _programs()
     for i in range(start, start + n):
-        name, fn, args, nprocs = progs[i % len(progs)]
-        isolation = "process" if (i // len(progs)) % 3 == 2 else "thread"  # a third as processes
-        if name in ("ending ranks", "python waits", "subprocess") and isolation == "process":
-            isolation = "thread"  # their point is thread mode's scheduler
+        name, fn, args, nprocs, isolation = progs[i % len(progs)]
         try:
             fakepg.spawn(fn, args=args, nprocs=nprocs, isolation=isolation, timeout=120)
         except (fakepg.CollectiveHangError, fakepg.SpawnTimeoutError) as e:
             counts["false_hangs"] += 1
-            counts["examples"].append(f"{name} [{isolation}]: {type(e).__name__}: {str(e)[:300]}")
+            counts["examples"].append(f"{name} [{isolation}]: {type(e).__name__}: {str(e)[:1500]}")
         except Exception as e:  # noqa: BLE001 - counted and shown
             counts["failures"] += 1
-            counts["examples"].append(f"{name} [{isolation}]: {type(e).__name__}: {str(e)[:300]}")
+            counts["examples"].append(f"{name} [{isolation}]: {type(e).__name__}: {str(e)[:1500]}")
         counts["worlds"] += 1
+        counts["process_worlds"] += isolation == "process"
     return counts
+
+
+# The suite's tests whose worlds must end normally or with the verdict the test expects (the
+# process-mode tests among them): each world they start counts; a test failing with a hang or
+# timeout error is a false verdict.
+SUITE = ["tests/test_process_mode.py", "tests/test_process_liveness.py", "tests/test_spawn.py",
+         "tests/test_ddp_on_fake_cluster.py", "tests/test_per_rank_globals.py",
+         "tests/test_python_waits.py", "tests/test_rank_failures.py"]
+
+
+_ERR = [sys.stderr]  # the worker's real stderr (pytest captures fd 2 while a test runs)
+
+
+class _SuiteCounter:
+    """pytest plugin: counts the worlds the tests start and classifies failed tests."""
+
+    def __init__(self) -> None:
+        import fakepg.launch.spawn as spawn_module
+        self.counts = {"worlds": 0, "process_worlds": 0, "tests": 0, "false_hangs": 0,
+                       "failures": 0, "examples": []}
+        original = spawn_module._run_world
+
+        def counting(*a, **k):
+            self.counts["worlds"] += 1
+            isolation = k.get("isolation", a[13] if len(a) > 13 else "thread")
+            self.counts["process_worlds"] += isolation == "process"
+            return original(*a, **k)
+
+        spawn_module._run_world = counting
+
+    def pytest_runtest_logstart(self, nodeid, location) -> None:
+        print(f"running {nodeid}", file=_ERR[0], flush=True)  # the last one names a hung test
+
+    def pytest_runtest_logreport(self, report) -> None:
+        if report.when == "teardown":  # the counts so far, should the worker hang later
+            print("counts " + json.dumps({k: v for k, v in self.counts.items() if k != "examples"}),
+                  file=_ERR[0], flush=True)
+        if report.when == "call":
+            self.counts["tests"] += 1
+        if not report.failed:
+            return
+        text = str(report.longrepr)
+        hang = any(w in text for w in ("CollectiveHangError", "SpawnTimeoutError", "hang detected"))
+        self.counts["false_hangs" if hang else "failures"] += 1
+        self.counts["examples"].append(f"{report.nodeid} ({report.when}): {text[-1500:]}")
+
+
+def _suite_worker() -> dict:
+    import pytest
+    counter = _SuiteCounter()
+    pytest.main([*SUITE, "-q", "-m", "not slow", "-p", "no:cacheprovider", "--no-header",
+                 "-W", "ignore"], plugins=[counter])
+    return counter.counts
 
 
 # -- the driver -------------------------------------------------------------------------------
@@ -154,51 +282,92 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worlds", type=int, default=500)
     ap.add_argument("--load", type=float, default=4.0, help="CPU hogs per core")
     ap.add_argument("--batch", type=int, default=50, help="worlds per worker process")
+    ap.add_argument("--suite-every", type=int, default=3,
+                    help="run the suite's tests (SUITE) after every N program batches; 0: never")
     ap.add_argument("--budget", type=float, default=540.0, help="seconds; stop starting batches after")
+    ap.add_argument("--suite-only", action="store_true", help="run only the suite's tests")
+    ap.add_argument("--worker-timeout", type=float, default=900.0,
+                    help="seconds a worker may take; past it its threads' stacks are dumped and "
+                         "it counts as hung (a wait that got no verdict)")
     ap.add_argument("--worker", nargs=2, type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--suite-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.worker:
-        print(json.dumps(_worker(*args.worker)))
+    if args.worker or args.suite_worker:
+        import faulthandler
+        _ERR[0] = os.fdopen(os.dup(2), "w", buffering=1)  # stderr past pytest's capture of fd 2
+        faulthandler.dump_traceback_later(args.worker_timeout, exit=True, file=_ERR[0])  # a hung worker says where
+        counts = _suite_worker() if args.suite_worker else _worker(*args.worker)
+        print("\n" + json.dumps(counts))
         return 0
     cores = os.cpu_count() or 1
     hogs = [multiprocessing.Process(target=_hog, daemon=True) for _ in range(int(args.load * cores))]
     for h in hogs:
         h.start()
     t0 = time.monotonic()
-    total = {"worlds": 0, "false_hangs": 0, "failures": 0, "crashes": 0}
+    keys = ("worlds", "process_worlds", "false_hangs", "failures")
+    programs = {k: 0 for k in keys}
+    suite = {**{k: 0 for k in keys}, "tests": 0, "runs": 0}
+    crashes = hung = 0
     examples: list[str] = []
     loads: list[float] = []
     try:
-        start = 0
-        while total["worlds"] < args.worlds and time.monotonic() - t0 < args.budget:
-            n = min(args.batch, args.worlds - total["worlds"])
-            proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", str(n),
-                                   str(start)], capture_output=True, text=True, cwd=_ROOT,
+        start = batches = 0
+        while programs["worlds"] + suite["worlds"] < args.worlds and time.monotonic() - t0 < args.budget:
+            run_suite = args.suite_only or (args.suite_every > 0 and
+                                             batches % (args.suite_every + 1) == args.suite_every)
+            batches += 1
+            if run_suite:
+                cmd = ["--suite-worker"]
+            else:
+                n = min(args.batch, args.worlds - programs["worlds"] - suite["worlds"])
+                cmd = ["--worker", str(n), str(start)]
+                start += n
+            proc = subprocess.run([sys.executable, os.path.abspath(__file__), *cmd,
+                                   "--worker-timeout", str(args.worker_timeout)],
+                                  capture_output=True, text=True, cwd=_ROOT,
                                   env={**os.environ, "PYTHONPATH": _ROOT})
             loads.append(os.getloadavg()[0])
-            start += n
             if proc.returncode != 0:
-                total["crashes"] += 1
-                examples.append(f"worker exit status {proc.returncode}: {proc.stderr[-500:]}")
+                err = proc.stderr
+                hung_here = "Timeout (" in err  # faulthandler's dump_traceback_later
+                hung += hung_here
+                crashes += not hung_here
+                last = [ln for ln in err.splitlines() if ln.startswith("running ")][-1:]
+                partial = [ln for ln in err.splitlines() if ln.startswith("counts ")][-1:]
+                if run_suite and partial:  # the tests that ended before it hung count
+                    got = json.loads(partial[0][len("counts "):])
+                    for k in keys + ("tests",):
+                        suite[k] += got[k]
+                examples.append(f"{'suite' if run_suite else 'program'} worker "
+                                f"{'hung' if hung_here else 'exit status ' + str(proc.returncode)}"
+                                f" {' '.join(last)}: {err[-3000:]}")
                 continue
             got = json.loads(proc.stdout.strip().splitlines()[-1])
-            for k in ("worlds", "false_hangs", "failures"):
-                total[k] += got[k]
+            into = suite if run_suite else programs
+            for k in keys + (("tests",) if run_suite else ()):
+                into[k] += got[k]
+            suite["runs"] += run_suite
             examples += got["examples"]
     finally:
         for h in hogs:
             h.kill()
     wall = time.monotonic() - t0
+    worlds = programs["worlds"] + suite["worlds"]
+    false_hangs = programs["false_hangs"] + suite["false_hangs"]
+    failures = programs["failures"] + suite["failures"]
     print(f"cores {cores}, CPU hogs {len(hogs)} ({args.load:g} per core); 1-minute load average "
           f"during the run: min {min(loads, default=0):.1f}, max {max(loads, default=0):.1f} "
           f"({max(loads, default=0) / cores:.1f}x the cores)")
-    print(f"worlds {total['worlds']} in {wall:.0f} s; false hang verdicts {total['false_hangs']}; "
-          f"other failures {total['failures']}; crashed workers {total['crashes']}")
+    print(f"program worlds {programs['worlds']} ({programs['process_worlds']} in process mode); "
+          f"suite: {suite['runs']} runs, {suite['tests']} tests, {suite['worlds']} worlds "
+          f"({suite['process_worlds']} in process mode)")
+    print(f"worlds {worlds} in {wall:.0f} s; false hang verdicts {false_hangs}; "
+          f"other failures {failures}; crashed workers {crashes}; hung workers {hung}")
     for e in examples[:10]:
         print("  " + e.replace("\n", " | "))
-    ok = total["false_hangs"] == 0 and total["crashes"] == 0 and total["failures"] == 0
-    print("target (0 false hangs, 0 crashes, >= 500 worlds):",
-          "met" if ok and total["worlds"] >= 500 else "NOT met")
+    ok = false_hangs == 0 and crashes == 0 and failures == 0 and hung == 0
+    print("target (0 false hangs, 0 crashes, 0 hangs, >= 500 worlds):",
+          "met" if ok and worlds >= 500 else "NOT met")
     return 0 if ok else 1
 
 

@@ -62,9 +62,15 @@ class Proxy:
         pid = children.pids[rank]
         self._poller = select.poll()
         self._poller.register(self.channel.conn.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
-        # the world's inactivity fallback judges the child's CPU use, not this thread's
-        # (and the child's threads' states: one starved of a core on a loaded machine works)
-        self.sched.clocks.register(rank, lambda: _child_cpu_seconds(pid), pid)
+        # The world's inactivity fallback judges the child's CPU use, not this thread's, and
+        # the states of the child's threads (one starved of a core on a loaded machine works)
+        # -- except while this proxy serves a request, or one waits on the pipe: the child
+        # then sleeps waiting for the reply, and it is this thread (perhaps starved of a core
+        # or of the GIL) that works.
+        self.listening = False  # in _recv's poll, no request received yet
+        self._peek = select.poll()  # the watchdog's own (a poll object is not for two threads)
+        self._peek.register(self.channel.conn.fileno(), select.POLLIN)
+        self.sched.clocks.register(rank, lambda: _child_cpu_seconds(pid), pid, self._serving)
 
     def run(self) -> Any:
         try:
@@ -98,8 +104,14 @@ class Proxy:
             except OSError:
                 raise self.children.died(self.rank) from None
 
+    def _serving(self) -> bool:
+        """Whether this proxy works for its child now (called on the watchdog's thread): it
+        serves a request, or one waits on the pipe for this thread to be scheduled."""
+        return not self.listening or bool(self._peek.poll(0))
+
     def _recv(self) -> tuple[tuple[Any, list[int]], dict[int, Any]]:
         aborted_at = None
+        self.listening = True
         while not self._poller.poll(50):  # ms; one poll object (conn.poll builds a selector each time)
             if self.sched.abort_error is not None:
                 # The world ended from outside (the inactivity fallback) while the child
@@ -108,6 +120,7 @@ class Proxy:
                 if time.monotonic() - aborted_at > KILL_GRACE:
                     self.children.kill(self.rank)
                     raise copy_to_raise(self.sched.abort_error)
+        self.listening = False
         try:
             return self.channel.recv_request()
         except (EOFError, OSError):

@@ -37,19 +37,25 @@ class ThreadClocks:
         self._tids: dict[int, int] = {}  # rank -> kernel thread id, while the thread is alive
         self._custom: dict[int, Callable[[], float]] = {}  # rank -> a clock it named itself
         self._pids: dict[int, int] = {}  # rank -> the process that does its work (process mode)
+        self._working: dict[int, Callable[[], bool]] = {}  # rank -> "works now", as it says itself
         self.retired = 0.0  # CPU seconds of rank threads that have retired
+        self.watcher: int | None = None  # the kernel id of the thread watching the world
 
     def register(self, rank: int, clock: Callable[[], float] | None = None,
-                 pid: int | None = None) -> None:
+                 pid: int | None = None, working: Callable[[], bool] | None = None) -> None:
         """Called on the rank's own thread as it starts (``clock``: read instead of the
         thread's own, e.g. a process-mode proxy reports its child process's CPU time; ``pid``:
-        the process whose threads' states say whether the rank works)."""
+        the process whose threads' states say whether the rank works; ``working``: True while
+        the rank is known to work whatever the kernel says, e.g. a proxy serving its child's
+        request while the child sleeps waiting for the reply)."""
         with self._mu:
             self._tids[rank] = threading.get_native_id()
             if clock is not None:
                 self._custom[rank] = clock
             if pid is not None:
                 self._pids[rank] = pid
+            if working is not None:
+                self._working[rank] = working
 
     def retire(self, rank: int) -> None:
         """Called on the rank's own thread before it ends: no read of its clock after this."""
@@ -58,6 +64,7 @@ class ThreadClocks:
                 self.retired += time.thread_time()
             self._custom.pop(rank, None)
             self._pids.pop(rank, None)
+            self._working.pop(rank, None)
 
     def read(self, rank: int) -> float | None:
         """The CPU seconds rank ``rank`` used (its own clock if it named one); None when its
@@ -86,29 +93,78 @@ class ThreadClocks:
                     pass
             return total
 
+    def others_runnable(self) -> bool:
+        """Whether a thread of this process other than the ranks', the world's watcher and
+        the caller is runnable or in disk I/O (R, D): it works, though it may not have had a
+        core since it was last looked at."""
+        with self._mu:
+            skip = {*self._tids.values(), self.watcher, threading.get_native_id()}
+        try:
+            tasks = os.listdir("/proc/self/task")
+        except OSError:
+            return False
+        return any(_state(f"/proc/self/task/{t}/stat") in (b"R", b"D")
+                   for t in tasks if int(t) not in skip)
+
     def asleep(self, rank: int) -> bool:
         """Whether the kernel has the rank's thread (in process mode: every thread of its
-        process) asleep in a wait (Linux state S). A thread that is runnable but starved of a
-        core (R) -- as a rank process is on a loaded machine -- or in disk I/O such as a cold
-        import (D) burns no CPU either, yet works. Where the state cannot be read: True (CPU
-        time decides)."""
+        process), and every thread of the processes it started, asleep in a wait (Linux state
+        S), and the rank does not say it works. A thread that is runnable but starved of a
+        core (R) -- as a rank process is on a loaded machine -- stopped (T, as by SIGSTOP), or
+        in disk I/O such as a cold import (D) burns no CPU either, yet is not blocked; nor is
+        a rank waiting in C (``os.system``, ``waitpid``) on a child process of its own that
+        works. Where the state cannot be read: True (CPU time decides)."""
         with self._mu:
             pid = self._pids.get(rank)
             tid = self._tids.get(rank)
+            working = self._working.get(rank)
         if pid is None and tid is None:
             return True
-        paths = ([f"/proc/self/task/{tid}/stat"] if pid is None else
-                 [f"/proc/{pid}/task/{t}/stat" for t in _tasks(pid)])
-        for path in paths:
-            try:
-                with open(path, "rb") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            state = stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3]
-            if state != b"S":
-                return False
-        return True
+        if working is not None and working():
+            return False
+        me = os.getpid()
+        if pid is None:  # the rank's thread, and the processes that thread started
+            tasks = [(me, str(tid))] + [(p, t) for c in _children(me, str(tid))
+                                        for p in _tree(c) for t in _tasks(p)]
+        else:
+            tasks = [(p, t) for p in _tree(pid) for t in _tasks(p)]
+        return all(_state(f"/proc/{p}/task/{t}/stat") in _WAITING for p, t in tasks)
+
+
+# States of a task that does nothing until something else happens: asleep in a wait (S), or
+# ended (a zombie not yet reaped, Z; dead, X; gone, None).
+_WAITING = (b"S", b"Z", b"X", None)
+
+
+def _state(path: str) -> bytes | None:
+    """A task's Linux state letter (R, S, D, T, ...) from its stat file; None when gone."""
+    try:
+        with open(path, "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    end = stat.rindex(b")")
+    return stat[end + 2:end + 3]
+
+
+def _children(pid: int, tid: str) -> list[int]:
+    """The processes thread ``tid`` of ``pid`` started (Linux's /proc/PID/task/TID/children)."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+            return [int(c) for c in f.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendant processes."""
+    out, todo = [], [pid]
+    while todo and len(out) < 256:  # a bound: a fork bomb must not stall the watchdog
+        p = todo.pop()
+        out.append(p)
+        for t in _tasks(p):
+            todo.extend(_children(p, t))
+    return out
 
 
 def _tasks(pid: int) -> list[str]:

@@ -66,8 +66,8 @@ class _Wake:
 
 
 class ThreadActivity:
-    """Whether threads other than the ranks' used CPU since the last call (they may yet
-    release a rank that waits in Python's own synchronisation)."""
+    """Whether threads other than the ranks' used CPU since the last call, or are runnable
+    (they may yet release a rank that waits in Python's own synchronisation)."""
 
     def __init__(self, clocks: ThreadClocks) -> None:
         self.clocks = clocks  # read only while a rank thread is alive (see cpu_clocks)
@@ -79,7 +79,8 @@ class ThreadActivity:
     def busy(self, threshold: float = 0.002) -> bool:
         now = self._others()
         busy, self.last = now - self.last > threshold or helpers_sleeping[0] > 0, now
-        return busy
+        # one that used no CPU may only be waiting for a core (a loaded machine): it works
+        return busy or self.clocks.others_runnable()
 
 
 class RankSlot:

@@ -27,6 +27,7 @@ def run_to_end(sched: "Scheduler", cluster: "Cluster", threads: list[threading.T
     """Run the world until every rank thread ended -- also on a timeout or Ctrl-C."""
     baton_given = False
     stuck: list[int] = []
+    sched.clocks.watcher = threading.get_native_id()  # runnable while it looks: not a helper
     try:
         for t in threads:
             t.start()
@@ -94,12 +95,14 @@ def _watch(sched: "Scheduler", cluster: "Cluster", hang_timeout: float, deadline
         if seen is None or seen[0] != holder or cpu - seen[1] > 0.002 or not sched.clocks.asleep(holder):
             if seen is not None:
                 sched.last_progress_time = time.monotonic()
-            seen, activity, lock = (holder, cpu), None, _UNKNOWN
+            seen, activity, lock = (holder, cpu, time.monotonic()), None, _UNKNOWN
             continue
         blocked_import = import_waits.module_lock_holder(thread)
         if blocked_import is not None and _module_lock_verdict(sched, cluster, holder, blocked_import):
             continue
-        if idle < hang_timeout:
+        if idle < hang_timeout or time.monotonic() - seen[2] < hang_timeout / 2:
+            # (the second: seen asleep, without CPU, for half the timeout at least -- not
+            # once or twice around a pause of this thread's own on a loaded machine)
             continue
         if not hidden:
             if activity is None:  # measure the other threads over the next poll first
