@@ -260,16 +260,22 @@ class CachingAllocator:
     def _alloc_found_block(self, block: _Block, size: int) -> _Block:
         """``alloc_found_block``: split the remainder off into the pool when ``should_split``."""
         if self._should_split(block, size):
-            rest = _Block(block.ptr + size, block.size - size, block.stream, block.small,
-                          block.expandable, prev=block, next=block.next, base=block.base)
-            if block.next is not None:
-                block.next.prev = rest
-            block.next = rest
-            block.size = size
-            self._blocks[rest.uid] = rest
-            self._insert_free(rest)
+            self._insert_free(self._split(block, size))
         block.allocated = True
         return block
+
+    def _split(self, block: _Block, size: int, mapped: bool = True) -> _Block:
+        """Cut ``block`` after its first ``size`` bytes: the rest becomes a block of the same
+        segment linked after it (``mapped`` or not), returned for the caller to pool."""
+        rest = _Block(block.ptr + size, block.size - size, block.stream, block.small,
+                      block.expandable, mapped=mapped, prev=block, next=block.next,
+                      base=block.base)
+        if block.next is not None:
+            block.next.prev = rest
+        block.next = rest
+        block.size = size
+        self._blocks[rest.uid] = rest
+        return rest
 
     def _alloc_block(self, size: int, small: bool, stream: Hashable,
                      force: bool = False) -> _Block | None:
@@ -368,14 +374,7 @@ class CachingAllocator:
         self._remove_unmapped(block)
         block.mapped = True
         if mapped < block.size:
-            rest = _Block(block.ptr + mapped, block.size - mapped, block.stream, block.small,
-                          True, mapped=False, prev=block, next=block.next, base=block.base)
-            if block.next is not None:
-                block.next.prev = rest
-            block.next = rest
-            block.size = mapped
-            self._blocks[rest.uid] = rest
-            self._insert_unmapped(rest)
+            self._insert_unmapped(self._split(block, mapped, mapped=False))
         for other in (block.prev, block.next):
             self._try_merge(block, other)
         self._insert_free(block)

@@ -49,7 +49,7 @@ from .captured import ShardedStep
 from .fsdp import ShardedProgram, check_reshard, check_sharded_knobs, event_marks
 from .knobs import CheckedKnobs
 from .mesh import DeviceMesh
-from .parallel import Parallel
+from .parallel import Parallel, degrees_not_captured, layout_not_captured
 from .steps import Collective, Instruction, Issue, Mark, Memory, Wait, WaitAll, peak_memory
 
 __all__ = ["CapturedCP", "CPMesh", "CPProgram", "plan_cp", "ring_collectives"]
@@ -128,16 +128,15 @@ class CPProgram(ShardedProgram):
             raise ValueError(f"parallel={spec!r}: {why}")
         data = "fsdp" if par.data == "ddp" else par.data  # cp:N alone: FSDP2 over the ring
         if par.cp < 2 or data != cap.parallel:
-            raise ValueError(f"parallel={spec!r} cannot replay a {cap.parallel.upper()} × CP "
-                             f"capture ({cap.name}): give cp:{cap.cp_size} with "
-                             f"{shard_word.partition(':')[0]} (capture the layout you replay)")
+            raise layout_not_captured(spec, f"{cap.parallel.upper()} × CP", cap.name,
+                                      f"give cp:{cap.cp_size} with "
+                                      f"{shard_word.partition(':')[0]}")
         cp = par.cp
         if cp != cap.cp_size or par.tp != cap.tp_size:
-            raise ValueError(f"parallel={spec!r} has cp={cp}, tp={par.tp}; the capture of "
-                             f"{cap.name} ran with cp={cap.cp_size}, tp={cap.tp_size}: each "
-                             f"rank's sequence shard, ring steps and bytes depend on the "
-                             f"degrees, so capture the ones you replay (capture_cp with "
-                             f"mesh cp={cp}{f', tp={par.tp}' if par.tp > 1 else ''})")
+            raise degrees_not_captured(
+                spec, f"cp={cp}, tp={par.tp}", cap.name, f"cp={cap.cp_size}, tp={cap.tp_size}",
+                "sequence shard, ring steps and bytes depend on the degrees", "degrees",
+                f"capture_cp with mesh cp={cp}{f', tp={par.tp}' if par.tp > 1 else ''}")
         check_reshard(k, cap)
         check_sharded_knobs(k, "a context-parallel replay", "CP")
         self.cap, self.world, self.cp = cap, world, cp

@@ -30,7 +30,7 @@ from .captured import CapturedIteration
 from .knobs import CheckedKnobs
 from .mesh import DDPMesh
 from ..models.syncs import METRIC_BYTES, sync_seconds
-from .parallel import Parallel
+from .parallel import Parallel, layout_not_captured
 from .steps import (Collective, Compute, Instruction, Issue, Mark, Memory, Pace, Segment, Wait,
                     WaitAll, peak_memory)
 
@@ -161,9 +161,7 @@ class DDPProgram(Program):
         self.slowmo = k.slowmo_period is not None
         par = None if k.parallel is None else Parallel.parse(k.parallel, checked.world)
         if par is not None and par.data != "ddp":
-            raise ValueError(f"parallel={k.parallel!r} cannot replay a DDP capture "
-                             f"({cap.name}): capture the layout you replay (simddp whatif "
-                             f"--parallel does, per layout)")
+            raise layout_not_captured(k.parallel, "DDP", cap.name)
         if par is not None and par.not_replayed():
             raise ValueError(f"parallel={k.parallel!r}: {par.not_replayed()}")
         # the forward's marks in each profile's own order; the vectorised engine needs one

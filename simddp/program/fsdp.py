@@ -51,7 +51,7 @@ from typing import Any, Callable, Sequence
 from .contract import Program
 from .captured import CapturedStep
 from .knobs import CheckedKnobs, Knobs
-from .parallel import Parallel
+from .parallel import Parallel, degrees_not_captured, layout_not_captured
 from .steps import (Collective, Instruction, Issue, Mark, Memory, Segment, Wait, WaitAll,
                     peak_memory)
 
@@ -175,15 +175,13 @@ class FSDPProgram(ShardedProgram):
                               + (f",tp:{cap.tp_size}" if cap.tp_size > 1 else ""))
         par = Parallel.parse(spec, world)
         if par.data != cap.parallel or par.pp > 1:
-            raise ValueError(f"parallel={spec!r} cannot replay a {cap.parallel.upper()} capture "
-                             f"({cap.name}): capture the layout you replay (simddp whatif "
-                             f"--parallel does, per layout)")
+            raise layout_not_captured(spec, cap.parallel.upper(), cap.name)
         if par.tp != cap.tp_size:
-            raise ValueError(f"parallel={spec!r} has tensor-parallel degree {par.tp}, the "
-                             f"capture of {cap.name} ran with tp={cap.tp_size}: each rank's "
-                             f"shapes, compute and TP collectives depend on the degree, so "
-                             f"capture the TP degree you replay (capture_fsdp(mesh={{'shard': "
-                             f"s, 'tp': {par.tp}}}); simddp whatif --parallel does)")
+            raise degrees_not_captured(
+                spec, f"tensor-parallel degree {par.tp}", cap.name, f"tp={cap.tp_size}",
+                "shapes, compute and TP collectives depend on the degree", "TP degree",
+                f"capture_fsdp(mesh={{'shard': s, 'tp': {par.tp}}}); simddp whatif --parallel "
+                f"does")
         check_reshard(k, cap)
         check_sharded_knobs(k, "an FSDP2 replay", "FSDP2")
         self.cap, self.world, self.parallel = cap, world, par

@@ -270,3 +270,21 @@ def _usage(what: str) -> str:
     return (f"{what}. A --parallel spec is comma-separated name[:size] (at most one size left "
             f"out: the world over the others), e.g. fsdp, hsdp:8, fsdp:32,tp:8, dp:8,tp:8, "
             f"pp:4,fsdp:16,tp:8. Modes: {modes} (simddp whatif --help says what each runs)")
+
+
+# -- a replayed layout against its capture (the planners' errors) ----------------------------
+def layout_not_captured(spec: str, captured: str, cap_name: str,
+                        how: str = "simddp whatif --parallel does, per layout") -> ValueError:
+    """The error of a planner asked to replay ``spec`` on a capture (``cap_name``) of another
+    layout (``captured``, e.g. "FSDP"): a capture holds one layout's collectives."""
+    return ValueError(f"parallel={spec!r} cannot replay a {captured} capture ({cap_name}): "
+                      f"capture the layout you replay ({how})")
+
+
+def degrees_not_captured(spec: str, has: str, cap_name: str, ran: str, depends: str,
+                         what: str, how: str) -> ValueError:
+    """The error of a planner asked to replay degrees (``has``, e.g. "cp=4, tp=2") other than
+    the capture's (``ran``): what each rank does ``depends`` on them, so ``how`` captures the
+    ``what`` replayed."""
+    return ValueError(f"parallel={spec!r} has {has}; the capture of {cap_name} ran with {ran}: "
+                      f"each rank's {depends}, so capture the {what} you replay ({how})")

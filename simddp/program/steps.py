@@ -244,13 +244,8 @@ def peak_memory(instructions: Sequence[Instruction], start: dict[str, int] | Non
         if total > peak:
             peak, at_peak = total, dict(now)
 
-    for ins in instructions:
-        if isinstance(ins, Memory):
-            apply(ins)
-        elif isinstance(ins, Segment):
-            for mk in ins.marks:
-                if isinstance(mk.do, Memory):
-                    apply(mk.do)
+    for m in memory_events(instructions):
+        apply(m)
     return peak, at_peak, now
 
 
@@ -261,9 +256,7 @@ def memory_events(instructions: Sequence[Instruction]) -> Iterator[Memory]:
         if isinstance(ins, Memory):
             yield ins
         elif isinstance(ins, Segment):
-            for mk in ins.marks:
-                if isinstance(mk.do, Memory):
-                    yield mk.do
+            yield from (mk.do for mk in ins.marks if isinstance(mk.do, Memory))
 
 
 @dataclass(frozen=True)
@@ -365,12 +358,8 @@ def allocator_memory(instructions: Sequence[Instruction], start: dict[str, int] 
                 for m in pending:
                     apply(m)
                 pending = []
-            if isinstance(ins, Memory):
-                apply(ins)
-            elif isinstance(ins, Segment):
-                for mk in ins.marks:
-                    if isinstance(mk.do, Memory):
-                        apply(mk.do)
+            for m in memory_events((ins,)):
+                apply(m)
         for m in pending:
             apply(m)
         pending = []
