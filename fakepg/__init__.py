@@ -13,33 +13,37 @@ Example::
     print(result.summary())
 """
 
-from .errors import (BackendTimeoutError, CollectiveHangError, CollectiveMismatchError,
-                     CollectiveTimeoutError, FakePGError, InvalidCollectiveError, PeerCrashedError,
-                     NativeWaitError, RankFailedError, RealProcessesWarning, SharedStateError,
-                     SpawnTimeoutError, StoreTimeoutError, WorldAbortedError)
-from .launch.explore import ExplorationError, ExplorationSummary, explore
-from .fidelity.gloo_hazards import GlooHazardError, GlooHazardWarning
-from .fidelity.nccl_hazards import NcclHazardError, NcclHazardWarning
-from .world.hooks import WorldHooks
-from .world.isolation import per_rank_globals
-from .world.process_group import BACKEND_NAME, FakeProcessGroup, FakeWork, register_backend
-from .launch.spawn import SpawnResult, spawn
-from .process.process_mode import RankProcessDiedError
-from .fidelity.store import FakeStore
-from .fidelity import compat  # fakepg.compat.cuda_synchronize_noop() and other CPU shims
-from .choices import faults  # fakepg.faults.crash / raise_in for spawn(faults=[...])
-from .launch import suites  # fakepg.suites: torch's MultiProcessTestCase suites on the fake cluster
-from .ops.trace import CollectiveRecord, dump_flight_recorder, flight_recorder_dump, from_json, to_json
+import importlib as _importlib
+import sys as _sys
+from typing import Any as _Any
 
-register_backend()
-
-
-def __getattr__(name: str):
-    # ``fakepg.strategies`` (hypothesis strategies) loads hypothesis, so it is imported when first used
-    if name == "strategies":
-        from .choices import strategies
-        return strategies
-    raise AttributeError(f"module 'fakepg' has no attribute {name!r}")
+# name -> the module that defines it, imported on first use (PEP 562): ``import fakepg`` loads
+# no torch, so what reads only its torch-free modules (simddp's network models read
+# ``fakepg.ops``' cost kinds; a warm ``simddp whatif``) runs without it
+_LAZY = {
+    **dict.fromkeys(("BackendTimeoutError", "CollectiveHangError", "CollectiveMismatchError",
+                     "CollectiveTimeoutError", "FakePGError", "InvalidCollectiveError",
+                     "PeerCrashedError", "NativeWaitError", "RankFailedError",
+                     "RealProcessesWarning", "SharedStateError", "SpawnTimeoutError",
+                     "StoreTimeoutError", "WorldAbortedError"), ".errors"),
+    **dict.fromkeys(("ExplorationError", "ExplorationSummary", "explore"), ".launch.explore"),
+    **dict.fromkeys(("GlooHazardError", "GlooHazardWarning"), ".fidelity.gloo_hazards"),
+    **dict.fromkeys(("NcclHazardError", "NcclHazardWarning"), ".fidelity.nccl_hazards"),
+    "WorldHooks": ".world.hooks",
+    "per_rank_globals": ".world.isolation",
+    **dict.fromkeys(("BACKEND_NAME", "FakeProcessGroup", "FakeWork", "register_backend"),
+                    ".world.process_group"),
+    **dict.fromkeys(("SpawnResult", "spawn"), ".launch.spawn"),
+    "RankProcessDiedError": ".process.process_mode",
+    "FakeStore": ".fidelity.store",
+    **dict.fromkeys(("CollectiveRecord", "dump_flight_recorder", "flight_recorder_dump",
+                     "from_json", "to_json"), ".ops.trace"),
+}
+# submodules read as attributes: fakepg.compat (cuda_synchronize_noop() and other CPU shims),
+# fakepg.faults (crash / raise_in for spawn(faults=[...])), fakepg.suites (torch's
+# MultiProcessTestCase suites on the fake cluster), fakepg.strategies (loads hypothesis)
+_SUBMODULES = {"compat": ".fidelity.compat", "faults": ".choices.faults",
+               "suites": ".launch.suites", "strategies": ".choices.strategies"}
 
 __all__ = [
     "spawn", "SpawnResult", "explore", "ExplorationError", "ExplorationSummary", "CollectiveRecord", "BACKEND_NAME",
@@ -50,3 +54,37 @@ __all__ = [
     "FakeProcessGroup", "FakeWork", "WorldHooks", "per_rank_globals",
     "to_json", "from_json", "flight_recorder_dump", "dump_flight_recorder",
 ]
+
+
+def __getattr__(name: str) -> _Any:
+    if name in _SUBMODULES:
+        value = _importlib.import_module(_SUBMODULES[name], __name__)
+    elif name in _LAZY:
+        value = getattr(_importlib.import_module(_LAZY[name], __name__), name)
+    else:
+        raise AttributeError(f"module 'fakepg' has no attribute {name!r}")
+    globals()[name] = value  # later reads skip this function
+    _register_backend_once()
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__) | set(_SUBMODULES))
+
+
+_registered = False
+
+
+def _register_backend_once() -> None:
+    """Register the "fakepg" backend with torch.distributed (``init_process_group("fakepg")``
+    outside a world then says to use fakepg.spawn) once torch is loaded: at ``import fakepg``
+    where the program imported torch first (as programs that use it do), else when a name of
+    fakepg is first read after torch loaded (spawn registers it again before a world starts)."""
+    global _registered
+    if not _registered and "torch" in _sys.modules:
+        _registered = True
+        from .world.process_group import register_backend
+        register_backend()
+
+
+_register_backend_once()

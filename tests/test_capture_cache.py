@@ -194,8 +194,5 @@ def test_a_warm_whatif_builds_no_model_and_runs_no_capture_machinery(warm_module
     assert not loaded, f"a warm whatif loaded {loaded}"
 
 
-@pytest.mark.xfail(strict=True, reason="fakepg's package init imports torch (its errors, the "
-                   "backend it registers) and fakepg.ops' registry, which simddp's network "
-                   "models read for each collective's cost kind, is defined with torch")
 def test_a_warm_whatif_imports_no_torch(warm_modules):
     assert not warm_modules["torch"]

@@ -12,45 +12,63 @@ Layers above read ops from here (trace export, timing models, the recording proc
 Each op also owns its behaviour (see :class:`~fakepg.ops.base.Op`): local validation,
 the fingerprint members must agree on, bytes, written tensors, reference semantics, and
 the ``ProcessGroup`` methods that issue it. The ops live in family modules; to add one,
-define and ``register`` it (with its ``c10d_method`` entry points) in its family's module.
+define and ``register`` it (with its ``c10d_method`` entry points) in its family's module,
+and its names in :mod:`fakepg.ops.naming`.
+
+The names (``cost_kind``, ``COST_KINDS``) load without torch; the op objects, and torch with
+them, load when first asked for (``get``, ``lookup``, ``Op`` ...), so what reads only the names
+(simddp's network models replaying a saved capture) runs without torch.
 """
 
 from __future__ import annotations
 
-from .base import ALIASES as _ALIASES
-from .base import C10D_METHODS as _C10D_METHODS
-from .base import COST_KINDS, OPS as _OPS, Op, register
-from . import reduce, gather, alltoall, barrier, p2p  # noqa: E402,F401,I001  (they register their ops)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from . import naming
+from .naming import COST_KINDS, NAMES, cost_kind
+
+if TYPE_CHECKING:
+    from .base import Op, register
 
 __all__ = ["Op", "get", "lookup", "names", "cost_kind", "c10d_methods", "register", "COST_KINDS"]
+
+_FAMILIES = ("reduce", "gather", "alltoall", "barrier", "p2p")  # each registers its ops
+
+
+def _registry() -> Any:
+    """fakepg.ops.base with every family's ops registered (imports torch)."""
+    for family in _FAMILIES:
+        importlib.import_module(f".{family}", __name__)
+    return importlib.import_module(".base", __name__)
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Op", "register"):
+        return getattr(_registry(), name)
+    if name in _FAMILIES:  # ``ops.reduce`` ...: the family module, as after an eager import
+        _registry()
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'fakepg.ops' has no attribute {name!r}")
 
 
 def get(name: str) -> Op:
     """The op called ``name`` in fakepg's trace (``CollectiveRecord.op``)."""
     try:
-        return _OPS[name]
+        return _registry().OPS[name]
     except KeyError:
-        raise KeyError(f"unknown collective {name!r}; fakepg knows: {', '.join(sorted(_OPS))}") from None
+        raise KeyError(f"unknown collective {name!r}; fakepg knows: {', '.join(sorted(NAMES))}") from None
 
 
 def lookup(name: str) -> Op:
     """The op for ``name``: a trace name, a torch API name or a c10d method name."""
-    try:
-        return _ALIASES[name]
-    except KeyError:
-        raise ValueError(f"unknown collective {name!r}; use a torch.distributed name, one of: "
-                         f"{', '.join(sorted(_ALIASES))}") from None
+    return _registry().OPS[naming.lookup(name).name]
 
 
 def names() -> list[str]:
-    return list(_OPS)
-
-
-def cost_kind(name: str) -> str:
-    """The network cost formula for ``name`` (a trace name, torch API name or c10d method name)."""
-    return lookup(name).cost_kind
+    return list(NAMES)
 
 
 def c10d_methods() -> dict[str, object]:
     """``ProcessGroup`` method name -> ``fn(pg, *c10d args)`` that issues the op."""
-    return dict(_C10D_METHODS)
+    return dict(_registry().C10D_METHODS)

@@ -75,11 +75,8 @@ class AllToAllSingle(_AllToAll):
             d.result = list(d.outputs)
 
 
-ALL_TO_ALL = register(AllToAll("all_to_all", "all_to_all", "ALLTOALL", "all_to_all",
-                               ("alltoall", "all_to_all_inplace")))
-ALL_TO_ALL_SINGLE = register(AllToAllSingle(
-    "all_to_all_single", "all_to_all", "ALLTOALL_BASE", "all_to_all",
-    ("alltoall_base", "all_to_all_single_autograd", "permute_tensor")))
+ALL_TO_ALL = register(AllToAll.named("all_to_all"))
+ALL_TO_ALL_SINGLE = register(AllToAllSingle.named("all_to_all_single"))
 
 
 @c10d_method("alltoall")

@@ -19,8 +19,8 @@ class Barrier(Op):
             c.result = []
 
 
-BARRIER = register(Barrier("barrier", "barrier", "BARRIER", "barrier"))
-MONITORED_BARRIER = register(Barrier("monitored_barrier", "barrier", "BARRIER", "barrier"))
+BARRIER = register(Barrier.named("barrier"))
+MONITORED_BARRIER = register(Barrier.named("monitored_barrier"))
 
 
 @c10d_method("barrier")

@@ -17,13 +17,12 @@ import torch
 import torch.distributed as dist
 
 from ..torch_private import AutoDispatchBelowADInplaceOrView
+from .naming import NAMES
 from .reductions import DTYPE_LIMITED, check_supported
 
 if TYPE_CHECKING:
     from .matching import Call
 
-COST_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "gather",
-              "scatter", "all_to_all", "barrier", "p2p")
 
 Fingerprint = tuple  # ((property name, value), ...): what every member must agree on
 
@@ -40,6 +39,12 @@ class Op:
     aliases: tuple[str, ...] = ()  # torch API, c10d method and functional-API names
 
     p2p = False  # matched per (src, dst, tag) instead of by sequence number
+
+    @classmethod
+    def named(cls, name: str) -> "Op":
+        """The op ``name`` with this class's behaviour, called and costed as its row of
+        :mod:`fakepg.ops.naming` says."""
+        return cls(*NAMES[name])
 
     # -- one rank on its own --------------------------------------------------------
     def validate(self, call: "Call", group_size: int) -> str | None:

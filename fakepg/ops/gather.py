@@ -147,21 +147,13 @@ class Scatter(Op):
             c.result = list(c.outputs)
 
 
-BROADCAST = register(Broadcast("broadcast", "broadcast", "BROADCAST", "broadcast",
-                               ("broadcast_object_list",)))
-ALL_GATHER = register(AllGather(
-    "all_gather", "all_gather", "ALLGATHER", "all_gather",
-    ("allgather", "all_gather_coalesced", "allgather_coalesced", "all_gather_object",
-     "all_gather_inplace")))
-ALL_GATHER_INTO_TENSOR = register(AllGatherIntoTensor(
-    "all_gather_into_tensor", "_all_gather_base", "_ALLGATHER_BASE", "all_gather",
-    ("_allgather_base", "all_gather_single", "all_gather_tensor", "all_gather_tensor_autograd",
-     "all_gather_tensor_inplace", "all_gather_single_autograd")))
-ALL_GATHER_INTO_TENSOR_COALESCED = register(AllGatherIntoTensorCoalesced(
-    "all_gather_into_tensor_coalesced", "all_gather_into_tensor_coalesced", "ALLGATHER_COALESCED",
-    "all_gather", ("allgather_into_tensor_coalesced", "all_gather_single_coalesced")))
-GATHER = register(Gather("gather", "gather", "GATHER", "gather", ("gather_object",)))
-SCATTER = register(Scatter("scatter", "scatter", "SCATTER", "scatter", ("scatter_object_list",)))
+BROADCAST = register(Broadcast.named("broadcast"))
+ALL_GATHER = register(AllGather.named("all_gather"))
+ALL_GATHER_INTO_TENSOR = register(AllGatherIntoTensor.named("all_gather_into_tensor"))
+ALL_GATHER_INTO_TENSOR_COALESCED = register(
+    AllGatherIntoTensorCoalesced.named("all_gather_into_tensor_coalesced"))
+GATHER = register(Gather.named("gather"))
+SCATTER = register(Scatter.named("scatter"))
 
 
 # -- the ProcessGroup methods ------------------------------------------------------------

@@ -35,11 +35,8 @@ class PointToPoint(Op):
         send.result, recv.result = list(send.inputs), list(recv.inputs)
 
 
-SEND = register(PointToPoint("send", "send", "SEND", "p2p",
-                             ("isend", "isend_inplace", "batch_isend_irecv",
-                              "batch_p2p_ops_inplace", "send_object_list")))
-RECV = register(PointToPoint("recv", "recv", "RECV", "p2p",
-                             ("irecv", "irecv_inplace", "recv_anysource", "recv_object_list")))
+SEND = register(PointToPoint.named("send"))
+RECV = register(PointToPoint.named("recv"))
 
 
 @c10d_method("send")

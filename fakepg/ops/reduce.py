@@ -118,21 +118,13 @@ class ReduceScatterTensor(Op):
             c.result = list(c.outputs)
 
 
-ALL_REDUCE = register(AllReduce(
-    "all_reduce", "all_reduce", "ALLREDUCE", "all_reduce", ("allreduce", "all_reduce_inplace")))
-ALL_REDUCE_COALESCED = register(AllReduce(
-    "all_reduce_coalesced", "allreduce_coalesced", "ALLREDUCE_COALESCED", "all_reduce",
-    ("allreduce_coalesced",)))
-REDUCE = register(Reduce("reduce", "reduce", "REDUCE", "reduce"))
-REDUCE_SCATTER = register(ReduceScatter(
-    "reduce_scatter", "reduce_scatter", "REDUCE_SCATTER", "reduce_scatter"))
-REDUCE_SCATTER_TENSOR = register(ReduceScatterTensor(
-    "reduce_scatter_tensor", "_reduce_scatter_base", "_REDUCE_SCATTER_BASE", "reduce_scatter",
-    ("_reduce_scatter_base", "reduce_scatter_single", "reduce_scatter_tensor_autograd",
-     "reduce_scatter_tensor_inplace", "reduce_scatter_single_autograd")))
-REDUCE_SCATTER_TENSOR_COALESCED = register(ReduceScatterTensor(
-    "reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced",
-    "REDUCE_SCATTER_TENSOR_COALESCED", "reduce_scatter", ("reduce_scatter_single_coalesced",)))
+ALL_REDUCE = register(AllReduce.named("all_reduce"))
+ALL_REDUCE_COALESCED = register(AllReduce.named("all_reduce_coalesced"))
+REDUCE = register(Reduce.named("reduce"))
+REDUCE_SCATTER = register(ReduceScatter.named("reduce_scatter"))
+REDUCE_SCATTER_TENSOR = register(ReduceScatterTensor.named("reduce_scatter_tensor"))
+REDUCE_SCATTER_TENSOR_COALESCED = register(
+    ReduceScatterTensor.named("reduce_scatter_tensor_coalesced"))
 
 
 # -- the ProcessGroup methods (names as torch 2.11-2.13 call them) -------------------------

@@ -13,7 +13,7 @@ import pickle
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from .base import OPS as _OPS
+from .naming import NAMES
 
 
 @dataclass
@@ -101,7 +101,7 @@ def flight_recorder_dump(records: Iterable[CollectiveRecord], rank: int) -> dict
     entries = []
     pg_config: dict[str, dict[str, str]] = {}
     for rec in records:
-        op = _OPS.get(rec.op)
+        op = NAMES.get(rec.op)
         name = rec.op if op is None else op.fr_name  # named after the c10d C++ entry points
         if rec.p2p:
             me = rec.group_ranks.index(rec.rank)

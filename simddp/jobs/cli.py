@@ -61,6 +61,12 @@ def accumulation(global_batch: int, per_replica: int, parallel: str, world_size:
     return global_batch // at_once
 
 
+def _zoo_key(text: str) -> str | None:
+    from .models import zoo_key  # the zoo's names come with torch: asked only when needed
+
+    return zoo_key(text)
+
+
 def apply_job(args: argparse.Namespace, whatif: Callable[..., Any],
               err: TextIO | None = None) -> Any:
     """The workload for ``whatif``, ``args`` filled from the job config or the model options
@@ -79,21 +85,21 @@ def apply_job(args: argparse.Namespace, whatif: Callable[..., Any],
                              "(--torchtitan FILE, --megatron ARGS)")
         if local is not None and getattr(args, "batch_size", None) is not None:
             raise ValueError("give --local-batch or --batch-size, not both")
-        from .models import resolve_model, tp_refusal, zoo_key
-
         if _is_script(text):
             if seq_len is not None or local is not None:
                 raise ValueError(f"--seq-len and --local-batch size a model; {text} is a "
                                  f"script: give its scenario() those parameters")
             workload: Any = text
-        elif zoo_key(text) is not None and seq_len is None and local is None:
-            workload = zoo_key(text)  # the zoo's own path, either spelling
         elif text.endswith(".json") and seq_len is None and local is None and \
                 global_batch is None and not _wants_tp(args):
             # a config file as is: whatif resolves it, or finds its capture in the cache by
-            # the file's content without building it (no transformers)
+            # the file's content without building it (no transformers, no torch)
             workload = text
+        elif _zoo_key(text) is not None and seq_len is None and local is None:
+            workload = _zoo_key(text)  # the zoo's own path, either spelling
         else:
+            from .models import resolve_model, tp_refusal
+
             model = resolve_model(text, seq_len=seq_len, local_batch=local)
             if _wants_tp(args) and tp_refusal(model):
                 why = tp_refusal(model)

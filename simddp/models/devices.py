@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["DevicePreset", "DEVICES", "ALIASES", "GPU_FIELDS", "gpu_spec"]
 
@@ -50,17 +51,18 @@ class DevicePreset:
     memory_GiB: float | None = None
 
     def peak_tflops(self, dtype: torch.dtype) -> float:
-        if dtype in (torch.float16, torch.bfloat16):
+        name = str(dtype)  # by name: the presets load without torch (a warm whatif)
+        if name in ("torch.float16", "torch.bfloat16"):
             return self.fp16_tflops
-        if dtype in (torch.float64, torch.complex128):
+        if name in ("torch.float64", "torch.complex128"):
             return self.fp64_tflops
-        if dtype in _FP8_DTYPES and self.fp8_tflops:
+        if name in _FP8_DTYPES and self.fp8_tflops:
             return self.fp8_tflops
         return self.fp32_tflops  # fp32 and everything else (FLOP formulas exist for float ops)
 
 
-_FP8_DTYPES = frozenset(getattr(torch, n) for n in (
-    "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz") if hasattr(torch, n))
+_FP8_DTYPES = frozenset(f"torch.{n}" for n in (
+    "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"))
 _GIB = 2 ** 30
 
 

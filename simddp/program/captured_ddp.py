@@ -12,13 +12,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from fakepg.arguments import number
 
 from .captured_base import CaptureRecord
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["CapturedIteration", "ParamInfo", "RankProfile", "assign_buckets", "parse_indices"]
 
@@ -210,6 +211,8 @@ def _costs_scaled(costs: dict[str, float] | None, factor: float) -> dict[str, fl
 
 
 def _dtype(name: str) -> torch.dtype:
+    import torch  # here, not at the top: reading a capture needs no torch (a warm whatif)
+
     dt = getattr(torch, name, None)
     if not isinstance(dt, torch.dtype):
         raise ValueError(f"unknown dtype {name!r}")
@@ -231,6 +234,8 @@ def assign_buckets(params: Sequence[ParamInfo], ready_order: Sequence[int], *,
     not rebuild then): DDP's initial assignment, parameters in model order with limits
     ``[first, cap]`` (``[cap]`` when first ≥ cap), reversed.
     """
+    import torch  # here, not at the top: reading a capture needs no torch (a warm whatif)
+
     from ..compat import compute_bucket_assignment_by_size
 
     tensors = [torch.empty(p.shape, dtype=_dtype(p.dtype), device="meta") for p in params]
