@@ -23,6 +23,9 @@ Steps:
 3. one capture (:func:`simddp.replay.capture`, torch's real DDP on ``capture_ranks`` fake
    ranks), then one replay per configuration (:func:`simddp.sweep`'s rows), here or on
    an executor. Straggler ranks a world does not have are left out of that world's row.
+
+Step 2's plain step and calibration are :mod:`simddp.plain_step`'s; what each option applies
+to (refused otherwise) is :mod:`simddp.whatif_checks`'.
 """
 
 from __future__ import annotations
@@ -42,9 +45,13 @@ from .program.knobs import Config, Knobs
 from .program.parallel import UsageError
 from .program.registry import CaptureOptions
 from .sweep import Progress, run_configs
+from .plain_step import calibrate_compute, calibrated, step_phases, step_time
+from .whatif_checks import AC_POLICIES  # noqa: F401 - importable from here, as before
+from .whatif_checks import ac_policy, as_list, fitting, refuse_what_does_not_apply, with_options
 
 __all__ = ["whatif", "replay_grid", "load_workload", "step_time", "step_phases", "calibrate_compute",
            "network_for"]
+
 
 def load_workload(spec: Any, **overrides: Any) -> Any:
     """The scenario ``spec`` names: a ``Scenario`` as is, a zoo name, a ``.py`` script
@@ -109,81 +116,6 @@ def load_workload(spec: Any, **overrides: Any) -> Any:
     return zoo.get(spec, **overrides)
 
 
-def _plain_steps(scenario: Any, steps: int, device: str
-                 ) -> Callable[[int], list[dict[str, float]]]:
-    """Each step's phases (as the capture splits a DDP step): forward (zero_grad, forward,
-    loss), backward, optimizer."""
-    import torch  # here, not at import: a what-if whose capture is cached runs no torch
-
-    from .cosim.simulate import now
-
-    def run(rank: int) -> list[dict[str, float]]:
-        with torch.device(device):  # on meta a real-size model is built without storage
-            model = scenario.build_model()
-        opt = scenario.optimizer(model.parameters())
-        batches = scenario.inputs(0, 1, device=device)
-        phases = []
-        for i in range(steps):
-            t0 = now()
-            opt.zero_grad(set_to_none=True)
-            loss = scenario.step(model, batches[i % len(batches)])
-            t1 = now()
-            loss.backward()
-            t2 = now()
-            opt.step()
-            phases.append({"forward": t1 - t0, "backward": t2 - t1, "optimizer": now() - t2})
-        return phases
-    return run
-
-
-def step_phases(scenario: Any, compute: Any, *, device: str | None = None
-                ) -> dict[str, float]:
-    """Virtual seconds of one rank's training step without DDP under ``compute`` (the second
-    of two steps), per phase: forward, backward, optimizer. ``device``: "cpu" (the default:
-    the device the capture runs on, so the plain step runs the very ops the DDP step runs —
-    on "meta" some ops decompose differently, e.g. attention, and a transformer's step came
-    out 15 % apart) or "meta" (shapes only, no arithmetic)."""
-    from .cosim.meta import in_meta_scope
-    from .cosim.simulate import simulate
-
-    timing = Timing(compute=compute)
-    device = device or "cpu"
-    # under the capture's meta scope, so the plain step runs the ops the capture runs
-    res = simulate(in_meta_scope(device, _plain_steps(scenario, 2, device)), (), 1,
-                   timing=timing, seed=0)
-    return dict(res.returns[0][-1])
-
-
-def step_time(scenario: Any, compute: Any, *, device: str | None = None) -> float:
-    """Virtual seconds one rank's training step takes without DDP under ``compute`` (the
-    second of two steps; see :func:`step_phases`)."""
-    ph = step_phases(scenario, compute, device=device)
-    return ph["forward"] + ph["backward"] + ph["optimizer"]
-
-
-def calibrate_compute(scenario: Any, compute: Any, seconds: float) -> tuple[Any, float]:
-    """``compute`` scaled so that :func:`step_time` is ``seconds``; returns (model, factor)."""
-    model, factor, _ = _calibrated(scenario, compute, seconds)
-    return model, factor
-
-
-def _calibrated(scenario: Any, compute: Any, seconds: float, device: str | None = None
-                ) -> tuple[Any, float, dict[str, float]]:
-    """:func:`calibrate_compute`, and the plain step's phases under the scaled model (each
-    op's time × factor, so the phases scale with it); ``device``: :func:`step_phases`'s
-    ("meta" for a real-size workload)."""
-    if not seconds > 0:
-        raise ValueError(f"step_time must be > 0 seconds, got {seconds!r}")
-    phases = step_phases(scenario, compute, device=device)
-    modelled = sum(phases.values())
-    if not modelled > 0:
-        raise ValueError(f"the compute model {compute!r} charges nothing for a step of "
-                         f"{getattr(scenario, 'name', scenario)!r}, so it cannot be scaled "
-                         f"to {seconds} s")
-    factor = seconds / modelled
-    return compute.scaled(factor), factor, {k: v * factor for k, v in phases.items()}
-
-
 def network_for(spec: Any, gpus_per_node: int | None = None,
                 contention: Any = "keep") -> NetworkModel:
     """A network model from a preset name or a ``simddp calibrate --json`` file
@@ -207,10 +139,6 @@ def network_for(spec: Any, gpus_per_node: int | None = None,
     return net.with_(contention=contention)
 
 
-def _as_list(v: Any) -> list[Any]:
-    return list(v) if isinstance(v, (list, tuple, range)) else [v]
-
-
 def replay_grid(captured: Any, *, world_size: Any, network: Any = "ib-ndr",
                 gpus_per_node: int | None = None, bucket_cap_mb: Any = None,
                 comm_hook: Any = None, rank_speed: Mapping[int, float] | None = None,
@@ -222,14 +150,14 @@ def replay_grid(captured: Any, *, world_size: Any, network: Any = "ib-ndr",
     single values), stragglers ``rank_speed`` applied where the world has those ranks;
     ``contention``: see :func:`network_for`; ``knobs``: other :func:`~simddp.replay.replay`
     keywords (single values)."""
-    nets = [network_for(n, gpus_per_node, contention) for n in _as_list(network)]
+    nets = [network_for(n, gpus_per_node, contention) for n in as_list(network)]
     speeds = dict(rank_speed or {})
     base = Knobs.of(**knobs)  # an unknown knob fails before any replay
     configs = []
-    for n in _as_list(world_size):
+    for n in as_list(world_size):
         for net in nets:
-            for cap_mb in _as_list(bucket_cap_mb):
-                for hook in _as_list(comm_hook):
+            for cap_mb in as_list(bucket_cap_mb):
+                for hook in as_list(comm_hook):
                     configs.append(Config(n, net, base.replace(
                         bucket_cap_mb=cap_mb, comm_hook=hook,
                         rank_speed={r: s for r, s in speeds.items() if r < n})))
@@ -252,7 +180,7 @@ def _pipeline_variants(workload: Any, par: Any, schedules: Any, microbatches: An
     from .program.schedules import schedule_class
 
     out = []
-    for name in _as_list(schedules) if schedules is not None else ["1F1B"]:
+    for name in as_list(schedules) if schedules is not None else ["1F1B"]:
         single = issubclass(schedule_class(name), PipelineScheduleSingle)
         if single and stages_per_rank not in (None, 1):
             raise UsageError(f"--stages-per-rank {stages_per_rank}: {name} runs one stage per "
@@ -262,7 +190,7 @@ def _pipeline_variants(workload: Any, par: Any, schedules: Any, microbatches: An
         v = 1 if single else (stages_per_rank or 2)
         # the fewest microbatches every schedule takes at this depth (DualPipeV: one a stage)
         cap_m = max(2, par.pp * (v if "dualpipe" in name.lower() else 1))
-        counts = _as_list(microbatches) if microbatches is not None else [cap_m]
+        counts = as_list(microbatches) if microbatches is not None else [cap_m]
         by_size: dict[int, list[int]] = {}
         for m in counts:
             if batch_size is not None and batch_size % m:
@@ -279,113 +207,6 @@ def _pipeline_variants(workload: Any, par: Any, schedules: Any, microbatches: An
             out.append((batch, opts, [dict(pp_schedule=name, microbatches=m,
                                               stages_per_rank=v) for m in ms]))
     return out
-
-
-def _fitting(spec: Any, worlds: list[int], say: Callable[[str], None]) -> tuple[Any, list[int]]:
-    """The layout ``spec`` parses to and the world sizes it fits; a malformed spec raises its
-    own reason, a spec no world fits raises every world's reason."""
-    from .program.parallel import Parallel
-
-    Parallel.fixed_world_size(spec)  # the grammar: its errors hold for every world size
-    fits, reasons, par = [], {}, None
-    for n in worlds:
-        try:
-            p = Parallel.parse(spec, n)
-        except ValueError as e:
-            say(f"{spec} at {n} ranks left out: {e}")
-            reasons[n] = str(e)
-            continue
-        par = par or p
-        fits.append(n)
-    if not fits:
-        why = "; ".join(f"{n} ranks: {r}" for n, r in reasons.items())
-        raise UsageError(f"--parallel {spec}: no world size of {worlds} fits it ({why})")
-    return par, fits
-
-
-def _refuse_what_does_not_apply(spec: Any, par: Any, given: Mapping[str, Any]) -> None:
-    """Every option given applies to layout ``par``, or this raises naming the option, the
-    layout and what it applies to (nothing is ignored in silence)."""
-    def no(flag: str, applies: str) -> None:
-        raise UsageError(f"--parallel {spec}: {flag} applies to {applies}, not to this layout")
-
-    owner = par.owner().name
-    fsdp = par.data in ("fsdp", "hsdp")
-    if par.pp == 1:
-        for flag in ("pp_schedule", "microbatches", "stages_per_rank"):
-            if given.get(flag) is not None:
-                no(f"--{flag.replace('_', '-')}", "pipeline layouts (pp:P,...)")
-    if not fsdp:
-        for flag in ("reshard_after_forward", "reduce_dtype"):
-            if given.get(flag) is not None:
-                no(f"--{flag.replace('_', '-')}", "FSDP2 layouts (fsdp, hsdp:S, dp, zero1-3, "
-                   "distributed-optimizer)" + ("; DDP reduces in its comm hook's dtype "
-                                                "(--comm-hook bf16)" if flag == "reduce_dtype"
-                                                else ""))
-        for flag in ("forward_prefetch", "backward_prefetch"):
-            if given.get(flag) not in (None, 1):
-                no(f"--{flag.replace('_', '-')}", "FSDP2 layouts")
-    if owner != "ddp":
-        for flag in ("bucket_cap_mb", "comm_hook"):
-            if any(v is not None for v in _as_list(given.get(flag))):
-                no(f"--{flag.replace('_', '-')}", "DDP layouts (its Reducer's buckets)")
-        if given.get("capture_ranks") not in (None, 1):
-            no("--capture-ranks", "DDP layouts (the other layouts capture the mesh they need)")
-    raf = given.get("reshard_after_forward")
-    if par.reshard_after_forward is not None and raf is not None and \
-            any(bool(r) != par.reshard_after_forward for r in _as_list(raf)):
-        raise UsageError(f"--parallel {spec}: {par.flavour} runs FSDP2 with "
-                         f"reshard_after_forward={par.reshard_after_forward}; "
-                         f"--reshard-after-forward {raf} contradicts it")
-    if given.get("param_dtype") is not None and par.pp > 1 and not fsdp:
-        no("--param-dtype", "pipelines with FSDP2 inside their stages (pp:P,fsdp:N or "
-           "pp:P,dp:N: its MixedPrecisionPolicy)")
-    if given.get("sequence_parallel") is False and par.tp == 1:
-        no("--no-sequence-parallel", "layouts with tensor parallelism (tp:T)")
-    if given.get("async_tp") and par.tp == 1:
-        no("--async-tp", "layouts with tensor parallelism (tp:T)")
-
-
-# activation checkpointing policies (torchtitan's): full, selective-op, selective-layer:N, none
-AC_POLICIES = ("full", "selective-op", "selective-layer:N", "none")
-
-
-def _ac_policy(value: Any) -> str | None:
-    """``activation_checkpointing`` as a policy name (None: none): True is "full" (the flag
-    before policies existed), False/None/"none" none; a bad name lists the policies."""
-    if value is None or value is False or value == "none":
-        return None
-    if value is True or value == "full":
-        return "full"
-    text = str(value).strip().lower()
-    if text == "selective-op":
-        return text
-    name, _, every = text.partition(":")
-    if name == "selective-layer" and every.isdigit() and int(every) >= 1:
-        return f"selective-layer:{int(every)}"
-    raise UsageError(f"activation checkpointing {value!r}: give one of "
-                     f"{', '.join(AC_POLICIES)} (selective-layer:N checkpoints every N-th "
-                     f"block, N ≥ 1)")
-
-
-_OPTION_WORDS = {"compile": "torch.compile", "float8": "Float8 training",
-                 "async_tp": "async tensor parallelism"}
-
-
-def _with_options(model: Any, **options: bool) -> Any:
-    """``model`` with the options the user switched on (``compile``, ``float8``,
-    ``async_tp``) applied through its ``with_options``; a model without one refuses them:
-    an option is modelled or refused, never ignored."""
-    on = {k: v for k, v in options.items() if v}
-    if not on:
-        return model
-    apply = getattr(model, "with_options", None)
-    if apply is None:
-        raise UsageError(f"{', '.join('--' + k.replace('_', '-') for k in on)}: the compute model "
-                         f"({type(model).__name__}) does not model "
-                         f"{' or '.join(_OPTION_WORDS[k] for k in on)} yet, so simddp cannot "
-                         f"answer for it")
-    return apply(**on)
 
 
 def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
@@ -451,9 +272,9 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
     from .program.registry import CaptureRequest
 
     say = status or (lambda text: None)
-    specs = _as_list(parallel) if parallel is not None else ["ddp"]
-    worlds_all = _as_list(world_size)
-    layouts = [(spec, *_fitting(spec, worlds_all, say)) for spec in specs]
+    specs = as_list(parallel) if parallel is not None else ["ddp"]
+    worlds_all = as_list(world_size)
+    layouts = [(spec, *fitting(spec, worlds_all, say)) for spec in specs]
     given = dict(reshard_after_forward=reshard_after_forward, reduce_dtype=reduce_dtype,
                  param_dtype=param_dtype,
                  forward_prefetch=forward_prefetch, backward_prefetch=backward_prefetch,
@@ -465,13 +286,13 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
         why = par.not_replayed()
         if why:
             raise UsageError(f"--parallel {spec}: {why}")
-        _refuse_what_does_not_apply(spec, par, given)
-    ac = _ac_policy(activation_checkpointing)
+        refuse_what_does_not_apply(spec, par, given)
+    ac = ac_policy(activation_checkpointing)
     # FSDP2's default prefetch (one unit ahead); None above meant "not given"
     forward_prefetch = 1 if forward_prefetch is None else forward_prefetch
     backward_prefetch = 1 if backward_prefetch is None else backward_prefetch
     enabled = enabled_by_default() if cache is None else bool(cache)
-    first_net = network_for(_as_list(network)[0], gpus_per_node, contention)
+    first_net = network_for(as_list(network)[0], gpus_per_node, contention)
     built: dict[str, Any] = {}  # the workload, compute model and device: built on first need
 
     def workload_and_model() -> tuple[Any, Any, str]:
@@ -483,10 +304,10 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
             if compute is None:  # the default: kernels as they run, torch.compile/Float8 priced
                 from .models import Compute
 
-                built["model"] = _with_options(Compute.kernels(gpu, compile=compile,
+                built["model"] = with_options(Compute.kernels(gpu, compile=compile,
                                                                float8=float8), async_tp=async_tp)
             else:
-                built["model"] = _with_options(compute, compile=compile, float8=float8,
+                built["model"] = with_options(compute, compile=compile, float8=float8,
                                                async_tp=async_tp)
             built["sc"] = sc
         return built["sc"], built["model"], built["device"]
@@ -498,7 +319,7 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
     if step_time_s is not None:
         say(f"calibrating compute: one rank's step without DDP = {step_time_s * 1e3:g} ms")
         sc, model, device = workload_and_model()
-        built["model"], factor, plain = _calibrated(sc, model, step_time_s,
+        built["model"], factor, plain = calibrated(sc, model, step_time_s,
                                                     device if device == "meta" else None)
     if gpu_memory_gb is None and compute is None:
         from .models.devices import gpu_spec
@@ -539,7 +360,7 @@ def whatif(workload: Any, *, world_size: Any, network: Any = "ib-ndr",
                          [dict(reshard_after_forward=bool(raf),
                                forward_prefetch=forward_prefetch,
                                backward_prefetch=backward_prefetch)])
-                        for raf in (_as_list(reshard_after_forward)
+                        for raf in (as_list(reshard_after_forward)
                                     if reshard_after_forward is not None else [True])]
         elif owner.data in ("fsdp", "hsdp") or owner.name == "cp":
             variants = [(None, base.replace(reshard_after_forward=par.reshard_after_forward),

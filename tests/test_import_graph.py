@@ -278,8 +278,9 @@ def test_rooms_import_only_their_own_room_and_the_rooms_below() -> None:
 # program layer writes; the models and the analysis know nothing of either.
 SIMDDP_LAYERS = (
     ("simddp", "simddp.__main__", "simddp.cli", "simddp.cli_args", "simddp.cli_plan",
-     "simddp.cli_calibrate"),
-    ("simddp.whatif", "simddp.sweep", "simddp.measure", "simddp.exploration", "simddp.strategies",
+     "simddp.cli_calibrate", "simddp.cli_flags", "simddp.cli_output"),
+    ("simddp.whatif", "simddp.whatif_checks", "simddp.plain_step", "simddp.sweep",
+     "simddp.measure", "simddp.exploration", "simddp.strategies",
      "simddp.jobs", "simddp.plan", "simddp.cache", "simddp.capture_cache",
      "simddp.parallelisms"),
     ("simddp.cosim", "simddp.replay"),
