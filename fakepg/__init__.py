@@ -13,9 +13,10 @@ Example::
     print(result.summary())
 """
 
-import importlib as _importlib
 import sys as _sys
 from typing import Any as _Any
+
+from .lazy import lazy_names as _lazy_names
 
 # name -> the module that defines it, imported on first use (PEP 562): ``import fakepg`` loads
 # no torch, so what reads only its torch-free modules (simddp's network models read
@@ -56,20 +57,13 @@ __all__ = [
 ]
 
 
+_lazy_getattr, __dir__ = _lazy_names(__name__, _LAZY, _SUBMODULES)
+
+
 def __getattr__(name: str) -> _Any:
-    if name in _SUBMODULES:
-        value = _importlib.import_module(_SUBMODULES[name], __name__)
-    elif name in _LAZY:
-        value = getattr(_importlib.import_module(_LAZY[name], __name__), name)
-    else:
-        raise AttributeError(f"module 'fakepg' has no attribute {name!r}")
-    globals()[name] = value  # later reads skip this function
+    value = _lazy_getattr(name)
     _register_backend_once()
     return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__) | set(_SUBMODULES))
 
 
 _registered = False

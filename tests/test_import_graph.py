@@ -250,7 +250,7 @@ def test_no_fakepg_module_reaches_for_another_modules_private_names() -> None:
 # (type-only imports aside). The world runs checks it is handed (world/checks.py) and never
 # names one, so fidelity sits above it; a launcher hands the rank processes what they start.
 ROOMS = ("base", "ops", "choices", "world", "fidelity", "process", "launch", "top", "conformance")
-_BASE = ("errors", "arguments", "sites", "torch_private")
+_BASE = ("errors", "arguments", "sites", "torch_private", "lazy")
 
 
 def room_of(module: str) -> str:

@@ -4,8 +4,7 @@ shape) and a whole job from the config the user trains with (:func:`read_torchti
 :func:`read_megatron`) — a :class:`Job`, with everything simddp does not model listed in
 ``Job.not_modelled``. See docs/configurations.md."""
 
-import importlib as _importlib
-from typing import Any as _Any
+from fakepg.lazy import lazy_names
 
 from .job import AC_MODES, KNOBS, Job
 
@@ -18,13 +17,4 @@ __all__ = ["Job", "KNOBS", "AC_MODES", "ModelScenario", "resolve_model", "canoni
            "read_torchtitan", "read_megatron"]
 
 
-def __getattr__(name: str) -> _Any:
-    if name in _LAZY:
-        value = getattr(_importlib.import_module(_LAZY[name], __name__), name)
-        globals()[name] = value  # later reads skip this function
-        return value
-    raise AttributeError(f"module 'simddp.jobs' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)
