@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 
 from . import cli_args as A
 
-__all__ = ["grid_flags", "grid_kwargs", "cost_knobs", "Parser", "whatif_epilog"]
+__all__ = ["grid_flags", "executor_flags", "grid_kwargs", "cost_knobs", "Parser", "whatif_epilog"]
 
 
 def _networks(text: str) -> list[str]:
@@ -152,14 +152,19 @@ def grid_flags(p: argparse.ArgumentParser, *, world_default: str | None) -> None
     o = p.add_argument_group("output and execution")
     o.add_argument("--out", metavar="DIR", help="write rows.csv and plots here")
     o.add_argument("--json", metavar="FILE", help="write the rows as JSON")
-    o.add_argument("--workers", type=A.integer(1, 1024), default=None,
-                   help="replay on a local pool of N processes")
-    o.add_argument("--dask", metavar="SCHEDULER_ADDRESS",
-                   help="replay on a Dask distributed cluster, e.g. tcp://10.0.0.5:8786")
+    executor_flags(o)
     o.add_argument("--no-progress", action="store_true", help="no progress display")
     o.add_argument("--no-cache", action="store_true",
                    help="capture afresh, bypassing the capture cache ($SIMDDP_CACHE_DIR, else "
                         "~/.cache/simddp)")
+
+
+def executor_flags(g: Any) -> None:
+    """--workers and --dask: where the replays run (cli.py's ``_executor`` reads them)."""
+    g.add_argument("--workers", type=A.integer(1, 1024), default=None,
+                   help="replay on a local pool of N processes")
+    g.add_argument("--dask", metavar="SCHEDULER_ADDRESS",
+                   help="replay on a Dask distributed cluster, e.g. tcp://10.0.0.5:8786")
 
 
 def _world_sizes(args: argparse.Namespace) -> list[int]:
