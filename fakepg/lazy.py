@@ -15,12 +15,20 @@ def lazy_names(package: str, names: Mapping[str, str], submodules: Mapping[str, 
                ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """The module ``__getattr__`` and ``__dir__`` of ``package``: ``names`` maps a public name
     to the module (relative to ``package``) that defines it, ``submodules`` an attribute to the
-    module it is. A name is imported on its first read and then kept in the package, so later
-    reads skip ``__getattr__``."""
+    module it is; any other name is the package's submodule of that name, if it has one (as
+    after the eager imports this replaces: ``fakepg.ops`` with only ``import fakepg``). A name
+    is imported on its first read and then kept in the package, so later reads skip
+    ``__getattr__``."""
     def __getattr__(name: str) -> Any:
         if name in submodules:
             return importlib.import_module(submodules[name], package)
         if name not in names:
+            if not name.startswith("__"):
+                try:
+                    return importlib.import_module(f"{package}.{name}")
+                except ModuleNotFoundError as e:
+                    if e.name != f"{package}.{name}":
+                        raise
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         value = getattr(importlib.import_module(names[name], package), name)
         setattr(sys.modules[package], name, value)
