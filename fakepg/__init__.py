@@ -62,7 +62,8 @@ _lazy_getattr, __dir__ = _lazy_names(__name__, _LAZY, _SUBMODULES)
 
 def __getattr__(name: str) -> _Any:
     value = _lazy_getattr(name)
-    _register_backend_once()
+    if name in _LAZY:  # a public name (fakepg's own modules import submodules, never these)
+        _register_backend_once()
     return value
 
 
