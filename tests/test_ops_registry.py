@@ -140,3 +140,24 @@ def test_bytes_are_counted_as_nccl_tests_counts_them():
         "all_reduce": 16, "all_gather": 64, "all_gather_into_tensor": 64, "reduce_scatter": 64,
         "reduce_scatter_tensor": 64, "gather": 64, "scatter": 64, "all_to_all_single": 64,
         "barrier": 0}
+
+
+def test_op_names_read_without_torch_and_public_names_load_it_and_register_the_backend():
+    """``import fakepg`` and the ops' names and cost kinds (what simddp's network models read
+    replaying a saved capture) load no torch; every public name still resolves, and reading one
+    once torch is loaded registers the "fakepg" backend, as the eager package did."""
+    import subprocess
+    import sys
+
+    code = ("import sys, fakepg\n"
+            "from fakepg import ops\n"
+            "assert ops.cost_kind('isend') == 'p2p' and 'all_gather' in ops.COST_KINDS\n"
+            "assert ops.names()[0] == 'all_reduce'\n"
+            "assert 'torch' not in sys.modules, 'torch loaded'\n"
+            "import torch.distributed as dist\n"
+            "assert all(hasattr(fakepg, n) for n in fakepg.__all__)\n"
+            "assert 'fakepg' in dist.Backend.backend_list\n"
+            "assert fakepg.ops.get('send').fr_name == 'send'\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
