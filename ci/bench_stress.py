@@ -205,22 +205,29 @@ def _programs():
 
 
 def _worker(n: int, start: int) -> dict:
-    """Run ``n`` worlds (program and mode by index); count outcomes."""
+    """Run ``n`` worlds (program and mode by index); count outcomes, each world with the
+    1-minute load average read as it starts."""
     import fakepg
-    counts = {"worlds": 0, "process_worlds": 0, "false_hangs": 0, "failures": 0, "examples": []}
+    counts: dict = {"worlds": [], "false_hangs": 0, "failures": 0, "examples": []}
     progs = _programs()
     for i in range(start, start + n):
         name, fn, args, nprocs, isolation = progs[i % len(progs)]
+        load = os.getloadavg()[0]
+        outcome = "ok"
         try:
             fakepg.spawn(fn, args=args, nprocs=nprocs, isolation=isolation, timeout=120)
         except (fakepg.CollectiveHangError, fakepg.SpawnTimeoutError) as e:
+            outcome = "false_hang"
             counts["false_hangs"] += 1
-            counts["examples"].append(f"{name} [{isolation}]: {type(e).__name__}: {str(e)[:1500]}")
+            counts["examples"].append(f"{name} [{isolation}] at load {load:.1f}: "
+                                      f"{type(e).__name__}: {str(e)[:1500]}")
         except Exception as e:  # noqa: BLE001 - counted and shown
+            outcome = "failure"
             counts["failures"] += 1
-            counts["examples"].append(f"{name} [{isolation}]: {type(e).__name__}: {str(e)[:1500]}")
-        counts["worlds"] += 1
-        counts["process_worlds"] += isolation == "process"
+            counts["examples"].append(f"{name} [{isolation}] at load {load:.1f}: "
+                                      f"{type(e).__name__}: {str(e)[:1500]}")
+        counts["worlds"].append([f"{name} [{isolation}]", round(load, 2), outcome])
+        print("world " + json.dumps(counts["worlds"][-1]), file=_ERR[0], flush=True)
     return counts
 
 
@@ -283,14 +290,28 @@ def _hog() -> None:
         pass
 
 
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2 if xs else 0.0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--worlds", type=int, default=500)
-    ap.add_argument("--load", type=float, default=4.0, help="CPU hogs per core")
+    ap.add_argument("--worlds", type=int, default=500,
+                    help="program worlds to run at or above the load bar")
+    ap.add_argument("--load", type=float, default=4.0,
+                    help="the load bar, x the cores: only program worlds started while the "
+                         "1-minute load average was at or above it count")
+    ap.add_argument("--hogs", type=int, default=None,
+                    help="CPU hogs (default: the bar rounded up, plus 2, so that the hogs "
+                         "alone hold the load above it)")
+    ap.add_argument("--warmup", type=float, default=300.0,
+                    help="seconds to wait for the load to reach the bar before the first world")
     ap.add_argument("--batch", type=int, default=50, help="worlds per worker process")
-    ap.add_argument("--suite-every", type=int, default=3,
+    ap.add_argument("--suite-every", type=int, default=0,
                     help="run the suite's tests (SUITE) after every N program batches; 0: never")
-    ap.add_argument("--budget", type=float, default=540.0, help="seconds; stop starting batches after")
+    ap.add_argument("--budget", type=float, default=2700.0,
+                    help="seconds; stop starting batches after")
     ap.add_argument("--suite-only", action="store_true", help="run only the suite's tests")
     ap.add_argument("--worker-timeout", type=float, default=900.0,
                     help="seconds a worker may take; past it its threads' stacks are dumped and "
@@ -306,35 +327,48 @@ def main(argv: list[str] | None = None) -> int:
         print("\n" + json.dumps(counts))
         return 0
     cores = os.cpu_count() or 1
-    hogs = [multiprocessing.Process(target=_hog, daemon=True) for _ in range(int(args.load * cores))]
+    bar = args.load * cores
+    n_hogs = args.hogs if args.hogs is not None else int(-(-bar // 1)) + 2
+    hogs = [multiprocessing.Process(target=_hog, daemon=True) for _ in range(n_hogs)]
+    t0 = time.monotonic()
     for h in hogs:
         h.start()
-    t0 = time.monotonic()
+    while os.getloadavg()[0] < bar and time.monotonic() - t0 < args.warmup:
+        time.sleep(1.0)
+    warm = time.monotonic() - t0
+    print(f"cores {cores}, CPU hogs {n_hogs}; load bar {bar:g} ({args.load:g}x the cores); "
+          f"warm-up {warm:.0f} s (1-minute load {os.getloadavg()[0]:.1f})", flush=True)
     keys = ("worlds", "process_worlds", "false_hangs", "failures")
-    programs = {k: 0 for k in keys}
+    worlds: list[list] = []  # [kind, load as it started, outcome] per program world
     suite = {**{k: 0 for k in keys}, "tests": 0, "runs": 0}
     crashes = hung = 0
     examples: list[str] = []
-    loads: list[float] = []
+    loads: list[float] = []  # the 1-minute load after each batch (suite runs included)
+
+    def counted() -> int:
+        return sum(1 for _, load, _o in worlds if load >= bar)
+
     try:
         start = batches = 0
-        while programs["worlds"] + suite["worlds"] < args.worlds and time.monotonic() - t0 < args.budget:
+        while counted() < args.worlds and time.monotonic() - t0 < args.budget:
             run_suite = args.suite_only or (args.suite_every > 0 and
                                              batches % (args.suite_every + 1) == args.suite_every)
             batches += 1
             if run_suite:
                 cmd = ["--suite-worker"]
             else:
-                n = min(args.batch, args.worlds - programs["worlds"] - suite["worlds"])
-                cmd = ["--worker", str(n), str(start)]
-                start += n
+                cmd = ["--worker", str(args.batch), str(start)]
+                start += args.batch
             proc = subprocess.run([sys.executable, os.path.abspath(__file__), *cmd,
                                    "--worker-timeout", str(args.worker_timeout)],
                                   capture_output=True, text=True, cwd=_ROOT,
                                   env={**os.environ, "PYTHONPATH": _ROOT})
             loads.append(os.getloadavg()[0])
+            err = proc.stderr
+            if not run_suite:  # every world that ended, even in a worker that crashed later
+                worlds += [json.loads(ln[len("world "):]) for ln in err.splitlines()
+                           if ln.startswith("world ")]
             if proc.returncode != 0:
-                err = proc.stderr
                 hung_here = "Timeout (" in err  # faulthandler's dump_traceback_later
                 hung += hung_here
                 crashes += not hung_here
@@ -347,33 +381,45 @@ def main(argv: list[str] | None = None) -> int:
                 examples.append(f"{'suite' if run_suite else 'program'} worker "
                                 f"{'hung' if hung_here else 'exit status ' + str(proc.returncode)}"
                                 f" {' '.join(last)}: {err[-3000:]}")
-                continue
-            got = json.loads(proc.stdout.strip().splitlines()[-1])
-            into = suite if run_suite else programs
-            for k in keys + (("tests",) if run_suite else ()):
-                into[k] += got[k]
-            suite["runs"] += run_suite
-            examples += got["examples"]
+            else:
+                got = json.loads(proc.stdout.strip().splitlines()[-1])
+                if run_suite:
+                    for k in keys + ("tests",):
+                        suite[k] += got[k]
+                    suite["runs"] += 1
+                examples += got["examples"]
+            print(f"  {time.monotonic() - t0:5.0f} s: {len(worlds)} program worlds "
+                  f"({counted()} at the bar), suite worlds {suite['worlds']}; load "
+                  f"{loads[-1]:.1f}; crashed {crashes}, hung {hung}", flush=True)
     finally:
         for h in hogs:
             h.kill()
     wall = time.monotonic() - t0
-    worlds = programs["worlds"] + suite["worlds"]
-    false_hangs = programs["false_hangs"] + suite["false_hangs"]
-    failures = programs["failures"] + suite["failures"]
-    print(f"cores {cores}, CPU hogs {len(hogs)} ({args.load:g} per core); 1-minute load average "
-          f"during the run: min {min(loads, default=0):.1f}, max {max(loads, default=0):.1f} "
-          f"({max(loads, default=0) / cores:.1f}x the cores)")
-    print(f"program worlds {programs['worlds']} ({programs['process_worlds']} in process mode); "
-          f"suite: {suite['runs']} runs, {suite['tests']} tests, {suite['worlds']} worlds "
-          f"({suite['process_worlds']} in process mode)")
-    print(f"worlds {worlds} in {wall:.0f} s; false hang verdicts {false_hangs}; "
-          f"other failures {failures}; crashed workers {crashes}; hung workers {hung}")
+    at_bar = [w for w in worlds if w[1] >= bar]
+    world_loads = [w[1] for w in worlds]
+    false_hangs = sum(w[2] == "false_hang" for w in worlds) + suite["false_hangs"]
+    failures = sum(w[2] == "failure" for w in worlds) + suite["failures"]
+    print(f"1-minute load average as program worlds started: min {min(world_loads, default=0):.1f}, "
+          f"median {_median(world_loads):.1f}, max {max(world_loads, default=0):.1f} "
+          f"(bar {bar:g}); after each batch: min {min(loads, default=0):.1f}, "
+          f"max {max(loads, default=0):.1f}")
+    print(f"program worlds {len(worlds)}, {len(at_bar)} of them at load >= {bar:g} "
+          f"({sum(w[0].endswith('[process]') for w in at_bar)} in process mode); per kind "
+          f"(at the bar / all, false hang verdicts, other failures):")
+    for kind in dict.fromkeys(w[0] for w in worlds):
+        mine = [w for w in worlds if w[0] == kind]
+        print(f"  {kind:<42} {sum(w[1] >= bar for w in mine):4d} / {len(mine):4d}  "
+              f"{sum(w[2] == 'false_hang' for w in mine)}  {sum(w[2] == 'failure' for w in mine)}")
+    if suite["runs"] or suite["worlds"]:
+        print(f"suite: {suite['runs']} runs, {suite['tests']} tests, {suite['worlds']} worlds "
+              f"({suite['process_worlds']} in process mode)")
+    print(f"wall {wall:.0f} s; false hang verdicts {false_hangs}; other failures {failures}; "
+          f"crashed workers {crashes}; hung workers {hung}")
     for e in examples[:10]:
         print("  " + e.replace("\n", " | "))
     ok = false_hangs == 0 and crashes == 0 and failures == 0 and hung == 0
-    print("target (0 false hangs, 0 crashes, 0 hangs, >= 500 worlds):",
-          "met" if ok and worlds >= 500 else "NOT met")
+    print(f"target (0 false hangs, 0 crashes, 0 hangs, >= {args.worlds} program worlds at load "
+          f">= {bar:g}):", "met" if ok and len(at_bar) >= args.worlds else "NOT met")
     return 0 if ok else 1
 
 
