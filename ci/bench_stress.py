@@ -250,11 +250,12 @@ class _SuiteCounter:
     def __init__(self) -> None:
         import fakepg.launch.spawn as spawn_module
         self.counts = {"worlds": 0, "process_worlds": 0, "tests": 0, "false_hangs": 0,
-                       "failures": 0, "examples": []}
+                       "failures": 0, "examples": [], "loads": []}
         original = spawn_module._run_world
 
         def counting(*a, **k):
             self.counts["worlds"] += 1
+            self.counts["loads"].append(round(os.getloadavg()[0], 2))  # as the world starts
             isolation = k.get("isolation", a[13] if len(a) > 13 else "thread")
             self.counts["process_worlds"] += isolation == "process"
             return original(*a, **k)
@@ -343,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     keys = ("worlds", "process_worlds", "false_hangs", "failures")
     worlds: list[list] = []  # [kind, load as it started, outcome] per program world
     suite = {**{k: 0 for k in keys}, "tests": 0, "runs": 0}
+    suite_loads: list[float] = []  # the 1-minute load as each suite world started
     crashes = hung = 0
     examples: list[str] = []
     loads: list[float] = []  # the 1-minute load after each batch (suite runs included)
@@ -380,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
                     got = json.loads(partial[0][len("counts "):])
                     for k in keys + ("tests",):
                         suite[k] += got[k]
+                    suite_loads += got["loads"]
                 examples.append(f"{'suite' if run_suite else 'program'} worker "
                                 f"{'hung' if hung_here else 'exit status ' + str(proc.returncode)}"
                                 f" {' '.join(last)}: {err[-3000:]}")
@@ -388,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
                 if run_suite:
                     for k in keys + ("tests",):
                         suite[k] += got[k]
+                    suite_loads += got["loads"]
                     suite["runs"] += 1
                 examples += got["examples"]
             print(f"  {time.monotonic() - t0:5.0f} s: {len(worlds)} program worlds "
@@ -416,7 +420,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{sum(w[2] == 'false_hang' for w in mine)}  {sum(w[2] == 'failure' for w in mine)}")
     if suite["runs"] or suite["worlds"]:
         print(f"suite: {suite['runs']} runs, {suite['tests']} tests, {suite['worlds']} worlds "
-              f"({suite['process_worlds']} in process mode)")
+              f"({suite['process_worlds']} in process mode, {sum(x >= bar for x in suite_loads)} "
+              f"at load >= {bar:g}); load as they started: min {min(suite_loads, default=0):.1f}, "
+              f"median {_median(suite_loads):.1f}, max {max(suite_loads, default=0):.1f}")
     print(f"wall {wall:.0f} s; false hang verdicts {false_hangs}; other failures {failures}; "
           f"crashed workers {crashes}; hung workers {hung}")
     for e in examples[:10]:
