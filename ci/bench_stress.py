@@ -1,32 +1,40 @@
 """Stress benchmark: fake worlds under a machine loaded far past its cores -- no false hang
 verdict, no crash.
 
-Programs that must end normally run as fake worlds while CPU hogs keep the load at ``--load``
-x the core count: torch's pipelining schedules (GPipe, 1F1B, Interleaved1F1B on 2 ranks; 1F1B
-and Interleaved1F1B on 4) and DDP training, in thread and in process mode; Python waits
-handed between ranks (thread mode) and on a rank's own thread; a rank waiting on its
-subprocess and, in C, on a child that computes (``os.system``), each with a collective in
-flight; ranks that end while the scheduler samples their clocks; a rank process stopped by
-SIGSTOP for a moment; a proxy reducing a large tensor while its process waits for the reply.
-Every ``--suite-every`` program batches, the suite's hang-free tests (``SUITE``: the
-process-mode tests among them) run under pytest and every world they start counts; a test
-failing with a hang or timeout error is a false verdict. Each batch runs in its own worker
-process, so that a crash (SIGSEGV) is counted instead of ending the benchmark.
+Programs that must end normally run as fake worlds while CPU hogs hold the 1-minute load
+average above a bar of ``--load`` x the core count (``--hogs``, default the bar plus 2, so
+the hogs alone keep it there; the run starts once the load has reached the bar): torch's
+pipelining schedules (GPipe, 1F1B, Interleaved1F1B on 2 ranks; 1F1B and Interleaved1F1B on 4)
+and DDP training, in thread and in process mode; Python waits handed between ranks (thread
+mode) and on a rank's own thread; a rank waiting on its subprocess and, in C, on a child that
+computes (``os.system``), each with a collective in flight; ranks that end while the
+scheduler samples their clocks; a rank process stopped by SIGSTOP for a moment; a proxy
+reducing a large tensor while its process waits for the reply. Each world reads the load as
+it starts; only those started at or above the bar count toward ``--worlds``. With
+``--suite-every N`` (or ``--suite-only``), the suite's hang-free tests (``SUITE``: the
+process-mode tests among them) also run under pytest and every world they start counts; a
+test failing with a hang or timeout error is a false verdict. Each batch runs in its own
+worker process, so that a crash (SIGSEGV) is counted instead of ending the benchmark.
 
-Printed: worlds run (programs, suite), false hang verdicts, other failures, crashed
-workers, the hogs and the 1-minute load average. Target (issue 27): 0 false hang verdicts and
-0 crashes in >= 500 worlds at a load >= 4x the cores. Measured (2 cores shared with other
-jobs; docs/threads-and-waits.md, "The inactivity fallback on a loaded machine"):
+Printed: the hogs and the warm-up, the load as program worlds started (min, median, max),
+program worlds per kind (at the bar / all, false hang verdicts, other failures), the suite's
+tests and worlds, crashed and hung workers, the wall. Target (issue 27): 0 false hang
+verdicts and 0 crashes in >= 500 worlds at a load >= 4x the cores. Measured on the 2-core
+build machine (shared with other jobs), 2026-11-28; docs/threads-and-waits.md, "The
+inactivity fallback on a loaded machine":
 
-    05:15-05:46 UTC, --load 4 (load average 15.6-23.1): 100 program worlds (52 as processes),
-    0 false hang verdicts, 0 failures, 0 crashes; the suite run hung in
-    test_ctrl_c_during_a_process_world_ends_every_rank_process[sleeping] (its interrupt_main
-    never surfaced; the world sleeps 3600 s, rightly no verdict), killed after 22 min.
-    06:00-06:05 UTC, --load 4 (load average 7.4-9.3): 25 program worlds and one suite run
-    (110 tests, 429 worlds): 0 false hang verdicts, 0 failures, 0 crashes, 0 hung.
-    Together 554 worlds: 0 false hang verdicts, 0 crashes, 1 hang without a verdict.
+    08:36-08:51 UTC, --load 4 (10 hogs, bar 8): 500 program worlds, all 500 started at a
+    1-minute load of 10.4-23.3 (median 17.3); 260 in process mode; every kind 21-22 times:
+    0 false hang verdicts, 0 other failures, 0 crashes, 0 hung; wall 873 s.
+    08:53-09:18 UTC, --suite-only: hung in test_ctrl_c_during_a_process_world_ends_every_
+    rank_process[sleeping] (the lost interrupt_main; 15 tests, 20 worlds before it passed).
+    09:19-09:26 UTC, --suite-only with that test deselected: 110 tests, 427 worlds (52 in
+    process mode), all at a 1-minute load of 11.6-13.7: 0 false verdicts, 0 failures, 0
+    crashes, 0 hung; wall 419 s.
 
-    python ci/bench_stress.py [--worlds 500] [--load 4] [--batch 50] [--suite-every 3] [--budget 540]
+    python ci/bench_stress.py [--worlds 500] [--load 4] [--hogs N] [--batch 50]
+                              [--suite-every N | --suite-only] [--suite-deselect NODEID]
+                              [--budget 2700]
 """
 
 from __future__ import annotations
@@ -205,22 +213,29 @@ def _programs():
 
 
 def _worker(n: int, start: int) -> dict:
-    """Run ``n`` worlds (program and mode by index); count outcomes."""
+    """Run ``n`` worlds (program and mode by index); count outcomes, each world with the
+    1-minute load average read as it starts."""
     import fakepg
-    counts = {"worlds": 0, "process_worlds": 0, "false_hangs": 0, "failures": 0, "examples": []}
+    counts: dict = {"worlds": [], "false_hangs": 0, "failures": 0, "examples": []}
     progs = _programs()
     for i in range(start, start + n):
         name, fn, args, nprocs, isolation = progs[i % len(progs)]
+        load = os.getloadavg()[0]
+        outcome = "ok"
         try:
             fakepg.spawn(fn, args=args, nprocs=nprocs, isolation=isolation, timeout=120)
         except (fakepg.CollectiveHangError, fakepg.SpawnTimeoutError) as e:
+            outcome = "false_hang"
             counts["false_hangs"] += 1
-            counts["examples"].append(f"{name} [{isolation}]: {type(e).__name__}: {str(e)[:1500]}")
+            counts["examples"].append(f"{name} [{isolation}] at load {load:.1f}: "
+                                      f"{type(e).__name__}: {str(e)[:1500]}")
         except Exception as e:  # noqa: BLE001 - counted and shown
+            outcome = "failure"
             counts["failures"] += 1
-            counts["examples"].append(f"{name} [{isolation}]: {type(e).__name__}: {str(e)[:1500]}")
-        counts["worlds"] += 1
-        counts["process_worlds"] += isolation == "process"
+            counts["examples"].append(f"{name} [{isolation}] at load {load:.1f}: "
+                                      f"{type(e).__name__}: {str(e)[:1500]}")
+        counts["worlds"].append([f"{name} [{isolation}]", round(load, 2), outcome])
+        print("world " + json.dumps(counts["worlds"][-1]), file=_ERR[0], flush=True)
     return counts
 
 
@@ -241,11 +256,12 @@ class _SuiteCounter:
     def __init__(self) -> None:
         import fakepg.launch.spawn as spawn_module
         self.counts = {"worlds": 0, "process_worlds": 0, "tests": 0, "false_hangs": 0,
-                       "failures": 0, "examples": []}
+                       "failures": 0, "examples": [], "loads": []}
         original = spawn_module._run_world
 
         def counting(*a, **k):
             self.counts["worlds"] += 1
+            self.counts["loads"].append(round(os.getloadavg()[0], 2))  # as the world starts
             isolation = k.get("isolation", a[13] if len(a) > 13 else "thread")
             self.counts["process_worlds"] += isolation == "process"
             return original(*a, **k)
@@ -269,11 +285,11 @@ class _SuiteCounter:
         self.counts["examples"].append(f"{report.nodeid} ({report.when}): {text[-1500:]}")
 
 
-def _suite_worker() -> dict:
+def _suite_worker(deselect: list[str]) -> dict:
     import pytest
     counter = _SuiteCounter()
     pytest.main([*SUITE, "-q", "-m", "not slow", "-p", "no:cacheprovider", "--no-header",
-                 "-W", "ignore"], plugins=[counter])
+                 "-W", "ignore", *(f"--deselect={d}" for d in deselect)], plugins=[counter])
     return counter.counts
 
 
@@ -283,18 +299,34 @@ def _hog() -> None:
         pass
 
 
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2 if xs else 0.0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--worlds", type=int, default=500)
-    ap.add_argument("--load", type=float, default=4.0, help="CPU hogs per core")
+    ap.add_argument("--worlds", type=int, default=500,
+                    help="program worlds to run at or above the load bar")
+    ap.add_argument("--load", type=float, default=4.0,
+                    help="the load bar, x the cores: only program worlds started while the "
+                         "1-minute load average was at or above it count")
+    ap.add_argument("--hogs", type=int, default=None,
+                    help="CPU hogs (default: the bar rounded up, plus 2, so that the hogs "
+                         "alone hold the load above it)")
+    ap.add_argument("--warmup", type=float, default=300.0,
+                    help="seconds to wait for the load to reach the bar before the first world")
     ap.add_argument("--batch", type=int, default=50, help="worlds per worker process")
-    ap.add_argument("--suite-every", type=int, default=3,
+    ap.add_argument("--suite-every", type=int, default=0,
                     help="run the suite's tests (SUITE) after every N program batches; 0: never")
-    ap.add_argument("--budget", type=float, default=540.0, help="seconds; stop starting batches after")
+    ap.add_argument("--budget", type=float, default=2700.0,
+                    help="seconds; stop starting batches after")
     ap.add_argument("--suite-only", action="store_true", help="run only the suite's tests")
     ap.add_argument("--worker-timeout", type=float, default=900.0,
                     help="seconds a worker may take; past it its threads' stacks are dumped and "
                          "it counts as hung (a wait that got no verdict)")
+    ap.add_argument("--suite-deselect", action="append", default=[], metavar="NODEID",
+                    help="leave this suite test out (repeatable): one known to hang")
     ap.add_argument("--worker", nargs=2, type=int, help=argparse.SUPPRESS)
     ap.add_argument("--suite-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -302,39 +334,53 @@ def main(argv: list[str] | None = None) -> int:
         import faulthandler
         _ERR[0] = os.fdopen(os.dup(2), "w", buffering=1)  # stderr past pytest's capture of fd 2
         faulthandler.dump_traceback_later(args.worker_timeout, exit=True, file=_ERR[0])  # a hung worker says where
-        counts = _suite_worker() if args.suite_worker else _worker(*args.worker)
+        counts = _suite_worker(args.suite_deselect) if args.suite_worker else _worker(*args.worker)
         print("\n" + json.dumps(counts))
         return 0
     cores = os.cpu_count() or 1
-    hogs = [multiprocessing.Process(target=_hog, daemon=True) for _ in range(int(args.load * cores))]
+    bar = args.load * cores
+    n_hogs = args.hogs if args.hogs is not None else int(-(-bar // 1)) + 2
+    hogs = [multiprocessing.Process(target=_hog, daemon=True) for _ in range(n_hogs)]
+    t0 = time.monotonic()
     for h in hogs:
         h.start()
-    t0 = time.monotonic()
+    while os.getloadavg()[0] < bar and time.monotonic() - t0 < args.warmup:
+        time.sleep(1.0)
+    warm = time.monotonic() - t0
+    print(f"cores {cores}, CPU hogs {n_hogs}; load bar {bar:g} ({args.load:g}x the cores); "
+          f"warm-up {warm:.0f} s (1-minute load {os.getloadavg()[0]:.1f})", flush=True)
     keys = ("worlds", "process_worlds", "false_hangs", "failures")
-    programs = {k: 0 for k in keys}
+    worlds: list[list] = []  # [kind, load as it started, outcome] per program world
     suite = {**{k: 0 for k in keys}, "tests": 0, "runs": 0}
+    suite_loads: list[float] = []  # the 1-minute load as each suite world started
     crashes = hung = 0
     examples: list[str] = []
-    loads: list[float] = []
+    loads: list[float] = []  # the 1-minute load after each batch (suite runs included)
+
+    def counted() -> int:
+        return sum(1 for _, load, _o in worlds if load >= bar)
+
     try:
         start = batches = 0
-        while programs["worlds"] + suite["worlds"] < args.worlds and time.monotonic() - t0 < args.budget:
+        while counted() < args.worlds and time.monotonic() - t0 < args.budget:
             run_suite = args.suite_only or (args.suite_every > 0 and
                                              batches % (args.suite_every + 1) == args.suite_every)
             batches += 1
             if run_suite:
-                cmd = ["--suite-worker"]
+                cmd = ["--suite-worker", *(f"--suite-deselect={d}" for d in args.suite_deselect)]
             else:
-                n = min(args.batch, args.worlds - programs["worlds"] - suite["worlds"])
-                cmd = ["--worker", str(n), str(start)]
-                start += n
+                cmd = ["--worker", str(args.batch), str(start)]
+                start += args.batch
             proc = subprocess.run([sys.executable, os.path.abspath(__file__), *cmd,
                                    "--worker-timeout", str(args.worker_timeout)],
                                   capture_output=True, text=True, cwd=_ROOT,
                                   env={**os.environ, "PYTHONPATH": _ROOT})
             loads.append(os.getloadavg()[0])
+            err = proc.stderr
+            if not run_suite:  # every world that ended, even in a worker that crashed later
+                worlds += [json.loads(ln[len("world "):]) for ln in err.splitlines()
+                           if ln.startswith("world ")]
             if proc.returncode != 0:
-                err = proc.stderr
                 hung_here = "Timeout (" in err  # faulthandler's dump_traceback_later
                 hung += hung_here
                 crashes += not hung_here
@@ -344,36 +390,57 @@ def main(argv: list[str] | None = None) -> int:
                     got = json.loads(partial[0][len("counts "):])
                     for k in keys + ("tests",):
                         suite[k] += got[k]
+                    suite_loads += got["loads"]
                 examples.append(f"{'suite' if run_suite else 'program'} worker "
                                 f"{'hung' if hung_here else 'exit status ' + str(proc.returncode)}"
                                 f" {' '.join(last)}: {err[-3000:]}")
-                continue
-            got = json.loads(proc.stdout.strip().splitlines()[-1])
-            into = suite if run_suite else programs
-            for k in keys + (("tests",) if run_suite else ()):
-                into[k] += got[k]
-            suite["runs"] += run_suite
-            examples += got["examples"]
+            else:
+                got = json.loads(proc.stdout.strip().splitlines()[-1])
+                if run_suite:
+                    for k in keys + ("tests",):
+                        suite[k] += got[k]
+                    suite_loads += got["loads"]
+                    suite["runs"] += 1
+                examples += got["examples"]
+            print(f"  {time.monotonic() - t0:5.0f} s: {len(worlds)} program worlds "
+                  f"({counted()} at the bar), suite worlds {suite['worlds']}; load "
+                  f"{loads[-1]:.1f}; crashed {crashes}, hung {hung}", flush=True)
+            if args.suite_only:  # one run of the suite's tests
+                break
     finally:
         for h in hogs:
             h.kill()
     wall = time.monotonic() - t0
-    worlds = programs["worlds"] + suite["worlds"]
-    false_hangs = programs["false_hangs"] + suite["false_hangs"]
-    failures = programs["failures"] + suite["failures"]
-    print(f"cores {cores}, CPU hogs {len(hogs)} ({args.load:g} per core); 1-minute load average "
-          f"during the run: min {min(loads, default=0):.1f}, max {max(loads, default=0):.1f} "
-          f"({max(loads, default=0) / cores:.1f}x the cores)")
-    print(f"program worlds {programs['worlds']} ({programs['process_worlds']} in process mode); "
-          f"suite: {suite['runs']} runs, {suite['tests']} tests, {suite['worlds']} worlds "
-          f"({suite['process_worlds']} in process mode)")
-    print(f"worlds {worlds} in {wall:.0f} s; false hang verdicts {false_hangs}; "
-          f"other failures {failures}; crashed workers {crashes}; hung workers {hung}")
+    at_bar = [w for w in worlds if w[1] >= bar]
+    world_loads = [w[1] for w in worlds]
+    false_hangs = sum(w[2] == "false_hang" for w in worlds) + suite["false_hangs"]
+    failures = sum(w[2] == "failure" for w in worlds) + suite["failures"]
+    if worlds:
+        print(f"1-minute load average as program worlds started: min {min(world_loads, default=0):.1f}, "
+              f"median {_median(world_loads):.1f}, max {max(world_loads, default=0):.1f} "
+              f"(bar {bar:g}); after each batch: min {min(loads, default=0):.1f}, "
+              f"max {max(loads, default=0):.1f}")
+        print(f"program worlds {len(worlds)}, {len(at_bar)} of them at load >= {bar:g} "
+              f"({sum(w[0].endswith('[process]') for w in at_bar)} in process mode); per kind "
+              f"(at the bar / all, false hang verdicts, other failures):")
+        for kind in dict.fromkeys(w[0] for w in worlds):
+            mine = [w for w in worlds if w[0] == kind]
+            print(f"  {kind:<42} {sum(w[1] >= bar for w in mine):4d} / {len(mine):4d}  "
+                  f"{sum(w[2] == 'false_hang' for w in mine)}  {sum(w[2] == 'failure' for w in mine)}")
+    if suite["runs"] or suite["worlds"]:
+        print(f"suite: {suite['runs']} runs, {suite['tests']} tests, {suite['worlds']} worlds "
+              f"({suite['process_worlds']} in process mode, {sum(x >= bar for x in suite_loads)} "
+              f"at load >= {bar:g}); load as they started: min {min(suite_loads, default=0):.1f}, "
+              f"median {_median(suite_loads):.1f}, max {max(suite_loads, default=0):.1f}")
+    print(f"wall {wall:.0f} s; false hang verdicts {false_hangs}; other failures {failures}; "
+          f"crashed workers {crashes}; hung workers {hung}")
     for e in examples[:10]:
         print("  " + e.replace("\n", " | "))
     ok = false_hangs == 0 and crashes == 0 and failures == 0 and hung == 0
-    print("target (0 false hangs, 0 crashes, 0 hangs, >= 500 worlds):",
-          "met" if ok and worlds >= 500 else "NOT met")
+    what, n = (("suite worlds", sum(x >= bar for x in suite_loads)) if args.suite_only
+               else ("program worlds", len(at_bar)))
+    print(f"target (0 false hangs, 0 crashes, 0 hangs, >= {args.worlds} {what} at load "
+          f">= {bar:g}):", "met" if ok and n >= args.worlds else "NOT met")
     return 0 if ok else 1
 
 
