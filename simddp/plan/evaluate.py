@@ -173,20 +173,31 @@ def _capture_or_refusal(capture: Callable[..., Any], key: CaptureKey, *args: Any
 
 
 def default_capture(key: CaptureKey, scenario: Callable[..., Any], timing: Any,
-                    shape: Shape) -> Any:
+                    shape: Shape, shallow: bool = True) -> Any:
     """The registry's capture of the key's layout (torch's real FSDP2, TP and pipelining on
     the meta device, bf16 parameters and fp32 reductions as torchtitan trains), through the
     on-disk capture cache: FSDP2 on its smallest mesh (2 shards; 2 × 2 for HSDP) with TP
     inside, or a pipeline of ``key.stages`` stages as :func:`pipeline_capture_form` says
-    (the registry's ``capture_pipeline`` captures its shallowest equivalent and deepens it)."""
+    (the registry's ``capture_pipeline`` captures its shallowest equivalent and deepens it).
+    A plain step (no pipeline) of a model deeper than
+    :data:`~simddp.cosim.deepen.SHALLOW_STEP_BLOCKS` blocks is captured on that many blocks
+    and deepened (:func:`~simddp.cosim.deepen.deepen_step`; ``shallow=False``: the whole
+    model)."""
     from ..capture_cache import cached, enabled_by_default
     from ..program.parallel import Parallel
     from ..program.registry import CaptureOptions, CaptureRequest
 
+    from ..cosim.deepen import SHALLOW_STEP_BLOCKS
+
     data = "hsdp" if key.hsdp else "fsdp"
+    layers = shape.n_layers
     if key.stages == 1:
         pp, schedule, v, m = 1, None, None, None
-        sc = scenario(batch_size=key.microbatch)
+        if shallow and layers > SHALLOW_STEP_BLOCKS:
+            layers = SHALLOW_STEP_BLOCKS
+            sc = scenario(batch_size=key.microbatch, n_layers=layers)
+        else:
+            sc = scenario(batch_size=key.microbatch)
     else:
         schedule, pp, v = pipeline_capture_form(key.stages)
         m = PIPELINE_CAPTURE_MICROBATCHES if key.stages > 2 else 3
@@ -199,9 +210,25 @@ def default_capture(key: CaptureKey, scenario: Callable[..., Any], timing: Any,
                           microbatch_size=key.microbatch if schedule else None,
                           stages_per_rank=v)
     req = CaptureRequest(sc, par, timing, "meta", 0, opts)
-    cap, _ = cached(req, par.capture_key() + f"/layers{shape.n_layers}",
+    cap, _ = cached(req, par.capture_key() + f"/layers{layers}",
                     lambda: par.owner().load("capture")(req), enabled=enabled_by_default())
+    if layers != shape.n_layers:
+        cap = _deepened_step(cap, sc, layers, shape.n_layers, key.tp)
     return cap
+
+
+def _deepened_step(cap: Any, scenario: Any, captured: int, n_layers: int, tp: int) -> Any:
+    """``cap`` (a plain step of ``scenario``'s ``captured`` blocks) deepened to ``n_layers``,
+    its blocks' parameter bytes read off the model built on meta."""
+    import torch
+
+    from ..cosim.deepen import block_bytes, deepen_step
+
+    with torch.device("meta"):
+        model = scenario.build_model()
+    blocks = next(m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m))
+    return deepen_step(cap, n_layers, captured_layers=captured,
+                       block=block_bytes(blocks[0], tp))
 
 
 def _ranks(mesh: dict[str, int]) -> int:
