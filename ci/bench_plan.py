@@ -87,7 +87,8 @@ def _check_bounds(res, model: str) -> None:
     for c in res.candidates:
         lay = c.layout
         k = f"tp:{lay.tp},ac:{lay.ac},microbatch:{lay.microbatch}"
-        blk, c_mb = f["probe_block_activation_bytes"].get(k), f["probe_compute_s"].get(k)
+        blk = f["probe_block_activation_bytes"].get(f"tp:{lay.tp},ac:{lay.ac},microbatch:1")
+        c_mb = f["probe_compute_s"].get(k)
         if c.stage not in ("memory", "replay") or c.peak_memory_bytes is None or lay.cp > 1:
             continue
         checked += 1

@@ -160,6 +160,10 @@ def block_activation_bytes(cap: Any, n_layers: int) -> int | None:
 
 def capture_cost(shape: Shape, key: CaptureKey) -> int:
     """Blocks the capture runs (a rough cost, to start the longest captures first)."""
+    if key.stages == 1:  # deeper models: a shallow capture, deepened
+        from ..cosim.deepen import SHALLOW_STEP_BLOCKS
+
+        return min(shape.n_layers, SHALLOW_STEP_BLOCKS) * key.microbatch
     if key.stages <= 4:
         return shape.n_layers
     return 4 * -(-shape.n_layers // key.stages)
