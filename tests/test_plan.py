@@ -25,13 +25,24 @@ def small():
     # HSDP; the tiny Llama captured for real
     return plan("llama3-tiny", gpus=4, gpus_per_node=2, gpu="h100", network="dgx-h100",
                 seq_len=32, global_batch=8, max_pp=2, max_cp=1, ac_modes=("full",),
-                objective="cost")
+                objective="cost", microbatch_sizes=(1,))
 
 
 def test_every_layout_lays_out_all_gpus_and_the_global_batch():
     for lay in layouts(SHAPE_70B, 256, gpus_per_node=8, seq_len=8192, global_batch=1024):
         assert lay.tp * lay.cp * lay.pp * lay.dp == 256
         assert lay.sequences_per_step == 1024
+
+
+def test_without_a_pipeline_each_microbatch_size_up_to_the_local_batch_is_tried():
+    lays = list(layouts(SHAPE_70B, 256, gpus_per_node=8, seq_len=8192, global_batch=1024,
+                        ac_modes=("full",)))
+    plain = {(lay.tp, lay.microbatch, lay.microbatches) for lay in lays
+             if lay.pp == 1 and lay.flavour == "fsdp"}
+    # torchtitan's 70B layout: FSDP 32 × TP 8, 32 sequences a data-parallel rank
+    assert {(8, mb, 32 // mb) for mb in (1, 2, 4, 8, 16, 32)} <= plain
+    assert max(mb for tp, mb, _ in plain if tp == 1) == 4  # 1,024 sequences on 256 ranks
+    assert {lay.microbatch for lay in lays if lay.pp > 1} == {1}
 
 
 def test_the_shape_counts_the_models_parameters():
