@@ -58,6 +58,9 @@ def run(name: str) -> None:
           f"replay: goal >= 100), {f['replayed']} replayed from {f['captures']} captures "
           f"({f['capture_seconds']:.0f} s capturing, CPU); {f['feasible']} fit; wall "
           f"{wall:.0f} s (goal {case['goal_s']} s); {_uptime()}")
+    for kind, (n, cap_s, job_s) in f["by_kind"].items():
+        print(f"  {kind} steps: {n} captures, {cap_s:.0f} CPU s capturing, {job_s:.0f} CPU s "
+              f"with their memory verdicts and replays")
     print(res.table(), end="")
     _check_bounds(res, case["model"])
     ranked = [c for c in res.candidates if c.feasible]

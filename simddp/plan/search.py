@@ -213,6 +213,14 @@ def plan(shape: Shape, scenario: Callable[..., Any], *, gpus: int, gpus_per_node
              "probe_block_activation_bytes": {f"tp:{tp},ac:{ac},microbatch:1": v
                                               for (tp, ac), v in sorted(per_block.items())},
              "capture_seconds": sum(r["seconds"] for r in done.values()),
+             # where the CPU went: (captures, their seconds, jobs' seconds with the verdicts
+             # and replays) of plain steps and of pipelines
+             "by_kind": {kind: (sum(r["captured"] for k, r in done.items() if pick(k)),
+                                sum(r["seconds"] for k, r in done.items() if pick(k)),
+                                sum(r.get("job_seconds", 0.0) for k, r in done.items()
+                                    if pick(k)))
+                         for kind, pick in (("plain", lambda k: k.stages == 1),
+                                            ("pipeline", lambda k: k.stages > 1))},
              "wall_seconds": time.perf_counter() - t0}
     return cands, ranked[:top], facts
 
