@@ -21,6 +21,11 @@ only the head — the Llama 3 paper's layout) a capture of a 2-block model on 4 
 What the copy cannot know is said where it matters: the deep capture has no co-simulated
 iteration time of its own (``cosim_iteration_time`` = 0).
 
+A plain step (FSDP2 / HSDP with TP or CP inside, no pipeline) deepens the same way one level
+down: its middle blocks issue the same collectives and save the same activations, so
+:func:`deepen_step` copies one middle block of a capture of :data:`SHALLOW_STEP_BLOCKS` blocks
+as many times as the deep model has more.
+
 :func:`capture_pipeline` does both steps for a pipeline of any depth: it captures the shallowest
 pipeline whose stages hold what the target's first, middle and last stages hold (torchtitan's
 uneven split: two kinds of middle stage at most), on a few microbatches (the first, middle and

@@ -183,7 +183,7 @@ def default_capture(key: CaptureKey, scenario: Callable[..., Any], timing: Any,
     on-disk capture cache: FSDP2 on its smallest mesh (2 shards; 2 × 2 for HSDP) with TP
     inside, or a pipeline of ``key.stages`` stages as :func:`pipeline_capture_form` says
     (the registry's ``capture_pipeline`` captures its shallowest equivalent and deepens it).
-    A plain step (no pipeline) of a model deeper than
+    A plain step (no pipeline, no CP) of a model deeper than
     :data:`~simddp.cosim.deepen.SHALLOW_STEP_BLOCKS` blocks is captured on that many blocks
     and deepened (:func:`~simddp.cosim.deepen.deepen_step`; ``shallow=False``: the whole
     model)."""
@@ -197,7 +197,8 @@ def default_capture(key: CaptureKey, scenario: Callable[..., Any], timing: Any,
     layers = shape.n_layers
     if key.stages == 1:
         pp, schedule, v, m = 1, None, None, None
-        if shallow and layers > SHALLOW_STEP_BLOCKS:
+        # context parallelism's capture lists no saved storages to copy: captured whole
+        if shallow and layers > SHALLOW_STEP_BLOCKS and key.cp == 1:
             layers = SHALLOW_STEP_BLOCKS
             sc = scenario(batch_size=key.microbatch, n_layers=layers)
         else:
@@ -217,7 +218,10 @@ def default_capture(key: CaptureKey, scenario: Callable[..., Any], timing: Any,
     cap, _ = cached(req, par.capture_key() + f"/layers{layers}",
                     lambda: par.owner().load("capture")(req), enabled=enabled_by_default())
     if layers != shape.n_layers:
-        cap = _deepened_step(cap, sc, layers, shape.n_layers, key.tp)
+        try:
+            cap = _deepened_step(cap, sc, layers, shape.n_layers, key.tp)
+        except ValueError:  # no block period to copy (a capture kind without saved storages)
+            return default_capture(key, scenario, timing, shape, shallow=False)
     return cap
 
 
