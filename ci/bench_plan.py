@@ -58,6 +58,9 @@ def run(name: str) -> None:
           f"replay: goal >= 100), {f['replayed']} replayed from {f['captures']} captures "
           f"({f['capture_seconds']:.0f} s capturing, CPU); {f['feasible']} fit; wall "
           f"{wall:.0f} s (goal {case['goal_s']} s); {_uptime()}")
+    for kind, (n, cap_s, job_s) in f["by_kind"].items():
+        print(f"  {kind} steps: {n} captures, {cap_s:.0f} CPU s capturing, {job_s:.0f} CPU s "
+              f"with their memory verdicts and replays")
     print(res.table(), end="")
     _check_bounds(res, case["model"])
     ranked = [c for c in res.candidates if c.feasible]
@@ -87,7 +90,8 @@ def _check_bounds(res, model: str) -> None:
     for c in res.candidates:
         lay = c.layout
         k = f"tp:{lay.tp},ac:{lay.ac},microbatch:{lay.microbatch}"
-        blk, c_mb = f["probe_block_activation_bytes"].get(k), f["probe_compute_s"].get(k)
+        blk = f["probe_block_activation_bytes"].get(f"tp:{lay.tp},ac:{lay.ac},microbatch:1")
+        c_mb = f["probe_compute_s"].get(k)
         if c.stage not in ("memory", "replay") or c.peak_memory_bytes is None or lay.cp > 1:
             continue
         checked += 1

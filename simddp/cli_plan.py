@@ -84,7 +84,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--activation-checkpointing", type=_choices(_AC), default=_AC,
                    metavar="MODES", help="modes to try (default none,selective-op,full)")
     p.add_argument("--microbatch-sizes", type=_sizes, default=None, metavar="SIZES",
-                   help="sequences per microbatch to try, e.g. 1,2 (default 1)")
+                   help="sequences per microbatch to try, e.g. 1,2 (default: 1 with a "
+                        "pipeline; without one each power of two up to a data-parallel "
+                        "rank's share of the global batch)")
     p.add_argument("--max-pp", type=A.integer(1, 1024), default=16)
     p.add_argument("--max-cp", type=A.integer(1, 1024), default=None,
                    help="largest context-parallel degree (default 8 for sequences of 32k "

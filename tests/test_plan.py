@@ -3,6 +3,7 @@ it shares, and what it reports (ranked table, JSON, whatif line, torchtitan TOML
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import tomllib
@@ -24,13 +25,24 @@ def small():
     # HSDP; the tiny Llama captured for real
     return plan("llama3-tiny", gpus=4, gpus_per_node=2, gpu="h100", network="dgx-h100",
                 seq_len=32, global_batch=8, max_pp=2, max_cp=1, ac_modes=("full",),
-                objective="cost")
+                objective="cost", microbatch_sizes=(1,))
 
 
 def test_every_layout_lays_out_all_gpus_and_the_global_batch():
     for lay in layouts(SHAPE_70B, 256, gpus_per_node=8, seq_len=8192, global_batch=1024):
         assert lay.tp * lay.cp * lay.pp * lay.dp == 256
         assert lay.sequences_per_step == 1024
+
+
+def test_without_a_pipeline_each_microbatch_size_up_to_the_local_batch_is_tried():
+    lays = list(layouts(SHAPE_70B, 256, gpus_per_node=8, seq_len=8192, global_batch=1024,
+                        ac_modes=("full",)))
+    plain = {(lay.tp, lay.microbatch, lay.microbatches) for lay in lays
+             if lay.pp == 1 and lay.flavour == "fsdp"}
+    # torchtitan's 70B layout: FSDP 32 × TP 8, 32 sequences a data-parallel rank
+    assert {(8, mb, 32 // mb) for mb in (1, 2, 4, 8, 16, 32)} <= plain
+    assert max(mb for tp, mb, _ in plain if tp == 1) == 4  # 1,024 sequences on 256 ranks
+    assert {lay.microbatch for lay in lays if lay.pp > 1} == {1}
 
 
 def test_the_shape_counts_the_models_parameters():
@@ -205,14 +217,14 @@ def test_pipelines_with_the_same_stage_count_share_a_capture_whatever_the_schedu
     assert key(4, "1F1B") != key(8, "1F1B")  # other stages hold other blocks
 
 
-def _eight_layer_tiny(batch_size: int, n_layers: int | None = None):
+def _eight_layer_tiny(batch_size: int, n_layers: int | None = None, default_layers: int = 8):
     import dataclasses
     import functools
 
     from fakepg import zoo
     from fakepg.zoo.llama import Llama
 
-    args = dataclasses.replace(LLAMA3_TINY, n_layers=n_layers or 8)
+    args = dataclasses.replace(LLAMA3_TINY, n_layers=n_layers or default_layers)
     return zoo.get("llama3-tiny", seq_len=32, batch_size=batch_size).with_(
         model=functools.partial(Llama, args))
 
@@ -297,9 +309,47 @@ def test_the_memory_floor_never_exceeds_the_planned_peak(ac):
                      reshard_after_forward=False),
               Layout(16, pp=4, shard=4, schedule="Interleaved1F1B", stages_per_rank=2,
                      microbatches=8, ac=ac, reshard_after_forward=False),
-              Layout(16, replicate=4, shard=4, microbatches=2, ac=ac)]
+              Layout(16, replicate=4, shard=4, microbatches=2, ac=ac),
+              Layout(16, shard=16, microbatch=2, ac=ac)]  # a block saves per sequence
     for lay in others:
         (stage, why, fig), = evaluate_key(capture_key(shape, lay), [lay], _eight_layer_tiny,
                                           timing, shape, net, 80 << 30)["results"]
         assert stage == "replay", why
         assert memory_floor(lay, shape, blk) <= fig["peak_memory_bytes"], lay.label()
+
+
+@pytest.mark.parametrize("tp,ac,hsdp", [(1, "full", False), (2, "selective-op", True)])
+def test_a_deepened_shallow_capture_replays_as_the_whole_models_capture(tp, ac, hsdp):
+    # 16 blocks captured on 8 and deepened (a middle block's collectives, compute and saved
+    # activations repeated) against the capture of all 16: step time within 0.5 %, the same
+    # planned and replayed peak memory (measured on Llama 3 8B and 70B: docs/plan.md)
+    import dataclasses
+
+    from simddp.cosim.deepen import SHALLOW_STEP_BLOCKS
+    from simddp.models import Compute, Network
+    from simddp.plan.evaluate import capture_key, default_capture, memory_verdict, replay_config
+    from simddp.sweep import replay_row
+    from simddp.timing import Timing
+
+    layers = 2 * SHALLOW_STEP_BLOCKS
+    shape = Shape.of_llama("tiny-16", dataclasses.replace(LLAMA3_TINY, n_layers=layers))
+    net = Network.preset("dgx-h100")
+    timing = Timing(network=net, compute=Compute.kernels("h100"))
+    lay = Layout(16, tp=tp, replicate=2 if hsdp else 1, shard=16 // tp // (2 if hsdp else 1),
+                 microbatch=2, ac=ac)
+    scenario = functools.partial(_eight_layer_tiny, default_layers=layers)
+    got = {}
+    for shallow in (True, False):
+        cap = default_capture(capture_key(shape, lay), scenario, timing, shape, shallow=shallow)
+        deep, config = replay_config(shape, lay, cap, net, 80.0)
+        got[shallow] = memory_verdict(deep, config)[0], replay_row(deep, config), deep
+    (planned, row, deep), (planned_full, row_full, full) = got[True], got[False]
+    assert "deepened from 8 to 16 blocks" in deep.name and "deepened" not in full.name
+    assert (deep.param_bytes, deep.local_param_bytes) == (full.param_bytes,
+                                                           full.local_param_bytes)
+    assert deep.activation_sizes == full.activation_sizes
+    # the optimizer's state is scaled with the parameters (Adam's step counters: a few bytes)
+    assert deep.optimizer_state_bytes == pytest.approx(full.optimizer_state_bytes, rel=1e-3)
+    assert planned == pytest.approx(planned_full, rel=1e-5)
+    assert row["peak_memory_bytes"] == pytest.approx(row_full["peak_memory_bytes"], rel=1e-5)
+    assert row["iteration_time_s"] == pytest.approx(row_full["iteration_time_s"], rel=5e-3)

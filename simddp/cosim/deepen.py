@@ -21,6 +21,11 @@ only the head — the Llama 3 paper's layout) a capture of a 2-block model on 4 
 What the copy cannot know is said where it matters: the deep capture has no co-simulated
 iteration time of its own (``cosim_iteration_time`` = 0).
 
+A plain step (FSDP2 / HSDP with TP or CP inside, no pipeline) deepens the same way one level
+down: its middle blocks issue the same collectives and save the same activations, so
+:func:`deepen_step` copies one middle block of a capture of :data:`SHALLOW_STEP_BLOCKS` blocks
+as many times as the deep model has more.
+
 :func:`capture_pipeline` does both steps for a pipeline of any depth: it captures the shallowest
 pipeline whose stages hold what the target's first, middle and last stages hold (torchtitan's
 uneven split: two kinds of middle stage at most), on a few microbatches (the first, middle and
@@ -42,7 +47,8 @@ from fakepg.arguments import integer
 from ..program.captured import CapturedPipeline
 from .capture_pp import checked_llama, capture_pp, schedule_class, stage_ranks
 
-__all__ = ["deepen", "capture_pipeline", "shallow_plan"]
+__all__ = ["deepen", "capture_pipeline", "shallow_plan", "deepen_step", "block_bytes",
+           "periodic_stretch", "SHALLOW_STEP_BLOCKS"]
 
 # microbatches a shallow capture runs: the first, two middle and the last (a replay reads the
 # first, the last and a middle one; any schedule takes 4 on the shallow pipelines below)
@@ -237,3 +243,136 @@ def _captured_microbatch(mb: int, m: int, n: int) -> int:
     if mb == m - 1:
         return n - 1
     return min(mb, n - 2) if n > 2 else 0
+
+
+# blocks a shallow capture of a plain (non-pipelined) sharded step runs: the first block (its
+# all-gather issued with the root's), the last (nothing to prefetch after it) and a stretch of
+# middle ones long enough to show their period in every phase
+SHALLOW_STEP_BLOCKS = 8
+
+
+def periodic_stretch(seq: Sequence[Any], reps: int) -> tuple[int, int, int] | None:
+    """(start, period, repeats) of the longest period that repeats at least ``reps`` times in
+    a row somewhere in ``seq`` (the longest stretch of it; ties: the first), None where none
+    does. A model of identical blocks issues (and saves) the same run per block, so the
+    longest such period is a block's."""
+    n = len(seq)
+    for period in range(n // max(reps, 1), 0, -1):
+        best = None
+        o = 0
+        while o + reps * period <= n:
+            k = 1
+            while o + (k + 1) * period <= n and \
+                    seq[o + k * period:o + (k + 1) * period] == seq[o:o + period]:
+                k += 1
+            if k >= reps and (best is None or k > best[2]):
+                best = (o, period, k)
+            o += 1 if k < reps else k * period
+        if best:
+            return best
+    return None
+
+
+def _deepen_phase(phase: dict[str, Any], extra: int, reps: int, what: str
+                  ) -> dict[str, Any]:
+    """A captured phase (``{"seconds", "events"}``) with ``extra`` more copies of one middle
+    block's collectives and compute: a copy of the middle period of the longest periodic
+    stretch of its events (op, scope, bytes), inserted after it; every later event (and wait)
+    moves on by the block's compute."""
+    evs = phase["events"]
+    sig = [(e["op"], e["scope"], e["bytes"]) for e in evs]
+    found = periodic_stretch(sig, reps)
+    if found is None:
+        raise ValueError(f"deepen_step: the {what} phase's collectives show no block period "
+                         f"repeated {reps} times; capture the whole model")
+    o, period, k = found
+    j = o + (k // 2) * period  # the middle block's first event
+    ins = j + period           # where the copies go
+    if ins >= len(evs):
+        raise ValueError(f"deepen_step: the {what} phase's middle block is its last")
+    t = float(evs[ins]["offset"])
+    delta = t - float(evs[j]["offset"])
+    if delta < 0:
+        raise ValueError(f"deepen_step: the {what} phase's blocks do not advance in time")
+    shift = extra * delta
+
+    def moved(e: dict[str, Any], by: float, after: bool) -> dict[str, Any]:
+        w = e["wait_at"]
+        return {**e, "offset": e["offset"] + (by if after else 0.0),
+                "wait_at": None if w is None else w + (by if after or w > t else 0.0)}
+
+    out = [moved(e, shift, False) for e in evs[:ins]]
+    for i in range(1, extra + 1):
+        out.extend({**e, "offset": e["offset"] + i * delta,
+                    "wait_at": None if e["wait_at"] is None else e["wait_at"] + i * delta}
+                   for e in evs[j:ins])
+    out.extend(moved(e, shift, True) for e in evs[ins:])
+    return {**phase, "seconds": float(phase["seconds"]) + shift, "events": out}
+
+
+def deepen_step(cap: Any, n_layers: int, *, captured_layers: int,
+                block: tuple[int, int]) -> Any:
+    """A plain sharded step (FSDP2 / HSDP, with TP or CP inside: a
+    :class:`~simddp.program.captured.ShardedStep`) captured on a model of ``captured_layers``
+    identical blocks, as the same model with ``n_layers`` blocks: in forward and backward one
+    middle block's collectives and compute copied ``n_layers - captured_layers`` times (the
+    first and last blocks, whose FSDP2 prefetch and reshard differ, stay as captured), the
+    saved activations likewise (a block's period of saved storages), the parameters by
+    ``block`` = (one block's bytes, one TP rank's share) each, the optimizer's state and step
+    time in proportion to a TP rank's parameters. What does not grow with depth stays: the
+    largest block's recompute, the loss's temporaries. The deep capture has no co-simulated
+    iteration time of its own (0)."""
+    n_layers = integer("deepen_step: n_layers", n_layers, minimum=1)
+    have = integer("deepen_step: captured_layers", captured_layers, minimum=1)
+    extra = n_layers - have
+    if extra == 0:
+        return cap
+    if extra < 0 or have < SHALLOW_STEP_BLOCKS:
+        raise ValueError(f"deepen_step: a capture of {have} blocks deepens to more blocks (at "
+                         f"least {SHALLOW_STEP_BLOCKS} captured), not to {n_layers}")
+    reps = have - 3  # the middle blocks: all but the first two and the last
+    profiles = []
+    for prof in cap.profiles:
+        deep = {ph: (_deepen_phase(v, extra, reps, ph) if ph in ("forward", "backward")
+                     else dict(v)) for ph, v in prof.items()}
+        profiles.append(deep)
+    whole, per_tp = (integer("deepen_step: block bytes", b, minimum=0) for b in block)
+    tp_before = cap.tp_param_bytes
+    tp_after = tp_before + extra * (per_tp if cap.local_param_bytes else whole)
+    scale = tp_after / tp_before
+    for prof in profiles:  # the optimizer steps every parameter of the rank's shard
+        prof["optimizer"] = {**prof["optimizer"],
+                             "seconds": float(prof["optimizer"]["seconds"]) * scale}
+    changes: dict[str, Any] = dict(
+        profiles=profiles, param_bytes=cap.param_bytes + extra * whole,
+        local_param_bytes=(cap.local_param_bytes + extra * per_tp) if cap.local_param_bytes
+        else 0, optimizer_state_bytes=int(round(cap.optimizer_state_bytes * scale)),
+        name=f"{cap.name} (deepened from {have} to {n_layers} blocks)",
+        cosim_iteration_time=0.0, cosim_exposed_comm=0.0)
+    sizes = list(getattr(cap, "activation_sizes", None) or [])
+    if sizes:
+        found = periodic_stretch(sizes, have - 2)
+        if found is None:
+            raise ValueError("deepen_step: the saved activations show no block period; "
+                             "capture the whole model")
+        o, period, k = found
+        j = o + (k // 2) * period
+        run = sizes[j:j + period]
+        changes["activation_sizes"] = sizes[:j + period] + run * extra + sizes[j + period:]
+        changes["activation_bytes"] = int(cap.activation_bytes) + extra * sum(run)
+    elif cap.activation_bytes:
+        raise ValueError("deepen_step: the capture lists no saved storages to tell a block's "
+                         "activations by; capture the whole model")
+    return dataclasses.replace(cap, **changes)
+
+
+def block_bytes(block: torch.nn.Module, tp: int = 1) -> tuple[int, int]:
+    """(bytes, one TP rank's bytes) of a block's parameters: torchtitan's TP plan shards every
+    linear layer of a block over ``tp`` ranks and replicates the rest (its norms)."""
+    whole = local = 0
+    for m in block.modules():
+        for p in m.parameters(recurse=False):
+            b = p.numel() * p.element_size()
+            whole += b
+            local += b // tp if isinstance(m, torch.nn.Linear) else b
+    return whole, local

@@ -160,6 +160,10 @@ def block_activation_bytes(cap: Any, n_layers: int) -> int | None:
 
 def capture_cost(shape: Shape, key: CaptureKey) -> int:
     """Blocks the capture runs (a rough cost, to start the longest captures first)."""
+    if key.stages == 1:  # deeper models: a shallow capture, deepened
+        from ..cosim.deepen import SHALLOW_STEP_BLOCKS
+
+        return min(shape.n_layers, SHALLOW_STEP_BLOCKS) * key.microbatch
     if key.stages <= 4:
         return shape.n_layers
     return 4 * -(-shape.n_layers // key.stages)
@@ -173,20 +177,32 @@ def _capture_or_refusal(capture: Callable[..., Any], key: CaptureKey, *args: Any
 
 
 def default_capture(key: CaptureKey, scenario: Callable[..., Any], timing: Any,
-                    shape: Shape) -> Any:
+                    shape: Shape, shallow: bool = True) -> Any:
     """The registry's capture of the key's layout (torch's real FSDP2, TP and pipelining on
     the meta device, bf16 parameters and fp32 reductions as torchtitan trains), through the
     on-disk capture cache: FSDP2 on its smallest mesh (2 shards; 2 × 2 for HSDP) with TP
     inside, or a pipeline of ``key.stages`` stages as :func:`pipeline_capture_form` says
-    (the registry's ``capture_pipeline`` captures its shallowest equivalent and deepens it)."""
+    (the registry's ``capture_pipeline`` captures its shallowest equivalent and deepens it).
+    A plain step (no pipeline, no CP) of a model deeper than
+    :data:`~simddp.cosim.deepen.SHALLOW_STEP_BLOCKS` blocks is captured on that many blocks
+    and deepened (:func:`~simddp.cosim.deepen.deepen_step`; ``shallow=False``: the whole
+    model)."""
     from ..capture_cache import cached, enabled_by_default
     from ..program.parallel import Parallel
     from ..program.registry import CaptureOptions, CaptureRequest
 
+    from ..cosim.deepen import SHALLOW_STEP_BLOCKS
+
     data = "hsdp" if key.hsdp else "fsdp"
+    layers = shape.n_layers
     if key.stages == 1:
         pp, schedule, v, m = 1, None, None, None
-        sc = scenario(batch_size=key.microbatch)
+        # context parallelism's capture lists no saved storages to copy: captured whole
+        if shallow and layers > SHALLOW_STEP_BLOCKS and key.cp == 1:
+            layers = SHALLOW_STEP_BLOCKS
+            sc = scenario(batch_size=key.microbatch, n_layers=layers)
+        else:
+            sc = scenario(batch_size=key.microbatch)
     else:
         schedule, pp, v = pipeline_capture_form(key.stages)
         m = PIPELINE_CAPTURE_MICROBATCHES if key.stages > 2 else 3
@@ -199,9 +215,28 @@ def default_capture(key: CaptureKey, scenario: Callable[..., Any], timing: Any,
                           microbatch_size=key.microbatch if schedule else None,
                           stages_per_rank=v)
     req = CaptureRequest(sc, par, timing, "meta", 0, opts)
-    cap, _ = cached(req, par.capture_key() + f"/layers{shape.n_layers}",
+    cap, _ = cached(req, par.capture_key() + f"/layers{layers}",
                     lambda: par.owner().load("capture")(req), enabled=enabled_by_default())
+    if layers != shape.n_layers:
+        try:
+            cap = _deepened_step(cap, sc, layers, shape.n_layers, key.tp)
+        except ValueError:  # no block period to copy (a capture kind without saved storages)
+            return default_capture(key, scenario, timing, shape, shallow=False)
     return cap
+
+
+def _deepened_step(cap: Any, scenario: Any, captured: int, n_layers: int, tp: int) -> Any:
+    """``cap`` (a plain step of ``scenario``'s ``captured`` blocks) deepened to ``n_layers``,
+    its blocks' parameter bytes read off the model built on meta."""
+    import torch
+
+    from ..cosim.deepen import block_bytes, deepen_step
+
+    with torch.device("meta"):
+        model = scenario.build_model()
+    blocks = next(m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m))
+    return deepen_step(cap, n_layers, captured_layers=captured,
+                       block=block_bytes(blocks[0], tp))
 
 
 def _ranks(mesh: dict[str, int]) -> int:

@@ -137,10 +137,34 @@ def plan(shape: Shape, scenario: Callable[..., Any], *, gpus: int, gpus_per_node
                 else:
                     c.feasible, c.reason, c.peak_memory_bytes = False, why, fig
 
-    # 2a. the probes: each TP degree and AC policy's plain FSDP layout, whose compute bounds
-    # every layout of that TP degree and policy (below)
+    # 2a. the probes: each TP degree, AC policy and microbatch size's plain FSDP layout, whose
+    # compute bounds every layout of that TP degree, policy and microbatch size (below); those
+    # of one-sequence microbatches first: their blocks' saved activations give the memory
+    # floor of every microbatch size (a block saves per sequence), which may spare the others
     probes = [k for k in by_key if k.stages == 1 and not k.hsdp and k.cp == 1]
-    evaluate(probes)
+    evaluate([k for k in probes if k.microbatch == 1])
+    # a block's saved bytes for one sequence, per TP degree and policy
+    per_block = {(k.tp, k.ac): done[k]["block_activation_bytes"] for k in probes
+                 if k in done and k.microbatch == 1 and done[k].get("block_activation_bytes")}
+
+    # a capture all of whose layouts need more than the card before anything but the
+    # parameters, Adam state and the probe's blocks' activations is counted is skipped too
+    oom = 0
+    for k in [k for k in by_key if k not in done and k.cp == 1]:
+        blk = per_block.get((k.tp, k.ac))
+        floors = [memory_floor(c.layout, shape, blk) for c in by_key[k]] if blk else []
+        if floors and min(floors) > limit:
+            for c, need in zip(by_key[k], floors):
+                c.feasible, c.stage, c.peak_memory_bytes = False, "bound", None
+                c.reason = (f"OOM by at least {(need - limit) / GIB:.1f} GiB: parameters, Adam "
+                            f"state and the first pipeline rank's activations alone "
+                            f"({blk * k.microbatch / GIB:.2f} GiB a block a microbatch of "
+                            f"{k.microbatch}, as captured for tp:{k.tp}, AC {k.ac}) need "
+                            f"{need / GIB:.1f} GiB of {limit / GIB:.1f}")
+            oom += len(by_key[k])
+            done[k] = {"captured": False, "seconds": 0.0}
+    probes = [k for k in probes if done.get(k, {}).get("captured", True)]
+    evaluate([k for k in probes if k not in done])
     # 2b. the rest, best bound first, in rounds of ROUND captures: after each round, a
     # capture none of whose layouts' bound (the probe's compute alone: waits, communication
     # and bubble left out, a lower bound of the step) reaches the top ``top`` replayed so far
@@ -152,25 +176,6 @@ def plan(shape: Shape, scenario: Callable[..., Any], *, gpus: int, gpus_per_node
         c_mb = compute.get((k.tp, k.ac, k.microbatch)) if k.cp == 1 else None
         bounds[k] = None if c_mb is None else [_bound(c.layout, c_mb, seq_len)
                                                 for c in by_key[k]]
-
-    # a capture all of whose layouts need more than the card before anything but the
-    # parameters, Adam state and the probe's blocks' activations is counted is skipped too
-    per_block = {(k.tp, k.ac, k.microbatch): done[k]["block_activation_bytes"] for k in probes
-                 if done[k].get("block_activation_bytes")}
-    oom = 0
-    for k in [k for k in by_key if k not in done and k.cp == 1]:
-        blk = per_block.get((k.tp, k.ac, k.microbatch))
-        floors = [memory_floor(c.layout, shape, blk) for c in by_key[k]] if blk else []
-        if floors and min(floors) > limit:
-            for c, need in zip(by_key[k], floors):
-                c.feasible, c.stage, c.peak_memory_bytes = False, "bound", None
-                c.reason = (f"OOM by at least {(need - limit) / GIB:.1f} GiB: parameters, Adam "
-                            f"state and the first pipeline rank's activations alone "
-                            f"({blk / GIB:.2f} GiB a block a microbatch, as captured for "
-                            f"tp:{k.tp}, AC {k.ac}) need {need / GIB:.1f} GiB of "
-                            f"{limit / GIB:.1f}")
-            oom += len(by_key[k])
-            done[k] = {"captured": False, "seconds": 0.0}
 
     def best(k: CaptureKey) -> float:
         ubs = bounds[k]
@@ -205,17 +210,26 @@ def plan(shape: Shape, scenario: Callable[..., Any], *, gpus: int, gpus_per_node
              "bounded": bounded, "probes": len(probes),
              "probe_compute_s": {f"tp:{tp},ac:{ac},microbatch:{mb}": v
                                  for (tp, ac, mb), v in sorted(compute.items())},
-             "probe_block_activation_bytes": {f"tp:{tp},ac:{ac},microbatch:{mb}": v
-                                              for (tp, ac, mb), v in sorted(per_block.items())},
+             "probe_block_activation_bytes": {f"tp:{tp},ac:{ac},microbatch:1": v
+                                              for (tp, ac), v in sorted(per_block.items())},
              "capture_seconds": sum(r["seconds"] for r in done.values()),
+             # where the CPU went: (captures, their seconds, jobs' seconds with the verdicts
+             # and replays) of plain steps and of pipelines
+             "by_kind": {kind: (sum(r["captured"] for k, r in done.items() if pick(k)),
+                                sum(r["seconds"] for k, r in done.items() if pick(k)),
+                                sum(r.get("job_seconds", 0.0) for k, r in done.items()
+                                    if pick(k)))
+                         for kind, pick in (("plain", lambda k: k.stages == 1),
+                                            ("pipeline", lambda k: k.stages > 1))},
              "wall_seconds": time.perf_counter() - t0}
     return cands, ranked[:top], facts
 
 
 def memory_floor(lay: Layout, shape: Shape, block_bytes: int) -> int:
     """Bytes ``lay`` needs at least on its first (pipeline) rank when a block saves
-    ``block_bytes`` for backward a microbatch (a probe's, at the layout's TP degree and
-    policy): its parameters (fp32) and Adam's two moments, sharded over its data-parallel
+    ``block_bytes`` for backward a sequence (a one-sequence probe's, at the layout's TP degree
+    and policy; a microbatch of ``lay.microbatch`` sequences saves that many times as much):
+    its parameters (fp32) and Adam's two moments, sharded over its data-parallel
     ranks and TP; with a pipeline, its first stage's parameters unsharded (bf16, FSDP2 keeps
     them gathered: ``reshard_after_forward`` off) and that stage's activations for the
     microbatches it runs before its first backward (one per pipeline rank, at least, under
@@ -225,6 +239,7 @@ def memory_floor(lay: Layout, shape: Shape, block_bytes: int) -> int:
     from fakepg.zoo.llama import stage_layers  # torchtitan's split, as the captures
 
     sharding = lay.tp * lay.shard * lay.cp
+    block_bytes *= lay.microbatch
     if lay.pp == 1:
         return 12 * shape.params // sharding + shape.n_layers * block_bytes
     n = lay.pp * lay.stages_per_rank

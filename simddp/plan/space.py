@@ -119,7 +119,7 @@ def _powers_of_two(upto: int) -> list[int]:
 
 
 def layouts(shape: Shape, gpus: int, *, gpus_per_node: int, seq_len: int, global_batch: int,
-            microbatch_sizes: tuple[int, ...] = (1,), ac_modes: tuple[str, ...] = AC_MODES,
+            microbatch_sizes: tuple[int, ...] | None = None, ac_modes: tuple[str, ...] = AC_MODES,
             max_cp: int | None = None, max_pp: int = 16,
             reshard_after_forward: tuple[bool, ...] = (True,),
             schedules: dict[str, tuple[int, ...]] | None = None) -> Iterator[Layout]:
@@ -127,7 +127,9 @@ def layouts(shape: Shape, gpus: int, *, gpus_per_node: int, seq_len: int, global
     step, before rules: tp, cp and pp powers of two (tp within a node), FSDP over the rest or
     HSDP sharding inside 1, 2, 4... nodes (without a pipeline), each schedule of ``schedules``
     (default :data:`SCHEDULES`) with its virtual stages, microbatch
-    sizes, activation checkpointing modes, and ``reshard_after_forward`` (without a pipeline;
+    sizes (``microbatch_sizes``; None: one sequence with a pipeline, without one each power of
+    two up to the data-parallel rank's whole share of the batch — torchtitan's local batch,
+    fewer gradient-accumulation steps), activation checkpointing modes, and ``reshard_after_forward`` (without a pipeline;
     torchtitan turns it off under pipelines). ``max_cp`` None: context parallelism up to 8 for
     sequences of 32k tokens and more, none below."""
     if max_cp is None:  # context parallelism is for long sequences (torchtitan: 32k and up)
@@ -143,7 +145,9 @@ def layouts(shape: Shape, gpus: int, *, gpus_per_node: int, seq_len: int, global
                 shards = [dp] + ([s for s in (per_node << i for i in range(4)) if 1 < s < dp
                                   and dp % s == 0] if pp == 1 else [])
                 for shard in shards:
-                    for mb in microbatch_sizes:
+                    sizes = microbatch_sizes or ((1,) if pp > 1 else
+                                                 _powers_of_two(global_batch // dp))
+                    for mb in sizes:
                         if global_batch % (dp * mb):
                             continue
                         m = global_batch // (dp * mb)
