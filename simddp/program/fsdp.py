@@ -301,6 +301,9 @@ def event_marks(phases: Sequence[dict[str, Any]], p: int, phase: str, prefetch: 
     at = lambda i, key: tuple(  # noqa: E731 - per profile: event i's offset
         float(q["events"][i][key] if q["events"][i][key] is not None
               else q["events"][i]["offset"]) for q in phases)
+    if len(phases) == 1:  # the same, without a generator (a pipeline asks this ~10^6 times)
+        at = lambda i, key: (float(evs[i][key] if evs[i][key] is not None  # noqa: E731
+                                   else evs[i]["offset"]),)
     # FSDP's unit all-gathers (tensor parallelism's keep their captured points, as others)
     gathers = [i for i, e in enumerate(evs) if fsdp_gather(e)]
     # the unit each all-gather unshards: forward, in order; backward, the resharded units
