@@ -22,6 +22,8 @@ from ..errors import copy_to_raise
 from ..world.binding import current_cluster
 from ..choices.faults import RankCrashed
 from ..world.process_group import FakeProcessGroup, FakeWork, forced_call, requested_backend
+# the real clock: time.monotonic on a rank thread (this one) is a preemption point in a world
+from ..world.scheduler import monotonic as _monotonic
 from .wire import RemoteTraceback, encode, pack_exception, unpack_exception
 
 if TYPE_CHECKING:
@@ -151,7 +153,7 @@ class Proxy:
                     raise copy_to_raise(self.sched.abort_error)
                 continue
             quiet = self._quiet(quiet)
-            if quiet is not None and time.monotonic() - quiet[1] >= LEND_AFTER:
+            if quiet is not None and _monotonic() - quiet[1] >= LEND_AFTER:
                 self._lend()
                 wait_ms = 0  # back with the baton: look again at once, lend again if need be
         self.listening = False
@@ -168,7 +170,7 @@ class Proxy:
             return None
         cpu = _child_cpu_seconds(self.children.pids[self.rank])
         if quiet is None or cpu - quiet[0] > 0.002:
-            return (cpu, time.monotonic())
+            return (cpu, _monotonic())
         return quiet
 
     def _called_in(self) -> bool:
