@@ -8,6 +8,7 @@ rank believes it is rank 0 and reads the same data shard, silently.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -234,5 +235,66 @@ def test_torchft_manager_fails_at_once_naming_its_native_store_wait_in_both_mode
             assert isinstance(info.value.__cause__, fakepg.NativeWaitError)
             assert "(via torchft/manager.py:" in str(info.value.__cause__)
             assert "--isolation process alike" in str(info.value.__cause__)
+    finally:
+        lighthouse.shutdown()
+
+
+TORCHFT = '''
+import hashlib, os
+from datetime import timedelta
+import torch
+from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
+
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+manager = Manager(pg=ProcessGroupGloo(timeout=timedelta(seconds=20)), min_replica_size=1,
+                  load_state_dict=lambda sd: model.load_state_dict(sd),
+                  state_dict=lambda: model.state_dict(), replica_id="ft_0",
+                  timeout=timedelta(seconds=20))
+ddp, optimizer = DistributedDataParallel(manager, model), Optimizer(manager, opt)
+torch.manual_seed(1 + int(os.environ["RANK"]))
+losses = []
+for _ in range(3):
+    x, y = torch.randn(4, 8), torch.randn(4, 2)
+    optimizer.zero_grad()
+    loss = torch.nn.functional.mse_loss(ddp(x), y)
+    loss.backward()
+    optimizer.step()
+    losses.append(round(loss.item(), 5))
+step = manager.current_step()
+manager.shutdown()
+w = b"".join(p.detach().numpy().tobytes() for p in model.parameters())
+with open(f"result-{os.environ['RANK']}.txt", "w") as f:
+    f.write(f"{step} {losses} {hashlib.md5(w).hexdigest()}")
+'''
+
+
+@pytest.mark.gloo
+@pytest.mark.slow
+def test_torchft_ddp_with_a_lighthouse_trains_under_process_mode_fakerun_as_under_torchrun(
+        tmp_path, monkeypatch):
+    """torchft's should_commit and quorum wait in Rust (gRPC) for every rank of the replica
+    group to call in: as processes the waiting rank's proxy lends the baton, so the other
+    rank runs, as under torchrun (before: rank 1 held it until torchft's timeout, 89 s, and
+    the run failed). In threads its quorum thread needs the world's store, which only rank
+    threads reach: the run fails at once, naming the wait and the way out."""
+    pytest.importorskip("torchft")
+    from torchft.coordination import LighthouseServer
+
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1)
+    monkeypatch.setenv("TORCHFT_LIGHTHOUSE", lighthouse.address())
+    try:
+        real = launch(["torch.distributed.run"], TORCHFT, tmp_path)
+        assert [row[0] for row in real] == ["3", "3"]  # three committed steps per rank
+        assert launch(["fakepg.launch.fakerun", "--isolation", "process"], TORCHFT, tmp_path) == real
+        proc = subprocess.run([sys.executable, "-m", "fakepg.launch.fakerun", "--nproc-per-node",
+                               "2", str(tmp_path / "train.py")], capture_output=True, text=True,
+                              timeout=300, cwd=tmp_path)
+        assert proc.returncode == 1
+        assert re.search(r"NativeWaitError: rank [01]: torchft/process_group.py:\d+ builds a "
+                         r"TCPStore client", proc.stderr), proc.stderr[-3000:]
+        assert "on a thread the program started" in proc.stderr
+        assert "fakerun --isolation process" in proc.stderr
     finally:
         lighthouse.shutdown()

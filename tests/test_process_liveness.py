@@ -149,3 +149,56 @@ def test_a_helper_thread_that_is_runnable_counts_as_activity_even_without_cpu_si
         idle.set()
         sleeper.join()
     assert not all(quiet)  # the asleep thread is not activity (an odd torch worker may spin)
+
+
+def _fifos(tmp_path, *names):
+    for name in names:
+        os.mkfifo(tmp_path / name)
+    return [str(tmp_path / name) for name in names]
+
+
+def test_a_rank_process_in_a_native_wait_on_another_rank_lets_that_rank_run(tmp_path):
+    """Opening a FIFO blocks in the kernel until its other end is opened: each rank's process
+    waits there, asleep, for the other -- as torchft's should_commit waits in Rust for every
+    rank to call it. Under torchrun both processes run at once; here the waiting rank's proxy
+    lends the baton until its process calls in (before: rank 1 never started, and the world
+    ran to its timeout)."""
+    ping, pong = _fifos(tmp_path, "ping", "pong")
+
+    def train(rank):
+        got = []
+        for step in range(2):
+            if rank == 0:
+                with open(ping, "w") as f:
+                    f.write(f"ping {step}")
+                with open(pong) as f:
+                    got.append(f.read())
+            else:
+                with open(ping) as f:
+                    got.append(f.read())
+                with open(pong, "w") as f:
+                    f.write(f"pong {step}")
+            t = torch.tensor([float(rank + 1)])
+            dist.all_reduce(t)
+            got.append(t.item())
+        return got
+
+    returns = fakepg.spawn(train, nprocs=2, isolation="process", timeout=60).returns
+    assert returns == [["pong 0", 3.0, "pong 1", 3.0], ["ping 0", 3.0, "ping 1", 3.0]]
+
+
+def test_a_native_wait_nobody_answers_ends_at_the_deadline_and_the_report_names_it(tmp_path):
+    """A rank process asleep in native code is never judged hung (something outside fakepg may
+    answer it, as under torchrun); the world's deadline ends it, and the report says where."""
+    (never,) = _fifos(tmp_path, "never")
+
+    def train(rank):
+        if rank == 0:
+            open(never).close()  # nobody ever opens it for writing
+        dist.barrier()
+
+    with pytest.raises(fakepg.SpawnTimeoutError) as info:
+        fakepg.spawn(train, nprocs=2, isolation="process", timeout=1.5)
+    report = str(info.value)
+    assert "rank 0: sleeping in a wait inside native code in its process" in report
+    assert "rank 1: blocked waiting on barrier" in report

@@ -255,8 +255,14 @@ class _Constructor:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from ..world.binding import current_cluster
-        if _ACTIVE is None or current_cluster() is None:
+        if _ACTIVE is None:
             return self._original(*args, **kwargs)
+        if current_cluster() is None:  # a thread the program started (torchft's quorum thread)
+            _HELPER_CALL.active = True  # for the refusal's message: the class is the patched one
+            try:
+                return self._original(*args, **kwargs)
+            finally:
+                _HELPER_CALL.active = False
         return self._make(_ACTIVE)(*args, **kwargs)
 
     def __instancecheck__(self, obj: Any) -> bool:
@@ -269,6 +275,7 @@ class _Constructor:
         return getattr(self._original, name)
 
 
+_HELPER_CALL = threading.local()  # .active: inside _Constructor on a thread that is no rank
 _MAKERS = {"TCPStore": lambda w: w.tcp, "FileStore": lambda w: w.file, "HashStore": lambda w: w.hash}
 
 
@@ -366,6 +373,16 @@ def _refuse_native_client(args: tuple, kwargs: dict) -> None:
     if is_master or host is None or (str(host), str(port)) != world:
         return  # a store of the program's own (a server it runs, another address)
     rank = os.environ.get("RANK", "?")
+    if getattr(_HELPER_CALL, "active", False):
+        raise _with_address(NativeWaitError(
+            f"rank {rank}: {user_site(3)} builds a TCPStore client for {host}:{port}, the fake "
+            f"world's store (MASTER_ADDR:MASTER_PORT), on a thread the program started, not on "
+            f"the rank's own thread. In thread mode only rank threads reach the world's store "
+            f"(it lives inside fakepg, not on a socket); torch's native client would retry "
+            f"inside C++ until its timeout. Run the ranks as processes (fakerun --isolation "
+            f"process, or fakepg.spawn(..., isolation='process')), where every thread of a "
+            f"rank's process reaches the world's store, or run it under torchrun with real "
+            f"gloo."), (str(host), str(port)))
     raise _with_address(NativeWaitError(
 
         f"rank {rank}: {user_site(3)} builds torch's native TCPStore client for {host}:{port}, "

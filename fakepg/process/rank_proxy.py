@@ -13,6 +13,7 @@ import itertools
 import os
 import pickle
 import select
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -21,12 +22,21 @@ from ..errors import copy_to_raise
 from ..world.binding import current_cluster
 from ..choices.faults import RankCrashed
 from ..world.process_group import FakeProcessGroup, FakeWork, forced_call, requested_backend
+# the real clock: time.monotonic on a rank thread (this one) is a preemption point in a world
+from ..world.scheduler import monotonic as _monotonic
 from .wire import RemoteTraceback, encode, pack_exception, unpack_exception
 
 if TYPE_CHECKING:
     from .process_mode import Children
 
 KILL_GRACE = 1.0  # seconds a child that said goodbye gets to exit before SIGKILL
+# A child seen asleep this long, using no CPU, with no request on its pipe and no collective in
+# flight, waits inside native code (a Rust/C++ client, a socket, a pipe) on something outside
+# fakepg -- perhaps on another rank, as torchft's should_commit waits in Rust for every rank
+# to call it. As under torchrun, where every process runs at once, the others then run
+# meanwhile: the proxy lends the baton, LEND_SLICE seconds at a time, until the child calls in.
+LEND_AFTER = 0.1
+LEND_SLICE = 0.05
 
 
 def _child_cpu_seconds(pid: int) -> float:
@@ -42,6 +52,19 @@ def _child_cpu_seconds(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return time.monotonic()  # unknown: a value that keeps moving (never mistaken for a wait)
+
+
+def _native_wait(pid: int) -> str:
+    """How a report names a rank process's native wait: the kernel function its main thread
+    sleeps in (``/proc/PID/wchan``: ``pipe_read``, ``futex_wait_queue``, ``do_epoll_wait``)."""
+    try:
+        with open(f"/proc/{pid}/wchan") as f:
+            where = f.read().strip()
+    except OSError:
+        where = ""
+    where = f" (in the kernel's {where})" if where and where != "0" else ""
+    return (f"a wait inside native code in its process (pid {pid}){where}: every thread "
+            f"asleep, no request to fakepg, no collective in flight; the other ranks run meanwhile")
 
 
 class Proxy:
@@ -70,6 +93,11 @@ class Proxy:
         self.listening = False  # in _recv's poll, no request received yet
         self._peek = select.poll()  # the watchdog's own (a poll object is not for two threads)
         self._peek.register(self.channel.conn.fileno(), select.POLLIN)
+        # whether the child called in (or died) while the baton is lent: read by the thread
+        # that hands the baton over, so a poll object and a lock of its own
+        self._lent_poll = select.poll()
+        self._lent_poll.register(self.channel.conn.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
+        self._lent_mu = threading.Lock()
         self.sched.clocks.register(rank, lambda: _child_cpu_seconds(pid), pid, self._serving)
 
     def run(self) -> Any:
@@ -112,7 +140,10 @@ class Proxy:
     def _recv(self) -> tuple[tuple[Any, list[int]], dict[int, Any]]:
         aborted_at = None
         self.listening = True
-        while not self._poller.poll(50):  # ms; one poll object (conn.poll builds a selector each time)
+        quiet: tuple[float, float] | None = None  # (child CPU, since when) while it sleeps
+        wait_ms = 50
+        while not self._poller.poll(wait_ms):  # one poll object (conn.poll builds a selector each time)
+            wait_ms = 50
             if self.sched.abort_error is not None:
                 # The world ended from outside (the inactivity fallback) while the child
                 # computes or is stuck in C++: it gets a moment to call in, then it is ended.
@@ -120,11 +151,43 @@ class Proxy:
                 if time.monotonic() - aborted_at > KILL_GRACE:
                     self.children.kill(self.rank)
                     raise copy_to_raise(self.sched.abort_error)
+                continue
+            quiet = self._quiet(quiet)
+            if quiet is not None and _monotonic() - quiet[1] >= LEND_AFTER:
+                self._lend()
+                wait_ms = 0  # back with the baton: look again at once, lend again if need be
         self.listening = False
         try:
             return self.channel.recv_request()
         except (EOFError, OSError):
             raise self.children.died(self.rank) from None
+
+    def _quiet(self, quiet: tuple[float, float] | None) -> tuple[float, float] | None:
+        """The child's quiet episode so far: None while it computes (its CPU clock moves), has
+        a thread not asleep (one waiting for a core works), or has a collective in flight (a
+        C++ wait on its own Work: the watchdog's verdict, not a lend, is the answer)."""
+        if self.cluster.outstanding[self.rank] or not self.sched.clocks.asleep(self.rank):
+            return None
+        cpu = _child_cpu_seconds(self.children.pids[self.rank])
+        if quiet is None or cpu - quiet[0] > 0.002:
+            return (cpu, _monotonic())
+        return quiet
+
+    def _called_in(self) -> bool:
+        with self._lent_mu:
+            return bool(self._lent_poll.poll(0))
+
+    def _lend(self) -> None:
+        """Let the other ranks run while the child sleeps in a native wait, for LEND_SLICE
+        seconds or until it calls in. Parked as a timed Python wait: runnable again at its
+        deadline, so the world is never judged hung on it (only a deadline ends a native
+        wait nobody answers, as under torchrun)."""
+        pid = self.children.pids[self.rank]
+        try:
+            self.sched.python_wait(self.rank, self._called_in, lambda: _native_wait(pid), LEND_SLICE)
+        except Exception:  # noqa: BLE001 - the world ended meanwhile: _recv ends the child
+            if self.sched.abort_error is None:
+                raise
 
     # -- requests ----------------------------------------------------------------------
     def _group(self, desc: tuple) -> FakeProcessGroup:
