@@ -149,12 +149,13 @@ def warm_parent() -> None:
     if _warmed:
         return
     import importlib
-    for name in WARM_MODULES:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - a child that needs it raises it where it is used
-            pass
-    _warmed = True
+    with _signals_held():
+        for name in WARM_MODULES:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - a child that needs it raises it where it is used
+                pass
+        _warmed = True
 
 
 @contextlib.contextmanager
@@ -191,6 +192,40 @@ def forked_ranks(fn: Callable[..., Any], args: Sequence[Any], processes: list[Pr
                 os.kill(os.getpid(), signal.SIGTERM)
 
 
+@contextlib.contextmanager
+def _signals_held() -> Iterator[Callable[[], None]]:
+    """Hold Ctrl-C (and SIGTERM) while the main thread forks or warms up, and deliver it after.
+
+    ``os.fork`` runs Python's at-fork callbacks (logging's ``_acquireLock``/``_releaseLock``);
+    a KeyboardInterrupt raised inside one is "ignored" (printed, then dropped) -- the interrupt
+    was lost and the world ran on (seen under load: a Ctrl-C test waited forever on a rank
+    sleeping 3600 s), and logging's lock could be left held. Importing torch._dynamo (the
+    first world's warm-up) lost one silently too (a library's broad ``except`` around an import).
+    Handlers that only record the signal stand in meanwhile; the yielded function restores
+    the real ones (in a child)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: None  # signals are handled on the main thread only
+        return
+    held: list[int] = []
+    saved: dict[int, Any] = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(signum)
+        if callable(handler):  # a Python handler (default_int_handler, forked_ranks' SIGTERM)
+            saved[signum] = handler
+            signal.signal(signum, lambda num, frame: held.append(num))
+
+    def restore() -> None:
+        for num, handler in saved.items():
+            signal.signal(num, handler)
+
+    try:
+        yield restore
+    finally:
+        restore()
+        for num in held[:1]:  # as it would have been handled, now that nothing can drop it
+            saved[num](num, sys._getframe())
+
+
 class Children:
     """The rank processes of one world, forked at construction; ``serve`` is each proxy.
 
@@ -225,12 +260,14 @@ class Children:
         parent = os.getpid()
         _wait_for_ended_rank_threads(ended_threads)
         try:
-            for rank in range(self.nprocs):
-                pid = os.fork()
-                if pid == 0:  # pragma: no cover - runs in the child, which never returns
-                    _child_main(rank, self.nprocs, pipes, fn, tuple(args), processes[rank], parent,
-                                seed, start_world, init)
-                self.pids.append(pid)
+            with _signals_held() as restore_in_child:
+                for rank in range(self.nprocs):
+                    pid = os.fork()
+                    if pid == 0:  # pragma: no cover - runs in the child, which never returns
+                        restore_in_child()
+                        _child_main(rank, self.nprocs, pipes, fn, tuple(args), processes[rank],
+                                    parent, seed, start_world, init)
+                    self.pids.append(pid)
         except BaseException:
             self.channels = [Channel(p) for p, _ in pipes]
             self.close()
@@ -321,7 +358,10 @@ def _child_main(rank: int, nprocs: int, pipes: list, fn: Callable[..., Any], arg
         unregister_all_process_groups() if unregister_all_process_groups else None
         channel = Channel(pipes[rank][1])
         remote.install(rank, nprocs, channel, seed, start_world)
-        channel.recv_reply()  # "go": the proxy holds the baton
+        try:
+            channel.recv_reply()  # "go": the proxy holds the baton
+        except (EOFError, OSError):  # the world ended before this rank started (Ctrl-C): quietly
+            os._exit(1)
         ok, payload = remote.run(fn, args, init)
         for stream in (sys.stdout, sys.stderr):
             closer = getattr(stream, "close_rank", None)

@@ -389,7 +389,8 @@ def end_ranks(sched: Scheduler, cluster: Any, error: FakePGError, grace: float =
                     if c.work is not None and not c.work._done:
                         c.work._complete(error)
         for t in threads:
-            t.join(0.02)
+            if t.is_alive():  # not one whose start() the interrupt cut short (join would raise)
+                t.join(0.02)
     return [s.rank for s in sched.slots if s.thread is not None and s.thread.is_alive()]
 
 
