@@ -336,9 +336,10 @@ def test_ranks_that_handle_their_timeout_exit_as_torchrun_and_gloo_do(tmp_path, 
                                "2", "--master-port", "29561", script], capture_output=True,
                               text=True, timeout=120)
         # real gloo, after a caught timeout, now and then aborts the process as it exits
-        # (SIGABRT from its pending work, on a loaded machine): the reference is the verdict
-        # gloo gives when it exits normally
-        if "Signal 6 (SIGABRT)" not in real.stderr:
+        # (SIGABRT from its pending work, on a loaded machine), or its 1 s timeout fires
+        # already in init's rendezvous (rank 0 exit 1, seen at load ~6): the reference is the
+        # verdict gloo gives when it runs as the program means and exits normally
+        if real.returncode == 0:
             break
     fake = subprocess.run([sys.executable, "-m", "fakepg.launch.fakerun", "--nproc-per-node", "2", script],
                           capture_output=True, text=True, timeout=120)
