@@ -3,8 +3,10 @@
 One test per block, named ``FILE:LINE`` (the line of its opening fence). The convention
 (docs/index.md repeats it for writers):
 
-- ```python — run as a standalone script in a fresh interpreter (this one's executable), from
-  the repository root; self-contained, quick, writing files only under ``out/`` or a tmp dir.
+- ```python — run as a standalone script, as ``python SCRIPT`` from the repository root would,
+  in a child forked from a warm interpreter that has imported torch, fakepg and simddp
+  (``tests/warm_python.py``: the imports took a tenth of the suite); self-contained, quick,
+  writing files only under ``out/`` or a tmp dir.
 - ```console — each line starting with ``$ `` is a shell command run by bash from the
   repository root with the interpreter's bin directory first on PATH and ``COLUMNS=80``; the
   lines after it, up to the next ``$ ``, are its expected output (stdout and stderr together).
@@ -22,10 +24,13 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -139,8 +144,50 @@ def check_directive(block: Block) -> None:
     pytest.skip(f"doc-test: skip ({m.group(1).strip()})")
 
 
+class WarmPython:
+    """``tests/warm_python.py`` as a server: a script's exit status and output, each run in a
+    child forked from it (restarted if it died)."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[str] | None = None
+
+    def _server(self) -> subprocess.Popen[str]:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(ROOT / "tests" / "warm_python.py")], cwd=ROOT,
+                env=env_for_docs(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        return self.proc
+
+    def run(self, script: Path, output: Path) -> tuple[int, str]:
+        proc = self._server()
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(f"{script}\t{output}\n")
+        proc.stdin.flush()
+        pid = int(proc.stdout.readline())
+        timer = threading.Timer(BLOCK_TIMEOUT_S, os.kill, (pid, signal.SIGKILL))
+        timer.start()
+        try:
+            status = int(proc.stdout.readline())
+        finally:
+            timer.cancel()
+        return status, output.read_text(encoding="utf-8", errors="replace")
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.stdin.close()  # type: ignore[union-attr]
+            self.proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="session")
+def warm_python() -> Iterator[WarmPython]:
+    warm = WarmPython()
+    yield warm
+    warm.close()
+
+
 @pytest.mark.parametrize("block", ALL_BLOCKS, ids=[b.id for b in ALL_BLOCKS])
-def test_doc_code_block_runs_as_shown(block: Block, tmp_path: Path) -> None:
+def test_doc_code_block_runs_as_shown(block: Block, tmp_path: Path, warm_python: WarmPython
+                                      ) -> None:
     check_directive(block)
     if block.language not in LANGUAGES:
         pytest.fail(f"{block.id}: a code block needs one of the languages {', '.join(LANGUAGES)} "
@@ -151,12 +198,10 @@ def test_doc_code_block_runs_as_shown(block: Block, tmp_path: Path) -> None:
     if block.language == "python":
         script = tmp_path / f"doc_{block.path.stem}_{block.line}.py"
         script.write_text(block.code, encoding="utf-8")
-        proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env_for_docs(),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=BLOCK_TIMEOUT_S)
-        if proc.returncode:
-            pytest.fail(f"{block.id}: the python block exited with status {proc.returncode}:\n"
-                        f"{proc.stdout}", pytrace=False)
+        status, output = warm_python.run(script, tmp_path / "output.txt")
+        if status:
+            pytest.fail(f"{block.id}: the python block exited with status {status}:\n"
+                        f"{output}", pytrace=False)
         return
     if block.language == "bash":
         proc = run_shell(block.code, script=True)
