@@ -94,12 +94,13 @@ def evaluate_key(key: CaptureKey, layouts: list[Layout], scenario: Callable[...,
     the capture's, "captured": whether the registry captured it, "results": per layout
     (stage, reason, figures)}`` — ``("memory", reason, peak)`` for a layout the capture or the
     planner refuses or whose step program's peak exceeds ``memory_bytes``, ``("replay", "",
-    row)`` for one that fits (its replay row)."""
+    row)`` for one that fits (its replay row); ``"job_seconds"`` the whole job's, and
+    ``"cpu_seconds"`` / ``"job_cpu_seconds"`` the capture's and the job's CPU seconds."""
     import time
 
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     cap = _capture_or_refusal(capture or default_capture, key, scenario, timing, shape)
-    seconds = time.perf_counter() - t
+    seconds, cpu_seconds = time.perf_counter() - t, time.process_time() - cpu
     gb = memory_bytes / 1e9  # the replay knob counts GB
     out: list[tuple[str, str, Any]] = []
     with _no_cyclic_gc():
@@ -107,6 +108,9 @@ def evaluate_key(key: CaptureKey, layouts: list[Layout], scenario: Callable[...,
             out.append(_verdict_or_replay(shape, lay, cap, network, gb, memory_bytes))
     return {"seconds": seconds, "captured": not isinstance(cap, Exception), "results": out,
             "job_seconds": time.perf_counter() - t,
+            # this process's CPU (a worker runs one job at a time): what a loaded machine's
+            # other jobs do not inflate, as they do the wall times above
+            "cpu_seconds": cpu_seconds, "job_cpu_seconds": time.process_time() - cpu,
             "compute_s": compute_seconds(cap),
             "block_activation_bytes": block_activation_bytes(cap, shape.n_layers)}
 
