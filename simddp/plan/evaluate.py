@@ -99,11 +99,11 @@ def evaluate_key(key: CaptureKey, layouts: list[Layout], scenario: Callable[...,
     import time
 
     t, cpu = time.perf_counter(), time.process_time()
-    cap = _capture_or_refusal(capture or default_capture, key, scenario, timing, shape)
-    seconds, cpu_seconds = time.perf_counter() - t, time.process_time() - cpu
     gb = memory_bytes / 1e9  # the replay knob counts GB
     out: list[tuple[str, str, Any]] = []
     with _no_cyclic_gc():
+        cap = _capture_or_refusal(capture or default_capture, key, scenario, timing, shape)
+        seconds, cpu_seconds = time.perf_counter() - t, time.process_time() - cpu
         for lay in layouts:
             out.append(_verdict_or_replay(shape, lay, cap, network, gb, memory_bytes))
     return {"seconds": seconds, "captured": not isinstance(cap, Exception), "results": out,
@@ -121,7 +121,8 @@ def _no_cyclic_gc() -> Iterator[None]:
     millions of instruction objects (a 16-stage pipeline of 512 microbatches: 2 x 10^6 marks),
     which every full collection while the program is built and replayed walks again (a
     16-stage job took 49 CPU s with it, 28 without, the same peak RSS: planning and
-    replaying leave no cycles to speak of)."""
+    replaying leave no cycles to speak of; a 2-stage 70B capture 11.3 CPU s with it, 10.2
+    without, its peak RSS 419 and 439 MB)."""
     was = gc.isenabled()
     gc.disable()
     try:
