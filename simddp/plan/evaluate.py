@@ -122,7 +122,7 @@ def _no_cyclic_gc() -> Iterator[None]:
     which every full collection while the program is built and replayed walks again (a
     16-stage job took 49 CPU s with it, 28 without, the same peak RSS: planning and
     replaying leave no cycles to speak of; a 2-stage 70B capture 11.3 CPU s with it, 10.2
-    without, its peak RSS 419 and 439 MB)."""
+    without, its peak RSS 419 and 439 MiB)."""
     was = gc.isenabled()
     gc.disable()
     try:
