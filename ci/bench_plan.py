@@ -38,6 +38,14 @@ def _uptime() -> str:
     return f"load average {one}, {five}, {fifteen} on {os.cpu_count()} CPUs"
 
 
+def _cpu() -> float:
+    """CPU seconds (user + system) of this process and its ended children."""
+    import resource
+
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
 def run(name: str) -> None:
     from simddp.plan import plan
 
@@ -45,22 +53,28 @@ def run(name: str) -> None:
     spec, sched, source = case["published"]
     print(f"{name}: start, {_uptime()}", flush=True)
     t0 = time.perf_counter()
+    cpu0 = _cpu()
     with concurrent.futures.ProcessPoolExecutor(os.cpu_count() or 2) as pool:  # captures, replays
         res = plan(case["model"], gpus=case["gpus"], gpu="h100", network="dgx-h100",
                    seq_len=8192, global_batch=case["global_batch"], top=5, executor=pool,
                    status=lambda s: print(f"  [{time.perf_counter() - t0:6.1f} s] {s}",
                                           flush=True))
     wall = time.perf_counter() - t0
+    cpu = _cpu() - cpu0  # the pool's workers have ended: their CPU is counted
     f = res.facts
     print(f"\n{case['model']} on {case['gpus']} H100: {f['layouts']} layouts, "
           f"{f['dropped_by_rules']} dropped by rules, {f['bounded']} by the compute "
           f"bound of {f['probes']} probes, {f['evaluated']} evaluated (memory verdict or "
           f"replay: goal >= 100), {f['replayed']} replayed from {f['captures']} captures "
-          f"({f['capture_seconds']:.0f} s capturing, CPU); {f['feasible']} fit; wall "
+          f"({f['capture_seconds']:.0f} s capturing); {f['feasible']} fit; wall "
           f"{wall:.0f} s (goal {case['goal_s']} s); {_uptime()}")
+    print(f"  CPU: {cpu:.0f} s (this process and its pool's workers, user + system; "
+          f"{cpu / (os.cpu_count() or 2):.0f} s on each of {os.cpu_count()} CPUs: the wall "
+          f"time on a machine running nothing else, at best)")
     for kind, (n, cap_s, job_s) in f["by_kind"].items():
-        print(f"  {kind} steps: {n} captures, {cap_s:.0f} CPU s capturing, {job_s:.0f} CPU s "
-              f"with their memory verdicts and replays")
+        cap_cpu, job_cpu = f["cpu_by_kind"][kind]
+        print(f"  {kind} steps: {n} captures, {cap_s:.0f} s capturing ({cap_cpu:.0f} CPU s), "
+              f"{job_s:.0f} s with their memory verdicts and replays ({job_cpu:.0f} CPU s)")
     print(res.table(), end="")
     _check_bounds(res, case["model"])
     ranked = [c for c in res.candidates if c.feasible]

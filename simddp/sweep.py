@@ -32,13 +32,14 @@ def grid(**axes: Any) -> list[dict[str, Any]]:
 
 
 def replay_row(captured: CapturedIteration, config: Config,
-               progress: Any = False) -> dict[str, Any]:
+               progress: Any = False, program: Any = None) -> dict[str, Any]:
     """One sweep row: :func:`replay` of ``config``, its :meth:`~simddp.ReplayResult.row`, the
     breakdown columns (:func:`~simddp.analysis.sweeps.row_figures`) and ``wall_time_s``.
     Module-level, so that executors in other processes can run it. ``progress``: replay's
-    (no display of its own by default: the sweep reports rows)."""
+    (no display of its own by default: the sweep reports rows); ``program``: replay's (the
+    step program already planned for ``config``)."""
     res = replay(captured, config.world_size, network=config.network, knobs=config.knobs,
-                 progress=progress)
+                 progress=progress, program=program)
     return {**res.row(), **row_figures(res.timeline), "wall_time_s": res.wall_time}
 
 

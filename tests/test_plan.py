@@ -255,6 +255,36 @@ def test_one_pipeline_capture_replays_every_schedule_and_depth_it_stands_for():
     assert row1["iteration_time_s"] != row2["iteration_time_s"]  # each its own schedule
 
 
+def test_a_jobs_replay_of_the_program_it_planned_for_memory_is_a_replay_planned_anew():
+    # evaluate_key plans each layout once (its memory verdict), replays that program, and
+    # runs with the cyclic collector off: the row is replay_row's bit for bit, the
+    # collector's state is given back
+    import dataclasses
+    import gc
+
+    from simddp.models import Compute, Network
+    from simddp.plan.evaluate import capture_key, default_capture, evaluate_key, replay_config
+    from simddp.sweep import replay_row
+    from simddp.timing import Timing
+
+    shape = Shape.of_llama("tiny-8", dataclasses.replace(LLAMA3_TINY, n_layers=8))
+    net = Network.preset("dgx-h100")
+    timing = Timing(network=net, compute=Compute.kernels("h100"))
+    lay = Layout(16, pp=4, shard=4, schedule="Interleaved1F1B", stages_per_rank=2,
+                 microbatches=8, ac="full", reshard_after_forward=False)
+    key = capture_key(shape, lay)
+    assert gc.isenabled()
+    (stage, why, row), = evaluate_key(key, [lay], _eight_layer_tiny, timing, shape, net,
+                                      80 << 30)["results"]
+    assert gc.isenabled()
+    assert stage == "replay", why
+    deep, config = replay_config(shape, lay, default_capture(key, _eight_layer_tiny, timing,
+                                                             shape), net, (80 << 30) / 1e9)
+    anew = replay_row(deep, config)
+    assert {k: v for k, v in row.items() if k != "wall_time_s"} == \
+        {k: v for k, v in anew.items() if k != "wall_time_s"}
+
+
 def test_the_compute_bound_never_exceeds_what_a_replay_reaches(small):
     from simddp.plan.search import _bound
 

@@ -213,16 +213,24 @@ def plan(shape: Shape, scenario: Callable[..., Any], *, gpus: int, gpus_per_node
              "probe_block_activation_bytes": {f"tp:{tp},ac:{ac},microbatch:1": v
                                               for (tp, ac), v in sorted(per_block.items())},
              "capture_seconds": sum(r["seconds"] for r in done.values()),
-             # where the CPU went: (captures, their seconds, jobs' seconds with the verdicts
-             # and replays) of plain steps and of pipelines
+             # where the time went: (captures, their seconds, jobs' seconds with the verdicts
+             # and replays) of plain steps and of pipelines, as the workers' clocks count them
              "by_kind": {kind: (sum(r["captured"] for k, r in done.items() if pick(k)),
                                 sum(r["seconds"] for k, r in done.items() if pick(k)),
                                 sum(r.get("job_seconds", 0.0) for k, r in done.items()
                                     if pick(k)))
-                         for kind, pick in (("plain", lambda k: k.stages == 1),
-                                            ("pipeline", lambda k: k.stages > 1))},
+                         for kind, pick in KINDS},
+             # the same in CPU seconds (the workers' own: not inflated by a loaded machine)
+             "cpu_by_kind": {kind: (sum(r.get("cpu_seconds", 0.0) for k, r in done.items()
+                                        if pick(k)),
+                                    sum(r.get("job_cpu_seconds", 0.0) for k, r in done.items()
+                                        if pick(k)))
+                             for kind, pick in KINDS},
              "wall_seconds": time.perf_counter() - t0}
     return cands, ranked[:top], facts
+
+
+KINDS = (("plain", lambda k: k.stages == 1), ("pipeline", lambda k: k.stages > 1))
 
 
 def memory_floor(lay: Layout, shape: Shape, block_bytes: int) -> int:

@@ -57,7 +57,7 @@ def _network(network: Any, cap: CapturedIteration) -> NetworkModel:
 def replay(captured: Any, world_size: int | None = None, *,
            network: NetworkModel | str | None = None, knobs: Knobs | None = None,
            per_rank: bool = False, engine: str | None = None, progress: Any = None,
-           **knob_values: Any) -> ReplayResult:
+           program: Any = None, **knob_values: Any) -> ReplayResult:
     """Replay ``captured`` on ``world_size`` ranks (default: the captured world size). See
     :mod:`simddp.replay` for the model and every knob.
 
@@ -75,7 +75,9 @@ def replay(captured: Any, world_size: int | None = None, *,
     ``progress``: None shows a rich progress bar on stderr when stderr is a terminal, True
     always, False never; a callable ``progress(done, total, description)`` hears it instead.
     None of these changes the result (the vectorised engine's per-iteration figures agree to
-    float rounding, its iteration ends exactly)."""
+    float rounding, its iteration ends exactly). ``program``: the step program
+    :func:`simddp.program.plan` already wrote for this capture, world and knobs (a caller that
+    read its memory first, as ``simddp plan`` does, need not plan twice); None: planned here."""
     t_wall = _time.perf_counter()
     cap = captured
     world = integer("world_size", cap.world_size if world_size is None else world_size,
@@ -88,7 +90,8 @@ def replay(captured: Any, world_size: int | None = None, *,
     k = base.replace(**knob_values)
     net = _network(network, cap)
     checked = k.checked(world, net)
-    program = plan(cap, checked)
+    if program is None:
+        program = plan(cap, checked)
     limit = None if k.gpu_memory_gb is None else int(k.gpu_memory_gb * 1e9)
     mem = job_memory(program, gpu_memory_bytes=limit,
                      expandable_segments=k.expandable_segments)
