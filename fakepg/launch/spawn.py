@@ -72,6 +72,9 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
     and rank). ``hang_timeout`` bounds the inactivity fallback for waits hidden in C++.
     ``env`` adds environment variables for every rank (a mapping) or per rank (a function
     of the rank), over the launcher's RANK/WORLD_SIZE/...; each rank sees its own values.
+    A rank starts with the intra-op thread count its ``OMP_NUM_THREADS`` gives (``env`` first,
+    then the caller's environment); unset, one thread per rank in a world of several, as
+    torchrun starts its workers (the caller's own count is back after the world).
     ``timeout`` (seconds of wall clock, default none) bounds the whole world: past it every
     rank is stopped and :class:`SpawnTimeoutError` reports each rank's state and stack.
     ``backend`` is the personality the world shows until the program asks for another with
