@@ -256,8 +256,9 @@ def rank_threads(omp: str | None, nprocs: int, callers: int) -> int:
     ranks that wait fall asleep and nearly every parallel region of the running rank pays to
     wake one (libgomp spins only briefly when its threads outnumber the cores). One thread per
     rank, as under torchrun, costs no pool at all."""
-    if omp is not None and omp.strip().isdigit() and int(omp) > 0:
-        return int(omp)
+    first = (omp or "").split(",")[0].strip()  # OpenMP's list form: the outermost level's
+    if first.isdigit() and int(first) > 0:
+        return int(first)
     return 1 if nprocs > 1 else callers
 
 
