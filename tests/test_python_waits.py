@@ -290,6 +290,37 @@ def test_a_native_store_client_a_rank_thread_starts_and_the_program_catches_ends
     assert "in a thread the program started" in str(info.value)
     assert "program's own error" not in str(info.value).splitlines()[0]
 
+def test_a_thread_of_a_world_ended_by_a_verdict_that_then_builds_a_native_client_is_refused():
+    """torchft's quorum thread reaching its store after the world ended with a hang verdict
+    (not a refusal): before, its native client retried inside C++ until its timeout."""
+    go, out = threading.Event(), []
+
+    def late_quorum():
+        go.wait()  # until the world has ended
+        try:
+            _BOUND_AT_IMPORT("127.0.0.1", 29517, is_master=False,
+                             timeout=datetime.timedelta(seconds=30))
+        except Exception as e:  # noqa: BLE001
+            out.append(e)
+
+    helpers = []
+
+    def train(rank):
+        if rank == 0:
+            helpers.append(threading.Thread(target=late_quorum))
+            helpers[0].start()
+        dist.barrier() if rank == 0 else threading.Event().wait()
+
+    try:
+        _hang_report(train, master_port=29517)
+    finally:
+        go.set()
+        for t in helpers:
+            t.join()
+    assert type(out[0]).__name__ == "NativeWaitError", out
+    assert "127.0.0.1:29517, that world's store, which is gone" in str(out[0])
+
+
 COND = threading.Condition(threading.Lock())
 
 

@@ -316,7 +316,8 @@ def _run_threads(threads: list[threading.Thread], sched: Scheduler, cluster: Clu
     with world_patches(len(threads)) as patched, world_profilers(), \
             world_stores("127.0.0.1", master_port), liveness.cooperative_sleep(), \
             subprocess_waits.cooperative_subprocesses(), \
-            isolation.import_snapshots(), native_store_guard(lambda: True, cluster.refused_natively):
+            isolation.import_snapshots(), \
+            native_store_guard(lambda: True, cluster.refused_natively, ("127.0.0.1", str(master_port))):
         # (every thread: one a rank started, such as torchft's quorum thread, too)
         mp_spawn.warn_in_threads(patched)  # a rank's torch.multiprocessing launch: real processes
         torch.autograd.set_multithreading_enabled(False)  # backward runs on the rank's thread
