@@ -4,7 +4,9 @@ Per iteration, each rank's loss is evaluated on its own batch with the same para
 gradient applied is the rank-ordered sum of ``grad_r * (1 / world_size)`` (DDP scales each local
 gradient, then allreduce-sums; fakepg sums in rank order), followed by one optimizer step.  So the
 reference equals DDP up to floating-point reduction order, and bit for bit where the backend also
-reduces in rank order.
+reduces in rank order. It runs with the intra-op thread count a rank of ``fakepg.spawn`` (and a
+torchrun worker) starts with: ``OMP_NUM_THREADS``, or one thread when ``world_size`` > 1
+(thread-count-sensitive kernels, such as BatchNorm's statistics, differ in the last bits).
 
 Buffers are modelled per rank, as DDP keeps them: with ``broadcast_buffers``/
 ``forward_sync_buffers`` (default on) every rank's buffers are overwritten by the authoritative
@@ -19,7 +21,9 @@ models that *read* buffers match too.  Unequal batch counts follow ``Join``'s de
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import os
+from typing import Any, Iterator
 
 import torch
 from torch import Tensor
@@ -36,6 +40,20 @@ _NEUTRAL_DDP_KWARGS = frozenset({
     "device_ids", "output_device", "dim", "process_group", "check_reduction",
     "delay_all_reduce_named_params", "param_to_hook_all_reduce", "batched_grad_copy",
 })
+
+
+@contextlib.contextmanager
+def _as_a_rank_threads(world_size: int) -> Iterator[None]:
+    """The intra-op threads a rank starts with (fakepg.world.isolation.rank_threads: the zoo
+    imports only torch), the caller's back after."""
+    callers = torch.get_num_threads()
+    omp = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    want = int(omp) if omp.isdigit() and int(omp) > 0 else (1 if world_size > 1 else callers)
+    torch.set_num_threads(want)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(callers)
 
 
 def _forward_sync_buffers(ddp_kwargs: dict[str, Any]) -> bool:
@@ -141,13 +159,14 @@ def reference_train(
     if uneven and not join:
         raise ValueError(f"batch counts {counts} differ: DDP needs Join (pass join=True)")
 
-    model = scenario.build_model()
-    model.train()
-    rule = _DataParallelGradients(scenario, model, world_size, join, divide_by_initial_world_size)
-    # Iteration i: the (rank, batch) pairs of the ranks that still have a batch i.
-    iterations = [[(r, inputs[r][i]) for r in range(world_size) if i < counts[r]]
-                  for i in range(max(counts, default=0))]
-    run_iterations(scenario.optimizer(model.parameters()), iterations, gradients=rule)
+    with _as_a_rank_threads(world_size):
+        model = scenario.build_model()
+        model.train()
+        rule = _DataParallelGradients(scenario, model, world_size, join, divide_by_initial_world_size)
+        # Iteration i: the (rank, batch) pairs of the ranks that still have a batch i.
+        iterations = [[(r, inputs[r][i]) for r in range(world_size) if i < counts[r]]
+                      for i in range(max(counts, default=0))]
+        run_iterations(scenario.optimizer(model.parameters()), iterations, gradients=rule)
 
     final = rank
     if join and rule.sync:

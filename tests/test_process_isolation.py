@@ -2,6 +2,7 @@
 after spawn, or a later world sees."""
 
 import os
+import threading
 
 import torch
 import torch.distributed as dist
@@ -148,17 +149,48 @@ def test_print_options_are_per_rank():
     assert repr(torch.tensor([1.23456])) == "tensor([1.2346])"
 
 
-def test_thread_count_a_rank_sets_is_its_own_and_the_callers_is_restored():
+def test_thread_count_a_rank_sets_is_its_own_and_the_callers_is_restored(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     host = torch.get_num_threads()
 
     def body(rank):
         if rank == 0:
-            torch.set_num_threads(1)
+            torch.set_num_threads(3)
         dist.barrier()
         return torch.get_num_threads()
 
-    assert fakepg.spawn(body, nprocs=2).returns == [1, host]
+    assert fakepg.spawn(body, nprocs=2).returns == [3, 1]
     assert torch.get_num_threads() == host
+
+
+def _threads_in_a_new_thread() -> int:
+    out = []
+    t = threading.Thread(target=lambda: out.append(torch.get_num_threads()))
+    t.start()
+    t.join()
+    return out[0]
+
+
+def test_ranks_of_a_world_start_with_one_intra_op_thread_unless_omp_num_threads_says_otherwise(
+        monkeypatch):
+    """As torchrun starts several workers (OMP_NUM_THREADS=1 when unset); the caller's count,
+    and the count a thread started after the world inherits, come back."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    host = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        count = lambda rank: torch.get_num_threads()  # noqa: E731
+        assert fakepg.spawn(count, nprocs=2).returns == [1, 1]
+        assert fakepg.spawn(count, nprocs=1).returns == [2]  # one worker: torchrun sets nothing
+        assert fakepg.spawn(count, nprocs=2, env={"OMP_NUM_THREADS": "3"}).returns == [3, 3]
+        assert fakepg.spawn(count, nprocs=2, env=lambda r: {"OMP_NUM_THREADS": str(r + 2)}
+                            ).returns == [2, 3]
+        monkeypatch.setenv("OMP_NUM_THREADS", "4")
+        assert fakepg.spawn(count, nprocs=2).returns == [4, 4]
+        assert torch.get_num_threads() == 2
+        assert _threads_in_a_new_thread() == 2
+    finally:
+        torch.set_num_threads(host)
 
 
 def test_grad_mode_is_per_thread_already_and_each_rank_starts_with_it_on():

@@ -7,7 +7,10 @@ from __future__ import annotations
 import concurrent.futures
 import datetime
 import multiprocessing
+import os
 import queue
+import re
+import select
 import threading
 import time
 
@@ -16,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 import fakepg
+from fakepg.world.scheduler import Scheduler
 
 Q: queue.Queue = queue.Queue()  # module globals: one per process under torchrun, shared by rank threads
 EVENT = threading.Event()
@@ -104,6 +108,56 @@ def test_a_wait_a_thread_of_the_rank_releases_later_is_not_a_hang():
         return t.item()
 
     assert fakepg.spawn(train, nprocs=2, hang_timeout=0.1).returns == [2.0, 2.0]
+
+
+def test_a_wait_a_thread_inside_a_native_call_releases_later_is_not_a_hang():
+    """The thread waits in C (select), burning no CPU, longer than the inactivity window, as
+    torchft's quorum thread waits in Rust for its lighthouse: before, a false hang verdict."""
+    def train(rank):
+        done = threading.Event()
+
+        def work():
+            select.select([], [], [], 0.6)  # a native wait fakepg cannot see into
+            done.set()
+
+        helper = threading.Thread(target=work)
+        helper.start()
+        done.wait()
+        helper.join()
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        return t.item()
+
+    assert fakepg.spawn(train, nprocs=2, hang_timeout=0.1).returns == [2.0, 2.0]
+
+
+def test_a_thread_stuck_in_a_native_call_delays_the_verdict_by_the_grace_and_is_named(
+        monkeypatch):
+    monkeypatch.setattr(Scheduler, "native_grace", 0.5)
+    r, w = os.pipe()
+    helpers = []
+
+    def train(rank):
+        done = threading.Event()
+
+        def work():
+            os.read(r, 1)  # nobody writes while the world runs
+            done.set()
+
+        helpers.append(threading.Thread(target=work, name=f"reader{rank}"))
+        helpers[-1].start()
+        done.wait()
+
+    try:
+        report = _hang_report(train, hang_timeout=0.1)
+    finally:
+        os.write(w, b"xx")
+        for t in helpers:
+            t.join()
+        os.close(r)
+        os.close(w)
+    assert "Threads the program started were still inside a native call after 0.5 s" in report
+    assert re.search(r"reader0 at \S*tests/test_python_waits.py:\d+", report)
 
 
 def test_a_timed_python_wait_ends_at_its_timeout_and_the_rank_goes_on():
@@ -235,6 +289,37 @@ def test_a_native_store_client_a_rank_thread_starts_and_the_program_catches_ends
     assert "failed: NativeWaitError:" in str(info.value)
     assert "in a thread the program started" in str(info.value)
     assert "program's own error" not in str(info.value).splitlines()[0]
+
+def test_a_thread_of_a_world_ended_by_a_verdict_that_then_builds_a_native_client_is_refused():
+    """torchft's quorum thread reaching its store after the world ended with a hang verdict
+    (not a refusal): before, its native client retried inside C++ until its timeout."""
+    go, out = threading.Event(), []
+
+    def late_quorum():
+        go.wait()  # until the world has ended
+        try:
+            _BOUND_AT_IMPORT("127.0.0.1", 29517, is_master=False,
+                             timeout=datetime.timedelta(seconds=30))
+        except Exception as e:  # noqa: BLE001
+            out.append(e)
+
+    helpers = []
+
+    def train(rank):
+        if rank == 0:
+            helpers.append(threading.Thread(target=late_quorum))
+            helpers[0].start()
+        dist.barrier() if rank == 0 else threading.Event().wait()
+
+    try:
+        _hang_report(train, master_port=29517)
+    finally:
+        go.set()
+        for t in helpers:
+            t.join()
+    assert type(out[0]).__name__ == "NativeWaitError", out
+    assert "127.0.0.1:29517, that world's store, which is gone" in str(out[0])
+
 
 COND = threading.Condition(threading.Lock())
 

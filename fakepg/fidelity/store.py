@@ -301,6 +301,29 @@ def world_stores(master_addr: str, master_port: int) -> Iterator[WorldStores]:
 
 # -- native clients of the world's store ---------------------------------------------------
 _NATIVE_TCPSTORE = dist.TCPStore  # torch's C++ class (the module attribute is patched in worlds)
+_TRUE_INIT = _NATIVE_TCPSTORE.__init__
+# Threads started in worlds that have ended, still running, with the world addresses they may
+# not reach natively. One wrapper of torch's __init__ serves them all: a wrapper per world
+# would nest without bound over a long test session.
+_ENDED: list[tuple[Any, frozenset]] = []
+
+
+def _address(args: tuple, kwargs: dict) -> tuple[str, str]:
+    host = kwargs.get("host_name", args[0] if args else None)
+    port = kwargs.get("port", args[1] if len(args) > 1 else None)
+    return str(host), str(port)
+
+
+def _after_worlds_init(store: Any, *args: Any, **kwargs: Any) -> None:
+    if _ENDED:
+        _ENDED[:] = [(threads, addresses) for threads, addresses in _ENDED if len(threads)]
+        me, address = threading.current_thread(), _address(args, kwargs)
+        is_master = kwargs.get("is_master", args[3] if len(args) > 3 else False)
+        if not is_master and any(me in threads and address in addresses for threads, addresses in _ENDED):
+            raise NativeWaitError(
+                f"a thread started in the ended fake world builds torch's native TCPStore "
+                f"client for {address[0]}:{address[1]}, that world's store, which is gone")
+    _TRUE_INIT(store, *args, **kwargs)
 
 
 class native_store_guard:
@@ -311,10 +334,12 @@ class native_store_guard:
     process drops the ExitStack it is entered on, and a collected generator would undo it.)"""
 
     def __init__(self, on_rank: Callable[[], bool],
-                 on_helper_refusal: Callable[[BaseException], None] | None = None) -> None:
+                 on_helper_refusal: Callable[[BaseException], None] | None = None,
+                 world: tuple[str, str] | None = None) -> None:
         self._on_rank = on_rank
         self._on_helper_refusal = on_helper_refusal
         self._original = _NATIVE_TCPSTORE.__init__
+        self._world = world  # (MASTER_ADDR, MASTER_PORT), refused to its threads after it too
 
     def __enter__(self) -> None:
         original, on_rank, on_helper = self._original, self._on_rank, self._on_helper_refusal
@@ -340,27 +365,17 @@ class native_store_guard:
         _NATIVE_TCPSTORE.__init__ = __init__
 
     def __exit__(self, *exc: Any) -> None:
-        if not self._refused:
-            _NATIVE_TCPSTORE.__init__ = self._original
-            return
+        _NATIVE_TCPSTORE.__init__ = self._original
         # A thread the ranks started outlives the world (another rank's quorum thread, not yet
-        # at its store when the world ended): its native client of the ended world's address
-        # would retry inside C++ until its timeout and hold the process's exit. Refuse it too.
-        original, refused = self._original, set(self._refused)
-        # only threads started during the world and still running: none a later world starts
+        # at its store when the world ended, by a refusal or a verdict): its native client of
+        # the ended world's address would retry inside C++ until its timeout and hold the
+        # process's exit. Refuse it too: only threads started during the world, still running.
+        addresses = frozenset(self._refused) | ({self._world} if self._world else frozenset())
         leftover = weakref.WeakSet(set(threading.enumerate()) - self._threads_before)
-
-        def __init__(store: Any, *args: Any, **kwargs: Any) -> None:
-            if threading.current_thread() in leftover:
-                host = kwargs.get("host_name", args[0] if args else None)
-                port = kwargs.get("port", args[1] if len(args) > 1 else None)
-                if (str(host), str(port)) in refused:
-                    raise NativeWaitError(
-                        f"a thread started in the ended fake world builds torch's native "
-                        f"TCPStore client for {host}:{port}, that world's store, which is gone")
-            original(store, *args, **kwargs)
-
-        _NATIVE_TCPSTORE.__init__ = __init__
+        if addresses and len(leftover):
+            _ENDED.append((leftover, addresses))
+        if _ENDED and _NATIVE_TCPSTORE.__init__ is _TRUE_INIT:  # (an outer world's stays)
+            _NATIVE_TCPSTORE.__init__ = _after_worlds_init
 
 
 def _refuse_native_client(args: tuple, kwargs: dict) -> None:

@@ -72,6 +72,9 @@ def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, 
     and rank). ``hang_timeout`` bounds the inactivity fallback for waits hidden in C++.
     ``env`` adds environment variables for every rank (a mapping) or per rank (a function
     of the rank), over the launcher's RANK/WORLD_SIZE/...; each rank sees its own values.
+    A rank starts with the intra-op thread count its ``OMP_NUM_THREADS`` gives (``env`` first,
+    then the caller's environment); unset, one thread per rank in a world of several, as
+    torchrun starts its workers (the caller's own count is back after the world).
     ``timeout`` (seconds of wall clock, default none) bounds the whole world: past it every
     rank is stopped and :class:`SpawnTimeoutError` reports each rank's state and stack.
     ``backend`` is the personality the world shows until the program asks for another with
@@ -313,7 +316,8 @@ def _run_threads(threads: list[threading.Thread], sched: Scheduler, cluster: Clu
     with world_patches(len(threads)) as patched, world_profilers(), \
             world_stores("127.0.0.1", master_port), liveness.cooperative_sleep(), \
             subprocess_waits.cooperative_subprocesses(), \
-            isolation.import_snapshots(), native_store_guard(lambda: True, cluster.refused_natively):
+            isolation.import_snapshots(), \
+            native_store_guard(lambda: True, cluster.refused_natively, ("127.0.0.1", str(master_port))):
         # (every thread: one a rank started, such as torchft's quorum thread, too)
         mp_spawn.warn_in_threads(patched)  # a rank's torch.multiprocessing launch: real processes
         torch.autograd.set_multithreading_enabled(False)  # backward runs on the rank's thread

@@ -86,6 +86,12 @@ def hang_report(cluster: "Cluster") -> str:
             f"through one never ends either; if the object is a module global the ranks share "
             f"only in thread mode (one per process under torchrun), run the ranks as processes "
             f"(fakerun --isolation process, or fakepg.spawn(..., isolation='process')).")
+        if sched.native_waiters:
+            lines.append(
+                f"Threads the program started were still inside a native call after "
+                f"{sched.native_grace:g} s (a C++ or Rust client waiting on a server may release "
+                f"such a wait, so the verdict waited that long): "
+                + "; ".join(sched.native_waiters[:8]) + ".")
     lines.append("Typical causes: ranks with different numbers of batches (use "
                  "torch.distributed.algorithms.Join), a rank that skipped backward or "
                  "returned early, or collectives issued in different orders.")

@@ -56,9 +56,9 @@ saved before spawn and put back after it):
   - sys.argv (each rank starts with its own copy of the caller's: a rank that rewrites it,
     in place or by assignment, changes only its own, as in a separate process)
   - torch.set_num_threads: the value each rank asked for is put back when it resumes
-    (the intra-op pool itself is one per process: ranks never run concurrently, so each
-    rank's ops run with the thread count it asked for); a rank starts with the count its
-    OMP_NUM_THREADS gives (fakerun, like torchrun, sets 1 for several ranks)
+    (ranks never run concurrently, so each rank's ops run with the thread count it asked
+    for); a rank starts with the count its OMP_NUM_THREADS gives (spawn's env, else the
+    caller's) or, unset, 1 in a world of several ranks, as torchrun starts its workers
   - training libraries' process singletons, once imported: accelerate's PartialState,
     AcceleratorState and GradientState; Lightning's rank_zero_only.rank; DeepSpeed's
     communication backend, groups and comm state (deepspeed.comm, deepspeed.utils.groups, ...);
@@ -246,6 +246,22 @@ def _install_num_threads(want: int) -> None:
     _process_threads = want
 
 
+def rank_threads(omp: str | None, nprocs: int, callers: int) -> int:
+    """The intra-op thread count a rank starts with: what its ``OMP_NUM_THREADS`` (spawn's
+    ``env`` first, then the caller's environment) says, as a process sizes its pool at start;
+    unset, 1 in a world of several ranks, as torchrun starts its workers, else the caller's.
+
+    Why 1 and not the caller's count: OpenMP keeps one pool per thread that opens a parallel
+    region, so each rank thread gets its own; ranks run one at a time, so the pools of the
+    ranks that wait fall asleep and nearly every parallel region of the running rank pays to
+    wake one (libgomp spins only briefly when its threads outnumber the cores). One thread per
+    rank, as under torchrun, costs no pool at all."""
+    first = (omp or "").split(",")[0].strip()  # OpenMP's list form: the outermost level's
+    if first.isdigit() and int(first) > 0:
+        return int(first)
+    return 1 if nprocs > 1 else callers
+
+
 def _lightning_rank() -> int:
     """What Lightning's ``rank_zero_only.rank`` is in a fresh process (set on import from the
     launcher's variables: lightning.fabric.utilities.rank_zero._get_rank)."""
@@ -425,10 +441,8 @@ class ProcessState:
         st.print_opts = dict(vars(_PRINT_OPTS))
         st.num_threads = torch.get_num_threads()
         st.argv = list(sys.argv)
-        omp = env.get("OMP_NUM_THREADS")
-        if omp is not None and omp.isdigit() and int(omp) > 0:
-            # a process started with it (torchrun's workers: 1) sizes its intra-op pool so
-            st.num_threads = int(omp)
+        st.num_threads = rank_threads(env.get("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS")),
+                                      nprocs, st.num_threads)
         return st
 
     def save(self) -> None:

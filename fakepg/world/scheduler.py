@@ -16,13 +16,19 @@ A rank may also wait in Python's own synchronisation (a ``queue.Queue``, ``threa
 ``Condition``, a future: :mod:`fakepg.world.liveness` makes those waits park here, as *python
 waits*). Another rank, or a thread the ranks started, may release it; so when no rank can
 run and one waits so, the verdict comes after an inactivity window (``inactivity`` seconds)
-in which no other thread of the process did anything.
+in which no other thread of the process did anything. A thread the program started during
+the world that sits inside a native call (a C++/Rust client waiting on a server: torchft's
+quorum over gRPC, held for seconds by its lighthouse) may still release them: while one does,
+the verdict waits up to ``native_grace`` seconds instead, and then names it.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
+import weakref
 from typing import Any, Callable
 
 from ..errors import CollectiveHangError, FakePGError
@@ -40,6 +46,34 @@ _INF = float("inf")
 # Threads the ranks started that are in a real time.sleep (fakepg.world.liveness counts them):
 # such a thread will do something, so the ranks' python waits are not over yet.
 helpers_sleeping = [0]
+
+# Where a waiting thread's innermost Python frame is Python's own synchronisation (or fakepg's
+# own waits): such a thread waits on the process's objects, not on something outside it.
+_SYNC_FILES = tuple(os.path.join(os.path.dirname(threading.__file__), name) for name in
+                    ("threading.py", "queue.py", os.path.join("concurrent", "futures", ""),
+                     os.path.join("multiprocessing", "")))
+_FAKEPG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def native_waiters(skip: Any) -> list[str]:
+    """Threads of this process (not in ``skip``, not the caller) whose innermost Python frame
+    is in program or library code rather than Python's synchronisation or fakepg: asleep
+    there, they are inside a native call (a C++ or Rust client waiting on a server), which
+    may yet return. Each as ``"name at file:line"``."""
+    frames = sys._current_frames()
+    me = threading.get_ident()
+    out = []
+    for t in threading.enumerate():
+        if t.ident == me or t in skip:
+            continue
+        frame = frames.get(t.ident)  # type: ignore[arg-type]
+        if frame is None:
+            continue
+        path = frame.f_code.co_filename
+        if path.startswith(_SYNC_FILES) or os.path.abspath(path).startswith(_FAKEPG_DIR):
+            continue
+        out.append(f"{t.name} at {path}:{frame.f_lineno}")
+    return out
 
 
 class _Wake:
@@ -110,6 +144,11 @@ class RankSlot:
 class Scheduler:
     """Passes the baton among ``len(processes)`` rank threads."""
 
+    # The longest a python-wait verdict waits for a thread the program started that is inside
+    # a native call (see the module's doc): torchft's lighthouse holds a quorum for seconds
+    # while an earlier job's replica still heartbeats (5 s by default).
+    native_grace = 15.0
+
     def __init__(self, processes: list[ProcessState], describe_world: Callable[[], str]):
         self.slots = [RankSlot(r, p) for r, p in enumerate(processes)]
         self.n = len(processes)
@@ -128,6 +167,8 @@ class Scheduler:
         self._wake = _Wake()  # set by abort: ends a real sleep until a deadline
         self.schedule = Schedule()  # the controlled choices (fakepg.choices.schedule); default: none
         self.clocks = ThreadClocks()  # the rank threads' CPU clocks, while they live
+        self.native_waiters: list[str] = []  # those the verdict waited for, for its report
+        self._threads_before = weakref.WeakSet(threading.enumerate())  # not the program's
 
     # -- called on rank threads, by the baton holder ------------------------------
     def enter(self, rank: int) -> None:
@@ -250,6 +291,11 @@ class Scheduler:
         self.current = rank
         self._tick()
 
+    def _skip_threads(self) -> set:
+        """Threads that are not the program's helpers: those alive before the world started
+        (the caller's, the watchdog's) and the ranks'."""
+        return {*self._threads_before, *(s.thread for s in self.slots if s.thread is not None)}
+
     def _abort_error_for(self, timed: Any) -> BaseException:
         err = self.abort_error
         if timed is not None and err is self.hang and err is not None:
@@ -303,9 +349,13 @@ class Scheduler:
                     if activity is None or activity.busy():
                         activity = activity or ThreadActivity(self.clocks)
                         idle_since = now
+                        self.native_waiters = []
                     elif not sleepers and now - idle_since >= self.inactivity:
-                        self.python_verdict = True
-                        break
+                        if now - idle_since < self.native_grace:
+                            self.native_waiters = native_waiters(self._skip_threads())
+                        if not self.native_waiters or now - idle_since >= self.native_grace:
+                            self.python_verdict = True
+                            break
                     pause = min(pause, 0.01)
                 self._wake.wait(max(0.0, pause))
                 nxt = self._pick(rank)
