@@ -5,7 +5,7 @@ While a world runs (``fakepg.spawn``), the program's own calls reach the fake cl
 backend is a group of the world, ``get_backend`` answers the personality, ``monitored_barrier``
 is fakepg's, DDP's comm-hook registration decides when the Reducer's collectives settle,
 ``torch.futures.wait_all``/``collect_all`` settle their works first, DDP's Join shadow of the
-backward pass flags its thread, large worlds check DDP's parameters in linear memory, and
+backward pass flags its thread, the Work Join hands DDP's Reducer is kept alive, large worlds check DDP's parameters in linear memory, and
 c10d's debug log leaves out fakepg's own errors (spawn raises them). Each is undone when the world ends.
 """
 
@@ -31,7 +31,7 @@ from . import backends, ddp_checks, foreign_backends
 from ..world.binding import current_cluster
 from ..world.checks import running_callback_of
 from ..world.process_group import BACKEND_NAME, FakeFuture, FakeProcessGroup, requested_backend
-from ..world.python_group import marking_join_shadow
+from ..world.python_group import keeping_join_work_alive, marking_join_shadow
 from ..sites import user_site
 from .originals import (PG_TIMEOUT, TORCH_GET_BACKEND, TORCH_INIT_PROCESS_GROUP,
                         TORCH_MONITORED_BARRIER, TORCH_NEW_GROUP_HELPER)
@@ -71,6 +71,10 @@ def world_patches(nprocs: int) -> contextlib.ExitStack:
                                           _callbacks_marked(torch._C.Future.then)))
     stack.enter_context(mock.patch.object(DDP, "_match_all_reduce_for_bwd_pass", marking_join_shadow(
         DDP._match_all_reduce_for_bwd_pass)))
+    from torch.distributed.algorithms.join import Join
+
+    stack.enter_context(mock.patch.object(Join, "notify_join_context", staticmethod(
+        keeping_join_work_alive(Join.notify_join_context))))
     for name, original in (("wait_all", torch.futures.wait_all),
                            ("collect_all", torch.futures.collect_all)):
         stack.enter_context(mock.patch.object(torch.futures, name, _settling(original)))

@@ -149,3 +149,23 @@ def marking_join_shadow(original: Callable[..., Any]) -> Callable[..., Any]:
             _shadow.depth -= 1
 
     return _match_all_reduce_for_bwd_pass
+
+
+def keeping_join_work_alive(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Join.notify_join_context`` that keeps the Work it returns alive on the joinable.
+
+    DDP hands that Work (the forward's all-reduce of "not joined yet") to its C++ Reducer,
+    which waits on it in backward. fakepg's Works are Python objects: C++ holds only the
+    C++ half, and once the Python half is collected (it sits in a reference cycle with its
+    call, so when the cyclic collector happens to run between forward and backward) the
+    Reducer's wait falls through to the base ``Work::wait`` and blocks forever on a
+    condition nothing signals (seen: ``test_join_training_on_uneven_inputs_...`` hung in a
+    run of the ``-k join`` tests). The joinable holds it until its next forward replaces it."""
+    @functools.wraps(original)
+    def notify_join_context(joinable: Any) -> Any:
+        work = original(joinable)
+        joinable._fakepg_join_work = work
+        return work
+
+    return notify_join_context
+

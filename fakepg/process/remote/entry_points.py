@@ -29,7 +29,7 @@ from ...fidelity.originals import (TORCH_GET_BACKEND, TORCH_INIT_PROCESS_GROUP, 
 from ...fidelity.patches import monitored_barrier_arguments, world_group
 from ...fidelity.store import native_store_guard
 from . import waits
-from ...world.python_group import BACKEND_NAME, marking_join_shadow
+from ...world.python_group import BACKEND_NAME, keeping_join_work_alive, marking_join_shadow
 from .. import mp_spawn
 from ..mp_spawn import StartWorld
 from ..wire import Channel, pack_exception
@@ -175,6 +175,8 @@ def install(rank: int, nprocs: int, channel: Channel, seed: int,
         patch(mod, "ProcessGroupGloo", gloo)
     from torch.nn.parallel import DistributedDataParallel as DDP
     patch(DDP, "_match_all_reduce_for_bwd_pass", marking_join_shadow(DDP._match_all_reduce_for_bwd_pass))
+    from torch.distributed.algorithms.join import Join
+    patch(Join, "notify_join_context", staticmethod(keeping_join_work_alive(Join.notify_join_context)))
     if not hasattr(torch._C, "_nccl_version"):
         from torch.cuda import nccl
         patch(nccl, "version", lambda: (0, 0, 0))
