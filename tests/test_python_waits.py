@@ -91,33 +91,19 @@ def test_ranks_passing_items_through_a_shared_queue_run_to_completion():
     assert fakepg.spawn(train, nprocs=2).returns == [None, 42]
 
 
-def test_a_wait_a_thread_of_the_rank_releases_later_is_not_a_hang():
+@pytest.mark.parametrize("helper_waits", [
+    pytest.param(lambda: time.sleep(0.3), id="in time.sleep"),
+    # a native wait fakepg cannot see into, burning no CPU, as torchft's quorum thread waits
+    # in Rust for its lighthouse: before, a false hang verdict
+    pytest.param(lambda: select.select([], [], [], 0.6), id="inside a native call"),
+])
+def test_a_wait_a_thread_of_the_rank_releases_later_is_not_a_hang(helper_waits):
+    """The helper waits longer than the world's inactivity window (hang_timeout)."""
     def train(rank):
         done = threading.Event()
 
         def work():
-            time.sleep(0.3)  # longer than the world's inactivity window (hang_timeout)
-            done.set()
-
-        helper = threading.Thread(target=work)
-        helper.start()
-        done.wait()
-        helper.join()
-        t = torch.ones(1)
-        dist.all_reduce(t)
-        return t.item()
-
-    assert fakepg.spawn(train, nprocs=2, hang_timeout=0.1).returns == [2.0, 2.0]
-
-
-def test_a_wait_a_thread_inside_a_native_call_releases_later_is_not_a_hang():
-    """The thread waits in C (select), burning no CPU, longer than the inactivity window, as
-    torchft's quorum thread waits in Rust for its lighthouse: before, a false hang verdict."""
-    def train(rank):
-        done = threading.Event()
-
-        def work():
-            select.select([], [], [], 0.6)  # a native wait fakepg cannot see into
+            helper_waits()
             done.set()
 
         helper = threading.Thread(target=work)
